@@ -52,6 +52,7 @@ struct ModelConfig {
 
 // Parses config.json text. source names the file in error messages.
 Result<ModelConfig> parse_model_config(std::string_view json_text, const std::string& source);
+// path: a config.json or the model directory holding one.
 Result<ModelConfig> load_model_config(const std::string& path);
 // Serializes as transformers 4.x writes it (for init-model and export).
 std::string model_config_to_json(const ModelConfig& cfg);
@@ -69,7 +70,10 @@ struct GenerationConfig {
   int max_new_tokens = -1;  // -1: not set
 };
 
-// A missing file gives defaults; a malformed one is an error naming the file.
+// Parses generation_config.json text; source names the file in errors.
+Result<GenerationConfig> parse_generation_config(std::string_view json_text, const std::string& source);
+// path: the file or the model directory. A missing file gives defaults; a
+// malformed one is an error naming the file.
 Result<GenerationConfig> load_generation_config(const std::string& path);
 std::string generation_config_to_json(const GenerationConfig& cfg);
 

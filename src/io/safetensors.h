@@ -21,7 +21,7 @@
 
 namespace lathe {
 
-constexpr uint64_t kSafetensorsMaxHeaderBytes = 100u << 20;  // as the reference library
+constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;  // as the reference library
 
 struct SafetensorsEntry {
   std::string name;
@@ -39,10 +39,13 @@ class SafetensorsFile {
   static Result<SafetensorsFile> from_bytes(std::string_view bytes, const std::string& source_name);
 
   const std::string& path() const { return path_; }
+  // In data-section (offset) order.
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const SafetensorsEntry* find(std::string_view name) const;
-  // Zero-copy: the Tensor points into the mapping and keeps it alive.
+  // Zero-copy: the Tensor points into the read-only mapping and keeps it
+  // alive; never write through it. (Data misaligned for its dtype, possible
+  // only in files whose writer did not pad the header, is copied instead.)
   Result<Tensor> tensor(std::string_view name) const;
 
  private:
@@ -52,6 +55,7 @@ class SafetensorsFile {
   uint64_t data_bytes_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, size_t, std::less<>> by_name_;  // name → entries_ index
   static Status parse_header(std::string_view header, uint64_t data_bytes, const std::string& source,
                              SafetensorsFile* out);
 };
@@ -72,6 +76,9 @@ class WeightStore {
   Result<Tensor> get(std::string_view name, const Shape& expected) const;
   std::vector<std::string> names() const;
   std::string file_of(std::string_view name) const;
+  // Header entry (dtype, shape, offsets) without touching the data; null when missing.
+  const SafetensorsEntry* entry(std::string_view name) const;
+  const std::vector<SafetensorsFile>& files() const { return files_; }
   const std::string& dir() const { return dir_; }
 
  private:
