@@ -7,7 +7,7 @@
         tests/data/safetensors/py_mixed.safetensors   one file, mixed dtypes
         tests/data/safetensors/py_sharded/            3 shards + index.json
       and, beside each, <name>.expected.json: the tensors as Python reads
-      them back (dtype, shape, values), which the C++ test compares against.
+      them back (safetensors dtype, shape, values), which the C++ test compares against.
 
   tools/safetensors_fixtures.py read PATH
       Prints PATH (a .safetensors file, or a model directory with
@@ -24,19 +24,35 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "data", "safetensors")
 
 
-def describe_file(path, into):
-    from safetensors import safe_open
+NUMPY_TYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+               "I8": "i1", "U8": "u1", "BOOL": "u1"}
 
-    with safe_open(path, framework="pt") as f:
-        for name in f.keys():
-            t = f.get_tensor(name)
-            values = t.double().flatten().tolist() if t.is_floating_point() else t.flatten().tolist()
-            into[name] = {
-                "dtype": str(t.dtype).replace("torch.", ""),
-                "shape": list(t.shape),
-                "values": values,
-                "file": os.path.basename(path),
-            }
+
+def values_of(dtype, data):
+    """A tensor's elements as Python numbers (floats exactly, via float64)."""
+    import numpy as np
+
+    if dtype == "BF16":  # numpy has no bfloat16: widen the bit pattern
+        bits = np.frombuffer(bytes(data), dtype="<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).astype(np.float64).tolist()
+    arr = np.frombuffer(bytes(data), dtype=NUMPY_TYPES[dtype])
+    return arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64).tolist()
+
+
+def describe_file(path, into):
+    """Reads path with the safetensors library itself (no framework needed)."""
+    from safetensors import deserialize, safe_open
+
+    with open(path, "rb") as f:
+        tensors = deserialize(f.read())
+    for name, t in tensors:
+        into[name] = {
+            "dtype": t["dtype"],
+            "shape": list(t["shape"]),
+            "values": values_of(t["dtype"], t["data"]),
+            "file": os.path.basename(path),
+        }
+    with safe_open(path, framework="numpy") as f:
         return f.metadata() or {}
 
 
@@ -61,14 +77,12 @@ def describe(path):
             sys.exit(f"index maps {name} to {fn}, which does not hold it")
     if len(out["tensors"]) != len(idx["weight_map"]):
         sys.exit("shards hold tensors the index does not list")
-    total = 0
-    from safetensors import safe_open
+    from safetensors import deserialize
 
+    total = 0
     for fn in files:
-        with safe_open(os.path.join(path, fn), framework="pt") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                total += t.numel() * t.element_size()
+        with open(os.path.join(path, fn), "rb") as f:
+            total += sum(len(t["data"]) for _, t in deserialize(f.read()))
     if idx["metadata"]["total_size"] != total:
         sys.exit(f"index total_size {idx['metadata']['total_size']} != {total}")
     out["metadata"] = idx["metadata"]
