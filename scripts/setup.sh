@@ -12,7 +12,10 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
 )
-PIP_TOOLS=(torch transformers tokenizers safetensors numpy jinja2)
+# Small Python libraries the tests use to cross-check files (always installed).
+PIP_TEST=(numpy safetensors)
+# Reference libraries for making fixtures and running baselines (--tools).
+PIP_TOOLS=(torch transformers tokenizers jinja2)
 
 want_tools=0
 for arg in "$@"; do
@@ -38,14 +41,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ "$want_tools" = 1 ]; then
-  py_missing=()
-  for m in "${PIP_TOOLS[@]}"; do
+pip_install_missing() {
+  local py_missing=()
+  for m in "$@"; do
     python3 -c "import $m" 2>/dev/null || py_missing+=("$m")
   done
   if [ ${#py_missing[@]} -gt 0 ]; then
     echo "setup: pip installing ${py_missing[*]}"
-    python3 -m pip install -q "${py_missing[@]}"
+    python3 -m pip install -q --disable-pip-version-check "${py_missing[@]}"
   fi
+}
+pip_install_missing "${PIP_TEST[@]}"
+if [ "$want_tools" = 1 ]; then
+  pip_install_missing "${PIP_TOOLS[@]}"
 fi
 echo "setup: ok"
