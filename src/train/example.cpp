@@ -135,6 +135,37 @@ nlohmann::json head(const nlohmann::json& messages, size_t n) {
   return out;
 }
 
+std::string_view trim(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+// An upper bound on where assistant turn `msg`, starting at char `start` of
+// full, ends; npos when unknown. upto is the conversation rendered through
+// this turn. Normally upto is a prefix of full, or agrees with it past the
+// turn's start. Some templates render the last turn differently (Qwen3 adds a
+// reasoning block), so then the turn's content is looked up in full instead.
+size_t turn_end_bound(const nlohmann::json& msg, size_t start, const std::string& upto, const std::string& full) {
+  size_t agree = common_char_prefix(upto, full);
+  if (agree == upto.size() || agree > start) return agree;
+  auto c = msg.find("content");
+  if (c == msg.end() || !c->is_string()) return std::string::npos;
+  const std::string& content = c->get_ref<const std::string&>();
+  for (std::string_view needle : {std::string_view(content), trim(content)}) {
+    if (needle.empty()) continue;
+    size_t pos = full.find(needle, start);
+    size_t in_upto = upto.rfind(needle);
+    if (pos == std::string::npos || in_upto == std::string::npos) continue;
+    size_t end = pos + needle.size();
+    // Whatever the template writes after the content (the end-of-turn marker), as far as both agree.
+    return end + common_char_prefix(std::string_view(upto).substr(in_upto + needle.size()),
+                                    std::string_view(full).substr(end));
+  }
+  return std::string::npos;
+}
+
 // Marks the tokens of the assistant turn messages[i] in ex.
 Status mark_assistant_turn(const nlohmann::json& messages, size_t i, const std::string& full, const TextCodec& codec,
                            Example& ex) {
@@ -144,11 +175,12 @@ Status mark_assistant_turn(const nlohmann::json& messages, size_t i, const std::
                             "turn (with the generation prompt) differently from the same part of the whole ",
                             "conversation, so the turn's tokens cannot be located");
   LATHE_ASSIGN_OR_RETURN(std::string upto, codec.render_chat(head(messages, i + 1), false));
-  size_t end_char = common_char_prefix(upto, full);
-  if (end_char < before.size()) end_char = before.size();
+  size_t end_char = turn_end_bound(messages[i], before.size(), upto, full);
 
   size_t k_start = common_prefix(codec.encode(before, false), ex.input_ids);
-  size_t k_end = common_prefix(codec.encode(std::string_view(full).substr(0, end_char), false), ex.input_ids);
+  size_t k_end = end_char == std::string::npos
+                     ? ex.input_ids.size()
+                     : common_prefix(codec.encode(std::string_view(full).substr(0, end_char), false), ex.input_ids);
   for (size_t k = k_start; k < k_end; ++k) {
     if (codec.is_special(ex.input_ids[k])) {
       k_end = k + 1;  // the end-of-turn marker is a target; what follows it is not

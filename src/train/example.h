@@ -86,8 +86,11 @@ Result<Example> build_prompt_example(const PromptTemplate::Rendered& text, const
 // transformers' apply_chat_template does). The targets are each assistant
 // turn: from the end of the conversation before it rendered with
 // add_generation_prompt=true, through its content and the first special token
-// after its start (the end-of-turn marker), or to where its own rendering
-// stops agreeing with the whole conversation's, whichever comes first.
+// after its start (the end-of-turn marker), or to where the conversation
+// rendered through this turn stops agreeing with the whole conversation,
+// whichever comes first. Templates that render a last turn differently from
+// an earlier one (Qwen3's reasoning block) are handled by finding the turn's
+// content in the whole conversation instead.
 Result<Example> build_chat_example(const nlohmann::json& messages, const TextCodec& codec);
 
 // {input_ids: [...], loss_mask: [...]} records: ids checked against the

@@ -181,7 +181,7 @@ TEST(SampleData, LoadsEveryBundledSplit) {
   for (Split split : {Split::kTrain, Split::kValidation, Split::kTest}) {
     auto file = find_split_file(dir, split);
     ASSERT_TRUE(file.is_ok() && file->has_value()) << split_file_name(split);
-    auto stats = dataset_stats(std::vector<std::string>{**file}, DataOptions{}, fake_codec(false));
+    auto stats = dataset_stats(std::vector<std::string>{**file}, DataOptions{}, fake_codec());
     ASSERT_TRUE(stats.is_ok()) << stats.status().message();
     EXPECT_GT(stats->n_examples, 0);
     EXPECT_EQ(stats->n_examples, stats->n_records);

@@ -95,16 +95,18 @@ TEST(ChatExample, AssistantTurnsOnly) {
                            {{"role", "assistant"}, {"content", "hello there"}},
                            {{"role", "user"}, {"content", "bye"}},
                            {{"role", "assistant"}, {"content", "ok"}}});
-  for (bool always_gen : {false, true}) {
-    auto ex = build_chat_example(msgs, fake_codec(always_gen));
+  using testing::ChatQuirk;
+  for (ChatQuirk quirk : {ChatQuirk::kNone, ChatQuirk::kAlwaysGenPrompt, ChatQuirk::kThinkLast}) {
+    auto ex = build_chat_example(msgs, fake_codec(quirk));
     ASSERT_TRUE(ex.is_ok()) << ex.status().message();
-    std::string full = *testing::fake_render(msgs, false, always_gen);
+    std::string full = *testing::fake_render(msgs, false, quirk);
     EXPECT_EQ(ex->input_ids, fake_encode(full, false));
     std::vector<uint8_t> want = chatml_mask(ex->input_ids);
-    if (always_gen) want.back() = 0;  // the trailing generation prompt opens no turn
-    EXPECT_EQ(ex->loss_mask, want) << "always_gen=" << always_gen;
-    // "hello there" + <|end|> and "ok" + <|end|>.
-    EXPECT_EQ(ex->n_targets(), 11 - 1 + 1 + 2 + 1) << "always_gen=" << always_gen;
+    if (quirk == ChatQuirk::kAlwaysGenPrompt) want.back() = 0;  // the trailing generation prompt opens no turn
+    EXPECT_EQ(ex->loss_mask, want) << "quirk " << static_cast<int>(quirk);
+    // "hello there" + <|end|> and "ok" + <|end|> (+ "<t></t>" before "ok").
+    int64_t think = quirk == ChatQuirk::kThinkLast ? 7 : 0;
+    EXPECT_EQ(ex->n_targets(), 11 - 1 + 1 + 2 + 1 + think) << "quirk " << static_cast<int>(quirk);
   }
 }
 

@@ -2,8 +2,10 @@
 // tokenizer: one token per byte (id 10 + byte), except a space before a
 // non-space byte merges into that byte (id 300 + byte), the way byte-level
 // BPE attaches leading spaces to words; the special tokens below match first.
-// The chat template is ChatML-shaped; `always_gen_prompt` makes it append the
-// generation prompt even when not asked, as some real templates do.
+// The chat template is ChatML-shaped; ChatQuirk::kAlwaysGenPrompt appends the
+// generation prompt even when not asked (like some Llama 3 templates),
+// ChatQuirk::kThinkLast writes a reasoning block into the last assistant turn
+// only (like Qwen3's).
 #pragma once
 
 #include <string>
@@ -47,23 +49,27 @@ inline std::vector<int32_t> fake_encode(std::string_view text, bool add_special)
   return ids;
 }
 
+enum class ChatQuirk { kNone, kAlwaysGenPrompt, kThinkLast };
+
 inline Result<std::string> fake_render(const nlohmann::json& messages, bool add_generation_prompt,
-                                       bool always_gen_prompt) {
+                                       ChatQuirk quirk) {
   std::string out;
-  for (const auto& m : messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
     std::string role = m.at("role").get<std::string>();
     if (role != "user" && role != "assistant" && role != "system") return invalid_argument("unknown role ", role);
-    out += "<|" + role + "|>" + m.value("content", std::string()) + "<|end|>\n";
+    bool think = quirk == ChatQuirk::kThinkLast && role == "assistant" && i + 1 == messages.size();
+    out += "<|" + role + "|>" + (think ? "<t></t>" : "") + m.value("content", std::string()) + "<|end|>\n";
   }
-  if (add_generation_prompt || always_gen_prompt) out += "<|assistant|>";
+  if (add_generation_prompt || quirk == ChatQuirk::kAlwaysGenPrompt) out += "<|assistant|>";
   return out;
 }
 
-inline TextCodec fake_codec(bool always_gen_prompt = false) {
+inline TextCodec fake_codec(ChatQuirk quirk = ChatQuirk::kNone) {
   TextCodec c;
   c.encode = fake_encode;
   c.is_special = [](int32_t id) { return id >= 1 && id <= 6; };
-  c.render_chat = [always_gen_prompt](const nlohmann::json& m, bool gen) { return fake_render(m, gen, always_gen_prompt); };
+  c.render_chat = [quirk](const nlohmann::json& m, bool gen) { return fake_render(m, gen, quirk); };
   c.eos_id = 2;
   c.vocab_size = 600;
   return c;
