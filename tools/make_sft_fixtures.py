@@ -10,12 +10,16 @@ line and the input_ids / loss_mask lathe must produce for it.
 
 The ids come from Hugging Face `tokenizers` (encode) and the chat text from
 transformers' apply_chat_template. The masks are computed here from the
-tokenizer's character offsets, a different route from lathe's (which compares
-tokenizations of prefixes), under the rules of src/train/example.h:
-  {input, output}: a token is a target when it carries at least one character
-    of the output; EOS is appended and is a target.
-  {messages}: each assistant turn spans from the end of the conversation before
-    it rendered with add_generation_prompt=True to where the conversation
+rules of src/train/example.h:
+  {input, output}: the targets are the tokens after the longest common prefix
+    of the prompt's ids and the whole text's ids, and the appended EOS. The
+    script cross-checks this against the tokenizer's character offsets (a
+    token carrying an output character is a target) and prints where the two
+    differ (SentencePiece's lone "\u2581" of an empty input before a
+    space-led output: the prefix rule makes it a target, offsets do not).
+  {messages}, by character offsets (a different route from lathe's, which
+    compares tokenizations of prefixes): each assistant turn spans from the
+    end of the conversation before it rendered with add_generation_prompt=True to where the conversation
     rendered through it stops agreeing with the whole one (or, when that
     rendering differs from the start of the turn, to its content's end plus
     the agreeing tail); a token is a target when it starts inside the span,
@@ -57,7 +61,15 @@ def prompt_example(tok, eos_id, record):
     full = prompt + record["output"]
     enc = tok.encode(full, add_special_tokens=True)
     ids = list(enc.ids)
-    mask = [1 if end > len(prompt) else 0 for (_, end) in enc.offsets]
+    # lathe's rule: targets follow the longest common prefix of the prompt's
+    # and the whole text's ids.
+    boundary = common_prefix(tok.encode(prompt, add_special_tokens=True).ids, ids)
+    mask = [1 if k >= boundary else 0 for k in range(len(ids))]
+    # Cross-check: a token carrying an output character (offsets) is a target.
+    by_offsets = [1 if end > len(prompt) else 0 for (_, end) in enc.offsets]
+    if by_offsets[1:] != mask[1:]:
+        print(f"  note: offsets mark {by_offsets}, prefix rule {mask} for {record!r}: "
+              f"{enc.tokens}")
     if not ids or ids[-1] != eos_id:
         ids.append(eos_id)
         mask.append(1)
