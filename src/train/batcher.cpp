@@ -115,6 +115,20 @@ MicroBatch make_micro_batch(std::span<const Example> examples, std::span<const P
   return mb;
 }
 
+std::vector<MicroBatch> eval_micro_batches(std::span<const Example> examples, std::span<const PackedRow> rows,
+                                           const BatchOptions& opt) {
+  std::vector<int32_t> all(rows.size());
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<MicroBatch> out;
+  auto mbs = static_cast<size_t>(opt.micro_batch_size);
+  for (size_t k = 0, start = 0; start < all.size(); ++k, start += mbs) {
+    if (static_cast<int32_t>(k % static_cast<size_t>(opt.dp_world_size)) != opt.dp_rank) continue;
+    std::span<const int32_t> ids(all.data() + start, std::min(mbs, all.size() - start));
+    out.push_back(make_micro_batch(examples, rows, ids, opt));
+  }
+  return out;
+}
+
 Result<BatchIterator> BatchIterator::create(std::span<const Example> examples, std::span<const PackedRow> rows,
                                             const BatchOptions& options) {
   LATHE_TRY(options.validate());

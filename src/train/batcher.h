@@ -94,6 +94,11 @@ struct GlobalBatch {
 MicroBatch make_micro_batch(std::span<const Example> examples, std::span<const PackedRow> rows,
                             std::span<const int32_t> row_ids, const BatchOptions& opt);
 
+// Evaluation: every row once, in order, nothing dropped; micro batch k of
+// micro_batch_size rows (the last may be smaller) goes to rank k % dp_world_size.
+std::vector<MicroBatch> eval_micro_batches(std::span<const Example> examples, std::span<const PackedRow> rows,
+                                           const BatchOptions& opt);
+
 class BatchIterator {
  public:
   // examples and rows are borrowed and must outlive the iterator.

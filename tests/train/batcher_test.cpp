@@ -213,5 +213,24 @@ TEST(BatchIterator, NoShuffleKeepsOrder) {
   }
 }
 
+TEST(EvalMicroBatches, CoverEveryRowOnceAcrossRanks) {
+  auto ex = random_examples(11, 8, 4);
+  auto rows = one_example_per_row(example_lengths(ex));
+  int64_t want = 0;
+  for (const Example& e : ex) want += e.n_targets();
+  for (int32_t world : {1, 2, 3}) {
+    int64_t supervised = 0, n_rows = 0;
+    for (int32_t rank = 0; rank < world; ++rank) {
+      BatchOptions o{.seq_length = 8, .micro_batch_size = 2, .dp_world_size = world, .dp_rank = rank};
+      for (const MicroBatch& mb : eval_micro_batches(ex, rows, o)) {
+        supervised += mb.n_supervised;
+        n_rows += mb.n_rows;
+      }
+    }
+    EXPECT_EQ(n_rows, 11) << "world " << world;
+    EXPECT_EQ(supervised, want) << "world " << world;
+  }
+}
+
 }  // namespace
 }  // namespace lathe
