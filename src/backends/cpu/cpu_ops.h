@@ -1,0 +1,30 @@
+// The CPU backend: every op of src/ops on the host, fp32 compute. Each
+// function validates its args (a bad call is a Status starting with the op's
+// name), borrows every view, allocates nothing and parallelizes with OpenMP
+// (matmuls through OpenBLAS). Callable from any thread; calls on disjoint
+// outputs may run concurrently.
+#pragma once
+
+#include "ops/attention.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace lathe::cpu {
+
+Status linear_forward(const LinearArgs& a);
+Status rms_norm_forward(const RmsNormArgs& a);
+Status rope_tables(const RopeTablesArgs& a);
+Status rope_forward(const RopeArgs& a);
+Status attention_forward(const AttentionArgs& a);
+Status swiglu_forward(const SwigluArgs& a);
+Status embedding_forward(const EmbeddingArgs& a);
+
+// True when the vectorized (AVX2 + FMA + F16C) kernels run on this machine.
+bool has_avx2();
+// Forces the portable kernels (tests compare both paths).
+void set_portable_only(bool on);
+
+}  // namespace lathe::cpu

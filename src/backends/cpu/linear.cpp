@@ -1,0 +1,164 @@
+// Linear on the CPU. Two paths:
+//  - GEMV (n <= kLinearGemvMaxRows, decode): each weight row is streamed once
+//    from memory in its own dtype, widened to f32 in registers and applied to
+//    every token. Rows are split across threads; this path is bound by memory
+//    bandwidth, so nothing else touches the weights.
+//  - GEMM (prefill): OpenBLAS sgemm. Half-precision weights are widened
+//    kLinearTileRows rows at a time into the caller's workspace.
+// Bias and the accumulate flag (residual add) are applied in the epilogue:
+// y = (accumulate ? y : 0) + (x·wᵀ + bias).
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/simd.h"
+#include "core/parallel.h"
+
+namespace lathe::cpu {
+namespace {
+
+struct Gemv {
+  const float* x;     // [n, in]
+  const void* w;      // [out, in]
+  DType wt;
+  const void* bias;   // [out] or null
+  DType bt;
+  float* y;           // [n, out]
+  int64_t n, in, out;
+  bool accumulate;
+
+  void store(int64_t t, int64_t r, float dot) const {
+    float v = bias ? dot + simd::to_f32(bias, bt, r) : dot;
+    float* dst = y + t * out + r;
+    *dst = accumulate ? *dst + v : v;
+  }
+};
+
+template <class W>
+LATHE_AVX2 inline __m256 load_w(const W* p, DType dt) {
+  if constexpr (std::is_same_v<W, float>) {
+    return simd::load8(p);
+  } else {
+    return simd::load8(p, dt);
+  }
+}
+
+// N tokens x R rows of w per step: N*R independent accumulators.
+template <class W, int N, int R>
+LATHE_AVX2 void gemv_block_avx2(const Gemv& g, int64_t r0) {
+  const W* w = static_cast<const W*>(g.w) + r0 * g.in;
+  __m256 acc[N][R];
+  for (int t = 0; t < N; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= g.in; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_w(w + r * g.in + k, g.wt);
+    for (int t = 0; t < N; ++t) {
+      __m256 xv = _mm256_loadu_ps(g.x + t * g.in + k);
+      for (int r = 0; r < R; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < N; ++t)
+    for (int r = 0; r < R; ++r) {
+      float s = simd::hsum(acc[t][r]);
+      for (int64_t kk = k; kk < g.in; ++kk)
+        s += simd::to_f32(g.w, g.wt, (r0 + r) * g.in + kk) * g.x[t * g.in + kk];
+      g.store(t, r0 + r, s);
+    }
+}
+
+template <class W, int N>
+LATHE_AVX2 void gemv_rows_avx2(const Gemv& g, int64_t r_begin, int64_t r_end) {
+  constexpr int R = N == 1 ? 4 : (N == 2 ? 2 : 1);
+  int64_t r = r_begin;
+  for (; r + R <= r_end; r += R) gemv_block_avx2<W, N, R>(g, r);
+  for (; r < r_end; ++r) gemv_block_avx2<W, N, 1>(g, r);
+}
+
+template <class W>
+void gemv_rows_dispatch(const Gemv& g, int64_t r_begin, int64_t r_end) {
+  switch (g.n) {
+    case 1: gemv_rows_avx2<W, 1>(g, r_begin, r_end); break;
+    case 2: gemv_rows_avx2<W, 2>(g, r_begin, r_end); break;
+    case 3: gemv_rows_avx2<W, 3>(g, r_begin, r_end); break;
+    default: gemv_rows_avx2<W, 4>(g, r_begin, r_end); break;
+  }
+}
+
+void gemv_rows_portable(const Gemv& g, int64_t r_begin, int64_t r_end) {
+  for (int64_t r = r_begin; r < r_end; ++r)
+    for (int64_t t = 0; t < g.n; ++t) {
+      float s0 = 0, s1 = 0;
+      const float* x = g.x + t * g.in;
+      int64_t k = 0;
+      for (; k + 2 <= g.in; k += 2) {
+        s0 += simd::to_f32(g.w, g.wt, r * g.in + k) * x[k];
+        s1 += simd::to_f32(g.w, g.wt, r * g.in + k + 1) * x[k + 1];
+      }
+      if (k < g.in) s0 += simd::to_f32(g.w, g.wt, r * g.in + k) * x[k];
+      g.store(t, r, s0 + s1);
+    }
+}
+
+void gemv(const Gemv& g) {
+  // Chunks of whole row blocks, a few per thread so uneven cores even out.
+  int64_t threads = num_threads();
+  int64_t grain = std::max<int64_t>(16, (g.out / (threads * 4) + 3) / 4 * 4);
+  if (g.out * g.in < (int64_t{1} << 15)) grain = g.out;  // tiny: one thread
+  bool vec = has_avx2();
+  parallel_for(g.out, grain, [&](int64_t b, int64_t e) {
+    if (!vec) return gemv_rows_portable(g, b, e);
+    if (g.wt == DType::F32) return gemv_rows_dispatch<float>(g, b, e);
+    gemv_rows_dispatch<uint16_t>(g, b, e);
+  });
+}
+
+void add_bias(const LinearArgs& a, float* y, int64_t n, int64_t out) {
+  parallel_for(n, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      for (int64_t r = 0; r < out; ++r) y[t * out + r] += simd::to_f32(a.bias.data, a.bias.dtype, r);
+  });
+}
+
+void gemm(const LinearArgs& a) {
+  const int64_t n = a.x.shape[0], in = a.x.shape[1], out = a.w.shape[0];
+  const float* x = a.x.ptr<const float>();
+  float* y = a.y.ptr<float>();
+  // With a bias and accumulate, y += x·wᵀ + b is done as y += x·wᵀ, then y += b.
+  const float beta = a.accumulate ? 1.0f : 0.0f;
+  if (a.w.dtype == DType::F32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x, int(in),
+                a.w.ptr<const float>(), int(in), beta, y, int(out));
+  } else {
+    float* tile = a.workspace.ptr<float>();
+    for (int64_t r0 = 0; r0 < out; r0 += kLinearTileRows) {
+      int64_t rows = std::min(kLinearTileRows, out - r0);
+      const uint16_t* src = a.w.ptr<const uint16_t>() + r0 * in;
+      parallel_for(rows, 8, [&](int64_t b, int64_t e) {
+        convert_to_f32(src + b * in, a.w.dtype, tile + b * in, (e - b) * in);
+      });
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(in), 1.0f, x, int(in), tile,
+                  int(in), beta, y + r0, int(out));
+    }
+  }
+  if (!a.bias.empty()) add_bias(a, y, n, out);
+}
+
+}  // namespace
+
+Status linear_forward(const LinearArgs& a) {
+  LATHE_TRY(validate(a));
+  const int64_t n = a.x.shape[0];
+  if (n == 0 || a.w.shape[0] == 0) return Status::ok();
+  if (n <= kLinearGemvMaxRows || a.x.shape[1] == 0) {
+    gemv(Gemv{a.x.ptr<const float>(), a.w.data, a.w.dtype, a.bias.empty() ? nullptr : a.bias.data, a.bias.dtype,
+              a.y.ptr<float>(), n, a.x.shape[1], a.w.shape[0], a.accumulate});
+  } else {
+    gemm(a);
+  }
+  return Status::ok();
+}
+
+}  // namespace lathe::cpu

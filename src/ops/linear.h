@@ -1,0 +1,30 @@
+// Linear: y = x · wᵀ (+ bias), or y += x · wᵀ (+ bias) when accumulating (the
+// residual add of a decoder block folds in here for free). The weight may stay
+// in its file dtype (f32, bf16, f16); compute and accumulation are fp32.
+// Views are borrowed; the CPU implementation needs a workspace of
+// linear_workspace_floats() floats (bf16/f16 weight tiles converted for GEMM).
+#pragma once
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace lathe {
+
+struct LinearArgs {
+  TensorView x;          // [n, in] f32
+  TensorView w;          // [out, in] f32, bf16 or f16
+  TensorView bias;       // [out] f32, bf16 or f16; empty for none
+  TensorView y;          // [n, out] f32, must not overlap x
+  TensorView workspace;  // [>= linear_workspace_floats(...)] f32; may be empty when that is 0
+  bool accumulate = false;
+};
+Status validate(const LinearArgs& a);  // messages start with "linear: "
+
+// Rows of a half-precision weight converted to f32 at once for a GEMM.
+constexpr int64_t kLinearTileRows = 64;
+// Tokens up to which the CPU takes the GEMV path (weights streamed once,
+// never converted); above it a GEMM.
+constexpr int64_t kLinearGemvMaxRows = 4;
+int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype);
+
+}  // namespace lathe
