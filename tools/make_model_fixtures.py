@@ -81,8 +81,10 @@ def make(family, spec, out_dir, seed):
     model.to(spec["dtype"])
     model.config.dtype = spec["dtype"]
     model.save_pretrained(d)
-    # Reference computations run in float32 on the (possibly bf16-rounded) weights.
-    model.to(torch.float32)
+    # References come from the saved directory loaded in float32, as a user
+    # would load it (bf16 weights upcast; rotary buffers computed afresh).
+    model = getattr(transformers, spec["cls"]).from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager").eval()
     g = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(3, cfg.vocab_size, (BATCH, SEQ), generator=g, dtype=torch.int64)
     with torch.no_grad():

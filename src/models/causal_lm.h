@@ -12,10 +12,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/hf_config.h"
+#include "nn/arena.h"
 
 namespace lathe {
 
@@ -26,10 +28,14 @@ struct LoadOptions {
   bool keep_half_weights = true;
 };
 
-// Keys and values for one sequence: [n_layer][max_seq, n_head_kv, head_dim].
+// Keys and values for one sequence: [n_layer][max_seq, n_head_kv, head_dim],
+// plus the scratch arena of the passes that run on it (so a forward call
+// allocates nothing once the arena has grown to its size). Move-only.
 class KvCache {
  public:
   KvCache() = default;
+  KvCache(KvCache&&) = default;
+  KvCache& operator=(KvCache&&) = default;
   int n_tokens() const { return n_tokens_; }   // tokens already in the cache
   int max_tokens() const { return max_tokens_; }
   void clear() { n_tokens_ = 0; }
@@ -41,6 +47,7 @@ class KvCache {
   int n_tokens_ = 0;
   int max_tokens_ = 0;
   std::vector<Tensor> k_, v_;  // per layer, f32 [max_tokens, n_head_kv, head_dim]
+  Arena scratch_;              // activations and workspaces of forward()
 };
 
 class CausalLmImpl;
@@ -61,6 +68,9 @@ class CausalLM {
   // logits: [n, vocab] f32 where n is tokens.size() when all_logits, else 1
   // (the last token's). Errors when the cache would overflow.
   Status forward(std::span<const int32_t> tokens, KvCache& cache, TensorView logits, bool all_logits) const;
+
+  // The rotary frequencies in use, [head_dim / 2] (for tests and tools).
+  const std::vector<float>& rope_inv_freq() const;
 
  private:
   explicit CausalLM(std::unique_ptr<CausalLmImpl> impl);

@@ -1,0 +1,53 @@
+// Family detection and quirks (see family.h).
+#include "models/family.h"
+
+namespace lathe {
+
+namespace {
+struct Known {
+  const char* architecture;
+  const char* model_type;
+};
+constexpr Known kKnown[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+};
+}  // namespace
+
+std::string names::layer(int layer, const char* leaf) {
+  return "model.layers." + std::to_string(layer) + "." + leaf;
+}
+
+Result<FamilyQuirks> family_quirks(const ModelConfig& cfg, const std::string& source) {
+  FamilyQuirks q;
+  for (const Known& k : kKnown) {
+    if (cfg.architecture == k.architecture || (cfg.architecture.empty() && cfg.model_type == k.model_type)) {
+      q.family = k.model_type;
+      break;
+    }
+  }
+  if (q.family.empty()) {
+    std::string arch = cfg.architecture.empty() ? "model_type '" + cfg.model_type + "'"
+                                                : "architecture '" + cfg.architecture + "'";
+    return unsupported(source, ": ", arch,
+                       " is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM "
+                       "are)");
+  }
+  if (cfg.hidden_act != "silu")
+    return unsupported(source, ": hidden_act '", cfg.hidden_act, "' is not supported (silu is)");
+  // Qwen2 always carries q/k/v biases and never an o_proj bias; elsewhere
+  // attention_bias covers all four projections.
+  q.qkv_bias = q.family == "qwen2" || cfg.attention_bias;
+  q.o_bias = (q.family != "qwen2" && cfg.attention_bias) || cfg.attention_out_bias;
+  q.mlp_bias = cfg.mlp_bias;
+  q.qk_norm = q.family == "qwen3" || cfg.qk_norm;
+  q.tied_embeddings = cfg.tie_word_embeddings;
+  // Qwen2's sliding window applies only with use_sliding_window, which its
+  // released models leave off; Mistral applies it to every layer.
+  q.sliding_window = q.family == "mistral" ? cfg.sliding_window : 0;
+  return q;
+}
+
+}  // namespace lathe

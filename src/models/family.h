@@ -1,0 +1,37 @@
+// The Llama-family architectures lathe runs and how they differ. Everything
+// that varies between Llama, Mistral, Qwen2 and Qwen3 is a field here, decided
+// once at load from config.json; the forward pass has no per-family branches.
+// The tensor names are those transformers writes (model.layers.{i}.…).
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+#include "io/hf_config.h"
+
+namespace lathe {
+
+struct FamilyQuirks {
+  std::string family;      // "llama", "mistral", "qwen2", "qwen3"
+  bool qkv_bias = false;   // q/k/v projections have biases (Qwen2; Llama's attention_bias)
+  bool o_bias = false;     // o_proj has a bias (Llama's attention_bias)
+  bool mlp_bias = false;   // gate/up/down have biases (Llama's mlp_bias)
+  bool qk_norm = false;    // RMSNorm over head_dim on q and k before RoPE (Qwen3)
+  bool tied_embeddings = false;
+  int sliding_window = 0;  // every layer attends to this many tokens; 0: all (Mistral)
+};
+
+// Picks the family from cfg.architecture / cfg.model_type. Unsupported ones
+// are an error naming source (the config file) and the architecture.
+Result<FamilyQuirks> family_quirks(const ModelConfig& cfg, const std::string& source);
+
+// Tensor names of the Hugging Face layout.
+namespace names {
+inline constexpr const char* kEmbed = "model.embed_tokens.weight";
+inline constexpr const char* kFinalNorm = "model.norm.weight";
+inline constexpr const char* kLmHead = "lm_head.weight";
+// "model.layers.{layer}.{leaf}", e.g. leaf "self_attn.q_proj.weight".
+std::string layer(int layer, const char* leaf);
+}  // namespace names
+
+}  // namespace lathe
