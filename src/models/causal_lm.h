@@ -41,6 +41,8 @@ class KvCache {
   void clear() { n_tokens_ = 0; }
   // Drops everything after the first n tokens.
   void truncate(int n);
+  // Bytes held by the scratch arena (steady after the first calls of a size).
+  int64_t scratch_bytes() const { return scratch_.capacity_bytes(); }
 
  private:
   friend class CausalLM;

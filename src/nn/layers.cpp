@@ -20,7 +20,7 @@ Status require_cpu(const TensorView& v, const char* layer) {
 Status Linear::forward(TensorView x, TensorView y, Arena& arena, bool accumulate) const {
   LATHE_TRY(require_cpu(w_.view(), "linear"));
   Arena::Scope scope(arena);
-  int64_t ws = linear_workspace_floats(x.shape[0], in(), w_.dtype());
+  int64_t ws = linear_workspace_floats(x.shape[0], in(), w_.dtype(), num_threads());
   TensorView workspace = ws > 0 ? arena.alloc(DType::F32, {ws}) : TensorView{};
   return cpu::linear_forward(
       {.x = x, .w = w_, .bias = b_.view(), .y = y, .workspace = workspace, .accumulate = accumulate});
@@ -58,7 +58,8 @@ Status Attention::forward(TensorView x, TensorView h, const AttentionStep& step,
 
   const int64_t n_ctx = step.pos0 + n;
   TensorView attn = arena.alloc(DType::F32, {n, nh, hd});
-  TensorView ws = arena.alloc(DType::F32, {attention_workspace_floats(n_ctx, num_threads())});
+  // Sized for the whole cache, so decode steps never outgrow the arena.
+  TensorView ws = arena.alloc(DType::F32, {attention_workspace_floats(step.k_cache.shape[0], num_threads())});
   LATHE_TRY(cpu::attention_forward({.q = q.reshape({n, nh, hd}),
                                     .k = step.k_cache.slice_rows(0, n_ctx),
                                     .v = step.v_cache.slice_rows(0, n_ctx),

@@ -6,9 +6,9 @@
 namespace lathe {
 using namespace ops_detail;
 
-int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype) {
+int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype, int n_threads) {
   if (w_dtype == DType::F32 || n <= kLinearGemvMaxRows) return 0;
-  return kLinearTileRows * in;
+  return kLinearTileRows * in * (n_threads > 0 ? n_threads : 1);
 }
 
 Status validate(const LinearArgs& a) {
@@ -27,7 +27,7 @@ Status validate(const LinearArgs& a) {
     LATHE_TRY(check_shape(op, "bias", a.bias, Shape{out}));
   }
   if (overlaps(a.x, a.y)) return invalid_argument("linear: y overlaps x");
-  int64_t need = linear_workspace_floats(n, in, a.w.dtype);
+  int64_t need = linear_workspace_floats(n, in, a.w.dtype, 1);
   if (need > 0 && (a.workspace.empty() || a.workspace.dtype != DType::F32 || a.workspace.numel() < need))
     return invalid_argument("linear: workspace holds ", a.workspace.numel(), " f32, needs ", need);
   return Status::ok();

@@ -2,7 +2,8 @@
 // residual add of a decoder block folds in here for free). The weight may stay
 // in its file dtype (f32, bf16, f16); compute and accumulation are fp32.
 // Views are borrowed; the CPU implementation needs a workspace of
-// linear_workspace_floats() floats (bf16/f16 weight tiles converted for GEMM).
+// linear_workspace_floats() floats (per thread, one bf16/f16 weight tile
+// widened for the GEMM).
 #pragma once
 
 #include "core/status.h"
@@ -20,11 +21,15 @@ struct LinearArgs {
 };
 Status validate(const LinearArgs& a);  // messages start with "linear: "
 
-// Rows of a half-precision weight converted to f32 at once for a GEMM.
+// Rows of weight one thread multiplies at a time in the GEMM path (widened to
+// f32 first when the weight is half precision).
 constexpr int64_t kLinearTileRows = 64;
 // Tokens up to which the CPU takes the GEMV path (weights streamed once,
 // never converted); above it a GEMM.
 constexpr int64_t kLinearGemvMaxRows = 4;
-int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype);
+// Workspace for n tokens of `in` features with n_threads threads; fewer
+// floats than that make the CPU kernel use fewer threads, never fail, as long
+// as one tile fits.
+int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype, int n_threads);
 
 }  // namespace lathe

@@ -160,6 +160,23 @@ TEST(CausalLM, TiedEmbeddingsCountOnce) {
   EXPECT_EQ(model->n_params(), int64_t(c.vocab_size) * c.hidden_size + c.num_hidden_layers * per_layer + c.hidden_size);
 }
 
+TEST(CausalLM, DecodeStepsDoNotAllocate) {
+  auto model = load(fixture("qwen3"));
+  Reference ref = load_reference("qwen3");
+  const int vocab = model->config().vocab_size;
+  KvCache cache = model->new_cache(64);
+  Tensor logits = Tensor::empty(DType::F32, {1, vocab});
+  ASSERT_TRUE(model->forward(row_ids(ref, 0), cache, logits, false).is_ok());
+  std::vector<int32_t> token = {5};
+  ASSERT_TRUE(model->forward(token, cache, logits, false).is_ok());
+  const int64_t bytes = cache.scratch_bytes();
+  EXPECT_GT(bytes, 0);
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(model->forward(token, cache, logits, false).is_ok());
+    EXPECT_EQ(cache.scratch_bytes(), bytes) << "step " << i;
+  }
+}
+
 TEST(CausalLM, RejectsBadCalls) {
   auto model = load(fixture("llama"));
   const int vocab = model->config().vocab_size;

@@ -8,6 +8,7 @@
 // Bias and the accumulate flag (residual add) are applied in the epilogue:
 // y = (accumulate ? y : 0) + (x·wᵀ + bias).
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -115,35 +116,47 @@ void gemv(const Gemv& g) {
   });
 }
 
-void add_bias(const LinearArgs& a, float* y, int64_t n, int64_t out) {
-  parallel_for(n, 16, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t)
-      for (int64_t r = 0; r < out; ++r) y[t * out + r] += simd::to_f32(a.bias.data, a.bias.dtype, r);
-  });
+// OpenBLAS runs single-threaded inside OpenMP tasks: one owner of the cores,
+// no two thread pools spinning against each other.
+void blas_single_threaded() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
 }
 
+// Each task multiplies x by one tile of kLinearTileRows weight rows, writing
+// y[:, r0 : r0 + rows]; half-precision tiles are widened into the task's
+// thread's slice of the workspace first.
 void gemm(const LinearArgs& a) {
+  blas_single_threaded();
   const int64_t n = a.x.shape[0], in = a.x.shape[1], out = a.w.shape[0];
   const float* x = a.x.ptr<const float>();
   float* y = a.y.ptr<float>();
-  // With a bias and accumulate, y += x·wᵀ + b is done as y += x·wᵀ, then y += b.
+  const bool half = a.w.dtype != DType::F32;
   const float beta = a.accumulate ? 1.0f : 0.0f;
-  if (a.w.dtype == DType::F32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x, int(in),
-                a.w.ptr<const float>(), int(in), beta, y, int(out));
-  } else {
-    float* tile = a.workspace.ptr<float>();
-    for (int64_t r0 = 0; r0 < out; r0 += kLinearTileRows) {
-      int64_t rows = std::min(kLinearTileRows, out - r0);
-      const uint16_t* src = a.w.ptr<const uint16_t>() + r0 * in;
-      parallel_for(rows, 8, [&](int64_t b, int64_t e) {
-        convert_to_f32(src + b * in, a.w.dtype, tile + b * in, (e - b) * in);
-      });
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(in), 1.0f, x, int(in), tile,
-                  int(in), beta, y + r0, int(out));
+  const int64_t tiles = (out + kLinearTileRows - 1) / kLinearTileRows;
+  int64_t threads = std::min<int64_t>(num_threads(), tiles);
+  if (half) threads = std::min(threads, a.workspace.numel() / (kLinearTileRows * in));
+  threads = std::max<int64_t>(threads, 1);
+#pragma omp parallel for num_threads(int(threads)) schedule(dynamic, 1) if (threads > 1)
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t r0 = tile * kLinearTileRows, rows = std::min(kLinearTileRows, out - r0);
+    const float* w = nullptr;
+    if (half) {
+      float* buf = a.workspace.ptr<float>() + int64_t(omp_get_thread_num()) * kLinearTileRows * in;
+      convert_to_f32(a.w.ptr<const uint16_t>() + r0 * in, a.w.dtype, buf, rows * in);
+      w = buf;
+    } else {
+      w = a.w.ptr<const float>() + r0 * in;
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(in), 1.0f, x, int(in), w, int(in),
+                beta, y + r0, int(out));
+    if (!a.bias.empty())
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = r0; r < r0 + rows; ++r) y[t * out + r] += simd::to_f32(a.bias.data, a.bias.dtype, r);
   }
-  if (!a.bias.empty()) add_bias(a, y, n, out);
 }
 
 }  // namespace
