@@ -34,7 +34,7 @@ namespace {
 struct Loader {
   const WeightStore& store;
   const LoadOptions& opts;
-  std::set<const void*> seen;
+  std::set<const void*> seen = {};
   int64_t n_params = 0;
 
   Result<Tensor> get(const std::string& name, const Shape& shape) {

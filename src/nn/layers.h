@@ -57,10 +57,10 @@ class Embedding {
 // What one forward call shares across layers, plus this layer's cache.
 struct AttentionStep {
   int pos0 = 0;        // position of the first new token
-  TensorView cos;      // [n, head_dim / 2] f32
-  TensorView sin;      // [n, head_dim / 2] f32
-  TensorView k_cache;  // [max_tokens, n_head_kv, head_dim] f32, this layer's
-  TensorView v_cache;  // [max_tokens, n_head_kv, head_dim] f32
+  TensorView cos{};      // [n, head_dim / 2] f32
+  TensorView sin{};      // [n, head_dim / 2] f32
+  TensorView k_cache{};  // [max_tokens, n_head_kv, head_dim] f32, this layer's
+  TensorView v_cache{};  // [max_tokens, n_head_kv, head_dim] f32
 };
 
 struct AttentionShape {

@@ -13,12 +13,12 @@
 namespace lathe {
 
 struct AttentionArgs {
-  TensorView q;          // [n_tokens, n_head, head_dim] f32
-  TensorView k;          // [n_ctx, n_head_kv, head_dim] f32, n_ctx >= pos0 + n_tokens
-  TensorView v;          // [n_ctx, n_head_kv, head_dim] f32
-  TensorView out;        // [n_tokens, n_head, head_dim] f32, must not overlap q
-  TensorView lse;        // [n_tokens, n_head] f32 log-sum-exp for backward; empty when not training
-  TensorView workspace;  // [>= attention_workspace_floats(...)] f32
+  TensorView q{};          // [n_tokens, n_head, head_dim] f32
+  TensorView k{};          // [n_ctx, n_head_kv, head_dim] f32, n_ctx >= pos0 + n_tokens
+  TensorView v{};          // [n_ctx, n_head_kv, head_dim] f32
+  TensorView out{};        // [n_tokens, n_head, head_dim] f32, must not overlap q
+  TensorView lse{};        // [n_tokens, n_head] f32 log-sum-exp for backward; empty when not training
+  TensorView workspace{};  // [>= attention_workspace_floats(...)] f32
   int pos0 = 0;
   int window = 0;        // sliding window in tokens; 0: none
   float scale = 1.0f;

@@ -8,9 +8,9 @@
 namespace lathe {
 
 struct EmbeddingArgs {
-  TensorView tokens;  // [n] i32
-  TensorView table;   // [vocab, dim] f32, bf16 or f16
-  TensorView out;     // [n, dim] f32
+  TensorView tokens{};  // [n] i32
+  TensorView table{};   // [vocab, dim] f32, bf16 or f16
+  TensorView out{};     // [n, dim] f32
 };
 Status validate(const EmbeddingArgs& a);  // messages start with "embedding: "
 

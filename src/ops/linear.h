@@ -12,11 +12,11 @@
 namespace lathe {
 
 struct LinearArgs {
-  TensorView x;          // [n, in] f32
-  TensorView w;          // [out, in] f32, bf16 or f16
-  TensorView bias;       // [out] f32, bf16 or f16; empty for none
-  TensorView y;          // [n, out] f32, must not overlap x
-  TensorView workspace;  // [>= linear_workspace_floats(...)] f32; may be empty when that is 0
+  TensorView x{};          // [n, in] f32
+  TensorView w{};          // [out, in] f32, bf16 or f16
+  TensorView bias{};       // [out] f32, bf16 or f16; empty for none
+  TensorView y{};          // [n, out] f32, must not overlap x
+  TensorView workspace{};  // [>= linear_workspace_floats(...)] f32; may be empty when that is 0
   bool accumulate = false;
 };
 Status validate(const LinearArgs& a);  // messages start with "linear: "

@@ -10,10 +10,10 @@
 namespace lathe {
 
 struct RmsNormArgs {
-  TensorView x;     // [n_rows, dim] f32
-  TensorView w;     // [dim] f32, bf16 or f16
-  TensorView y;     // [n_rows, dim] f32, may alias x
-  TensorView rstd;  // [n_rows] f32, empty when not training
+  TensorView x{};     // [n_rows, dim] f32
+  TensorView w{};     // [dim] f32, bf16 or f16
+  TensorView y{};     // [n_rows, dim] f32, may alias x
+  TensorView rstd{};  // [n_rows] f32, empty when not training
   float eps = 1e-6f;
 };
 Status validate(const RmsNormArgs& a);  // messages start with "rms_norm: "

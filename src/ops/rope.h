@@ -28,17 +28,17 @@ struct RopeParams {
 Result<std::vector<float>> rope_inv_freq(const RopeParams& p, int head_dim);
 
 struct RopeTablesArgs {
-  TensorView inv_freq;   // [half] f32
-  TensorView positions;  // [n_tokens] i32
-  TensorView cos;        // [n_tokens, half] f32
-  TensorView sin;        // [n_tokens, half] f32
+  TensorView inv_freq{};   // [half] f32
+  TensorView positions{};  // [n_tokens] i32
+  TensorView cos{};        // [n_tokens, half] f32
+  TensorView sin{};        // [n_tokens, half] f32
 };
 Status validate(const RopeTablesArgs& a);  // messages start with "rope: "
 
 struct RopeArgs {
-  TensorView x;    // [n_tokens, n_head, head_dim] f32, rotated in place
-  TensorView cos;  // [n_tokens, head_dim / 2] f32
-  TensorView sin;  // [n_tokens, head_dim / 2] f32
+  TensorView x{};    // [n_tokens, n_head, head_dim] f32, rotated in place
+  TensorView cos{};  // [n_tokens, head_dim / 2] f32
+  TensorView sin{};  // [n_tokens, head_dim / 2] f32
   bool inverse = false;  // rotate by −angle (the backward of rope is its inverse)
 };
 Status validate(const RopeArgs& a);  // messages start with "rope: "

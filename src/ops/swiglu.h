@@ -8,9 +8,9 @@
 namespace lathe {
 
 struct SwigluArgs {
-  TensorView gate;  // [n, ffn] f32
-  TensorView up;    // [n, ffn] f32
-  TensorView out;   // [n, ffn] f32
+  TensorView gate{};  // [n, ffn] f32
+  TensorView up{};    // [n, ffn] f32
+  TensorView out{};   // [n, ffn] f32
 };
 Status validate(const SwigluArgs& a);  // messages start with "swiglu: "
 
