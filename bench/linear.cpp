@@ -3,13 +3,15 @@
 // weights: the table shows GB/s of weights read and that as a share of a plain
 // vectorized read of the same bytes (the baseline, measured in this run).
 // Prefill (n = 128) is a GEMM and is reported in GFLOP/s.
-// Usage: bench_linear [threads]   (default: LATHE_NUM_THREADS / all cores)
+// Usage: bench_linear [threads] [MiB of weights per shape, default 256: keep it
+// well above the last-level cache]
 #include <immintrin.h>
 #include <omp.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
@@ -90,12 +92,12 @@ int main(int argc, char** argv) {
   if (argc > 1) lathe::set_num_threads(std::atoi(argv[1]));
   const int threads = lathe::num_threads();
   std::printf("linear on the CPU, %d threads, vector kernels: %s\n", threads, lathe::cpu::has_avx2() ? "avx2" : "no");
-  const int64_t kTotal = 256ll << 20;
+  const int64_t total = (argc > 2 ? std::atoll(argv[2]) : 256) << 20;
   std::printf("%-8s %-14s %4s %10s %10s %10s\n", "weights", "out x in", "n", "ms/call", "GB/s", "% floor");
   struct Shape { int64_t out, in; };
   for (DType dt : {DType::BF16, DType::F32}) {
     for (Shape sh : {Shape{2048, 2048}, Shape{8192, 2048}, Shape{2048, 8192}}) {
-      std::vector<Tensor> ws = make_weights(dt, sh.out, sh.in, kTotal);
+      std::vector<Tensor> ws = make_weights(dt, sh.out, sh.in, total);
       double floor = read_gbps(ws);
       for (int64_t n : {1, 4}) {
         double t = time_linear(ws, n, 5);
