@@ -72,7 +72,9 @@ LATHE_AVX2 void gemv_block_avx2(const Gemv& g, int64_t r0) {
 
 template <class W, int N>
 LATHE_AVX2 void gemv_rows_avx2(const Gemv& g, int64_t r_begin, int64_t r_end) {
-  constexpr int R = N == 1 ? 4 : (N == 2 ? 2 : 1);
+  // Enough independent accumulators (N * R >= 4) to hide the FMA latency,
+  // few enough (<= 8) to stay in registers beside the loads.
+  constexpr int R = N <= 2 ? 4 : 2;
   int64_t r = r_begin;
   for (; r + R <= r_end; r += R) gemv_block_avx2<W, N, R>(g, r);
   for (; r < r_end; ++r) gemv_block_avx2<W, N, 1>(g, r);
