@@ -1,6 +1,7 @@
 // TrainRecipe checks and the settings derived from a recipe (optimizer and
 // schedule configs, LoRA scale, HF module names). The key registry, parsing
 // and YAML live in recipe_keys.cpp.
+#include <climits>
 #include <cmath>
 
 #include "train/recipe.h"
@@ -71,10 +72,13 @@ Status validate_data(const DataRecipe& d, int world_size) {
                             world_size, " = ", per_step, "); use ", lower > 0 ? std::to_string(lower) + " or " : "",
                             upper);
   }
-  if (d.prompt_template.find("{output}") == std::string::npos) {
-    return invalid_argument("data.prompt_template must contain {output} (the text the loss is taken on); got \"",
-                            d.prompt_template, "\"");
-  }
+  if (d.seq_length > INT32_MAX) return invalid_argument("data.seq_length is too large: ", d.seq_length);
+  // The data set's own checks (template placeholders, label key).
+  const DataOptions options{.prompt_template = d.prompt_template, .label_key = d.label_key,
+                            .seq_length = static_cast<int32_t>(d.seq_length), .truncation = d.truncation,
+                            .on_error = d.on_error};
+  LATHE_TRY(options.validate());
+  if (d.seed < 0) return invalid_argument("data.seed must be >= 0, got ", d.seed);
   if (d.packed_sequence && d.micro_batch_size != 1) {
     return invalid_argument("data.packed_sequence needs data.micro_batch_size=1 (a packed row already holds many "
                             "examples); got ", d.micro_batch_size);
@@ -156,7 +160,5 @@ LrScheduleConfig lr_schedule_config(const TrainRecipe& r, int64_t total_steps) {
 }
 
 std::string_view peft_scheme_name(PeftScheme s) { return s == PeftScheme::kLora ? "lora" : "none"; }
-std::string_view truncation_side_name(TruncationSide s) { return s == TruncationSide::kRight ? "right" : "left"; }
-std::string_view on_data_error_name(OnDataError e) { return e == OnDataError::kFail ? "fail" : "skip"; }
 
 }  // namespace lathe

@@ -22,14 +22,13 @@
 
 #include "core/status.h"
 #include "train/adamw.h"
+#include "train/dataset.h"
 #include "train/lr_schedule.h"
 
 namespace lathe {
 
 enum class PeftScheme : uint8_t { kLora, kNone };  // none: full-parameter SFT
 enum class LoraDropoutPosition : uint8_t { kPre, kPost };
-enum class TruncationSide : uint8_t { kRight, kLeft };
-enum class OnDataError : uint8_t { kFail, kSkip };
 enum class OptimizerName : uint8_t { kAdamW };
 
 struct PeftRecipe {
@@ -51,7 +50,7 @@ struct TrainerRecipe {
   int64_t limit_val_batches = -1;    // -1: whole validation set; 0: no validation
   int64_t log_every_n_steps = 10;
   double gradient_clip_val = 1.0;    // max global grad norm; 0: no clipping
-  int64_t seed = 1234;
+  int64_t seed = 1234;               // initialization and dropout
   bool activations_checkpoint = false;  // recompute activations in backward
 };
 
@@ -61,10 +60,12 @@ struct DataRecipe {
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 128;   // = micro_batch_size * world_size * accumulation steps
   std::string prompt_template = "{input} {output}";
+  std::string label_key = "output";  // the supervised field of {input, output} records
   bool packed_sequence = false;
-  TruncationSide truncation = TruncationSide::kRight;
-  OnDataError on_error = OnDataError::kFail;
+  Truncation truncation = Truncation::kRight;  // dataset.h: right | drop
+  OnError on_error = OnError::kStop;           // dataset.h: stop (alias fail) | skip
   bool shuffle = true;
+  int64_t seed = 1234;               // data order; NeMo's data modules default to 1234
 };
 
 struct SchedRecipe {
@@ -141,7 +142,5 @@ AdamWConfig adamw_config(const TrainRecipe& r);
 LrScheduleConfig lr_schedule_config(const TrainRecipe& r, int64_t total_steps);
 
 std::string_view peft_scheme_name(PeftScheme s);
-std::string_view truncation_side_name(TruncationSide s);
-std::string_view on_data_error_name(OnDataError e);
 
 }  // namespace lathe

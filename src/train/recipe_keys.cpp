@@ -213,14 +213,14 @@ struct EnumNames<LoraDropoutPosition> {
       {"pre", LoraDropoutPosition::kPre}, {"post", LoraDropoutPosition::kPost}};
 };
 template <>
-struct EnumNames<TruncationSide> {
-  static constexpr std::pair<std::string_view, TruncationSide> kNames[] = {{"right", TruncationSide::kRight},
-                                                                            {"left", TruncationSide::kLeft}};
+struct EnumNames<Truncation> {
+  static constexpr std::pair<std::string_view, Truncation> kNames[] = {{"right", Truncation::kRight},
+                                                                        {"drop", Truncation::kDrop}};
 };
 template <>
-struct EnumNames<OnDataError> {
-  static constexpr std::pair<std::string_view, OnDataError> kNames[] = {{"fail", OnDataError::kFail},
-                                                                         {"skip", OnDataError::kSkip}};
+struct EnumNames<OnError> {
+  static constexpr std::pair<std::string_view, OnError> kNames[] = {
+      {"stop", OnError::kStop}, {"skip", OnError::kSkip}, {"fail", OnError::kStop}};
 };
 template <>
 struct EnumNames<OptimizerName> {
@@ -359,7 +359,7 @@ const std::vector<KeyDef>& key_defs() {
       make_key("trainer.log_every_n_steps", "steps between metric lines", LATHE_FIELD(trainer.log_every_n_steps)),
       make_key("trainer.gradient_clip_val", "clip gradients to this global L2 norm; 0: off",
                LATHE_FIELD(trainer.gradient_clip_val)),
-      make_key("trainer.seed", "seed for initialization, dropout and data order", LATHE_FIELD(trainer.seed)),
+      make_key("trainer.seed", "seed for initialization and dropout", LATHE_FIELD(trainer.seed)),
       make_key("trainer.activations_checkpoint", "recompute activations in backward to save memory",
                LATHE_FIELD(trainer.activations_checkpoint)),
       make_key("data.dataset_root", "directory with training/validation/test.jsonl, or one .jsonl file",
@@ -371,12 +371,16 @@ const std::vector<KeyDef>& key_defs() {
                LATHE_FIELD(data.global_batch_size)),
       make_key("data.prompt_template", "how {input} and {output} records become text; loss on {output}",
                LATHE_FIELD(data.prompt_template)),
+      make_key("data.label_key", "the record field the loss is taken on (its {placeholder} ends the template)",
+               LATHE_FIELD(data.label_key)),
       make_key("data.packed_sequence", "pack several examples into each seq_length row",
                LATHE_FIELD(data.packed_sequence)),
-      make_key("data.truncation", "which end of an over-long prompt is cut", LATHE_FIELD(data.truncation)),
-      make_key("data.on_error", "a malformed record stops the run (fail) or is skipped with a warning",
+      make_key("data.truncation", "over-long examples keep their first seq_length tokens (right) or are dropped",
+               LATHE_FIELD(data.truncation)),
+      make_key("data.on_error", "a malformed record stops the load (stop, alias fail) or is skipped and counted",
                LATHE_FIELD(data.on_error)),
       make_key("data.shuffle", "shuffle training examples every epoch", LATHE_FIELD(data.shuffle)),
+      make_key("data.seed", "seed for the data order", LATHE_FIELD(data.seed)),
       make_key("optim.name", "optimizer", LATHE_FIELD(optim.name)),
       make_key("optim.lr", "peak learning rate", LATHE_FIELD(optim.lr)),
       make_key("optim.weight_decay", "decoupled (AdamW) weight decay", LATHE_FIELD(optim.weight_decay)),

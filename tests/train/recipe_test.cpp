@@ -80,7 +80,12 @@ TEST(Recipe, OverridesParseEachType) {
   ASSERT_TRUE(apply_recipe_override(&r, "data.prompt_template={input} => {output}").is_ok());
   EXPECT_EQ(r.data.prompt_template, "{input} => {output}");  // unquoted: taken as written
   ASSERT_TRUE(apply_recipe_override(&r, "data.on_error=skip").is_ok());
-  EXPECT_EQ(r.data.on_error, OnDataError::kSkip);
+  EXPECT_EQ(r.data.on_error, OnError::kSkip);
+  ASSERT_TRUE(apply_recipe_override(&r, "data.on_error=fail").is_ok());  // alias of stop
+  EXPECT_EQ(r.data.on_error, OnError::kStop);
+  EXPECT_EQ(*get_recipe_value(r, "data.on_error"), "stop");
+  ASSERT_TRUE(apply_recipe_override(&r, "data.truncation=drop").is_ok());
+  EXPECT_EQ(r.data.truncation, Truncation::kDrop);
 }
 
 TEST(Recipe, UnknownKeysNameTheKeyAndSuggestTheClosest) {
@@ -177,7 +182,9 @@ TEST(Recipe, ValidateChecksRangesAndConsistency) {
   EXPECT_TRUE(validate(r).is_ok());
   r = TrainRecipe{};
   r.data.prompt_template = "{input}";
-  EXPECT_TRUE(contains(validate(r).message(), "{output}"));
+  EXPECT_TRUE(contains(validate(r).message(), "data.prompt_template")) << validate(r).message();
+  r.data.label_key = "input";  // now {input} is the supervised field
+  EXPECT_TRUE(validate(r).is_ok()) << validate(r).message();
   r = TrainRecipe{};
   r.optim.betas = {0.9, 1.0};
   EXPECT_TRUE(contains(validate(r).message(), "optim.betas"));
@@ -189,7 +196,7 @@ TEST(Recipe, WrittenYamlLoadsBackToTheSameRecipe) {
   for (const char* o : {"peft.dim=7", "peft.alpha=14.5", "peft.rslora=true", "peft.dropout_position=post",
                         "peft.target_modules=[gate_proj, linear_qkv]", "trainer.max_steps=333",
                         "trainer.seed=42", "data.dataset_root=/data/my set", "optim.lr=1.2345678901234567e-4",
-                        "optim.sched.name=linear", "optim.sched.min_lr=1e-7", "data.truncation=left",
+                        "optim.sched.name=linear", "optim.sched.min_lr=1e-7", "data.truncation=drop",
                         "data.prompt_template=\"<s>\\\"{input}\\\"\\n\\t{output}\\\\\""}) {
     ASSERT_TRUE(apply_recipe_override(&r, o).is_ok()) << o;
   }
