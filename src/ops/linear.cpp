@@ -7,7 +7,9 @@ namespace lathe {
 using namespace ops_detail;
 
 int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype, int n_threads) {
-  if (w_dtype == DType::F32 || n <= kLinearGemvMaxRows) return 0;
+  if (w_dtype == DType::F32) return 0;
+  // GEMV on bf16 reads x with even and odd elements split per 16-block.
+  if (n <= kLinearGemvMaxRows) return w_dtype == DType::BF16 ? n * in : 0;
   return kLinearTileRows * in * (n_threads > 0 ? n_threads : 1);
 }
 

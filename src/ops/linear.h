@@ -3,7 +3,7 @@
 // in its file dtype (f32, bf16, f16); compute and accumulation are fp32.
 // Views are borrowed; the CPU implementation needs a workspace of
 // linear_workspace_floats() floats (per thread, one bf16/f16 weight tile
-// widened for the GEMM).
+// widened for the GEMM; for a bf16 GEMV, x rearranged for the kernel).
 #pragma once
 
 #include "core/status.h"

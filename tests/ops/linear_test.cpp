@@ -24,6 +24,7 @@ const LinearCase kCases[] = {
     {17, 100, 67, DType::F16, true, false},  {33, 256, 129, DType::BF16, false, false},
     {1, 1, 1, DType::F32, true, false},      {9, 3, 2, DType::F32, false, false},
     {6, 40, 300, DType::F32, true, true},    {70, 48, 260, DType::BF16, true, true},
+    {4, 100, 9, DType::BF16, true, true},    {1, 4100, 5, DType::BF16, false, false},
 };
 
 class LinearTest : public ::testing::TestWithParam<bool> {

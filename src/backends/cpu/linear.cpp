@@ -80,6 +80,68 @@ LATHE_AVX2 void gemv_rows_avx2(const Gemv& g, int64_t r_begin, int64_t r_end) {
   for (; r < r_end; ++r) gemv_block_avx2<W, N, 1>(g, r);
 }
 
+// bf16 GEMV without a widening shuffle: 16 weights loaded as 8 u32 lanes
+// give the even elements by a shift and the odd ones by a mask, so x is
+// pre-split per 16-block into its 8 even then 8 odd elements (xs).
+template <int N, int R>
+LATHE_AVX2 void gemv_block_bf16_avx2(const Gemv& g, const float* xs, int64_t r0) {
+  const uint16_t* w = static_cast<const uint16_t*>(g.w) + r0 * g.in;
+  const __m256i odd_mask = _mm256_set1_epi32(int32_t(0xffff0000u));
+  __m256 acc[N][R];
+  for (int t = 0; t < N; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= g.in; k += 16) {
+    __m256 we[R], wo[R];
+    for (int r = 0; r < R; ++r) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * g.in + k));
+      we[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      wo[r] = _mm256_castsi256_ps(_mm256_and_si256(v, odd_mask));
+    }
+    for (int t = 0; t < N; ++t) {
+      __m256 xe = _mm256_loadu_ps(xs + t * g.in + k), xo = _mm256_loadu_ps(xs + t * g.in + k + 8);
+      for (int r = 0; r < R; ++r) acc[t][r] = _mm256_fmadd_ps(wo[r], xo, _mm256_fmadd_ps(we[r], xe, acc[t][r]));
+    }
+  }
+  for (int t = 0; t < N; ++t)
+    for (int r = 0; r < R; ++r) {
+      float s = simd::hsum(acc[t][r]);
+      for (int64_t kk = k; kk < g.in; ++kk) s += bf16_to_f32(w[r * g.in + kk]) * g.x[t * g.in + kk];
+      g.store(t, r0 + r, s);
+    }
+}
+
+template <int N>
+LATHE_AVX2 void gemv_rows_bf16_avx2(const Gemv& g, const float* xs, int64_t r_begin, int64_t r_end) {
+  constexpr int R = N == 1 ? 4 : 2;
+  int64_t r = r_begin;
+  for (; r + R <= r_end; r += R) gemv_block_bf16_avx2<N, R>(g, xs, r);
+  for (; r < r_end; ++r) gemv_block_bf16_avx2<N, 1>(g, xs, r);
+}
+
+void split_even_odd(const Gemv& g, float* xs) {
+  for (int64_t t = 0; t < g.n; ++t) {
+    const float* x = g.x + t * g.in;
+    float* o = xs + t * g.in;
+    int64_t k = 0;
+    for (; k + 16 <= g.in; k += 16)
+      for (int j = 0; j < 8; ++j) {
+        o[k + j] = x[k + 2 * j];
+        o[k + 8 + j] = x[k + 2 * j + 1];
+      }
+    for (; k < g.in; ++k) o[k] = x[k];
+  }
+}
+
+void gemv_rows_bf16(const Gemv& g, const float* xs, int64_t r_begin, int64_t r_end) {
+  switch (g.n) {
+    case 1: gemv_rows_bf16_avx2<1>(g, xs, r_begin, r_end); break;
+    case 2: gemv_rows_bf16_avx2<2>(g, xs, r_begin, r_end); break;
+    case 3: gemv_rows_bf16_avx2<3>(g, xs, r_begin, r_end); break;
+    default: gemv_rows_bf16_avx2<4>(g, xs, r_begin, r_end); break;
+  }
+}
+
 template <class W>
 void gemv_rows_dispatch(const Gemv& g, int64_t r_begin, int64_t r_end) {
   switch (g.n) {
@@ -105,15 +167,17 @@ void gemv_rows_portable(const Gemv& g, int64_t r_begin, int64_t r_end) {
     }
 }
 
-void gemv(const Gemv& g) {
+void gemv(const Gemv& g, float* workspace) {
   // Chunks of whole row blocks, a few per thread so uneven cores even out.
   int64_t threads = num_threads();
   int64_t grain = std::max<int64_t>(16, (g.out / (threads * 4) + 3) / 4 * 4);
   if (g.out * g.in < (int64_t{1} << 15)) grain = g.out;  // tiny: one thread
   bool vec = has_avx2();
+  if (vec && g.wt == DType::BF16) split_even_odd(g, workspace);
   parallel_for(g.out, grain, [&](int64_t b, int64_t e) {
     if (!vec) return gemv_rows_portable(g, b, e);
     if (g.wt == DType::F32) return gemv_rows_dispatch<float>(g, b, e);
+    if (g.wt == DType::BF16) return gemv_rows_bf16(g, workspace, b, e);
     gemv_rows_dispatch<uint16_t>(g, b, e);
   });
 }
@@ -169,7 +233,8 @@ Status linear_forward(const LinearArgs& a) {
   if (n == 0 || a.w.shape[0] == 0) return Status::ok();
   if (n <= kLinearGemvMaxRows || a.x.shape[1] == 0) {
     gemv(Gemv{a.x.ptr<const float>(), a.w.data, a.w.dtype, a.bias.empty() ? nullptr : a.bias.data, a.bias.dtype,
-              a.y.ptr<float>(), n, a.x.shape[1], a.w.shape[0], a.accumulate});
+              a.y.ptr<float>(), n, a.x.shape[1], a.w.shape[0], a.accumulate},
+         a.workspace.ptr<float>());
   } else {
     gemm(a);
   }
