@@ -62,7 +62,7 @@ def layout(cfg):
     }
 
 
-def describe(cfg):
+def describe(cfg, with_layout=True):
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     eos = cfg.eos_token_id
     eos = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
@@ -100,7 +100,10 @@ def describe(cfg):
         "pad_token_id": -1 if cfg.pad_token_id is None else cfg.pad_token_id,
         "sliding_window": window or 0,
     }
-    d.update(layout(cfg))
+    if with_layout:
+        d.update(layout(cfg))
+    else:  # the config's own switches; cheaper than building a model
+        d.update({k: getattr(cfg, k, None) for k in ("attention_bias", "mlp_bias", "use_sliding_window")})
     return d
 
 
@@ -152,7 +155,7 @@ def make():
 def check(paths):
     bad = []
     for original, written in zip(paths[::2], paths[1::2]):
-        a, b = describe(load_config(original)), describe(load_config(written))
+        a, b = describe(load_config(original), False), describe(load_config(written), False)
         bad += [f"{written}: {k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k)]
     for line in bad:
         print(line)
