@@ -57,7 +57,10 @@ LATHE_AVX2 void gemv_block_avx2(const Gemv& g, int64_t r0) {
   int64_t k = 0;
   for (; k + 8 <= g.in; k += 8) {
     __m256 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = load_w(w + r * g.in + k, g.wt);
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * g.in + k) + kPrefetchBytes, _MM_HINT_T0);
+      wv[r] = load_w(w + r * g.in + k, g.wt);
+    }
     for (int t = 0; t < N; ++t) {
       __m256 xv = _mm256_loadu_ps(g.x + t * g.in + k);
       for (int r = 0; r < R; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
