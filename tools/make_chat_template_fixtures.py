@@ -13,6 +13,9 @@ Writes two files under tests/data/chat_templates/:
                     (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
                     its tojson, raise_exception, strftime_now, namespace, dict).
 
+cli_messages.json and cli_expected_qwen3_{gen,nogen}.txt feed
+tests/cli/chat_template_e2e.sh.
+
 Each case records either "expected" (the exact text) or "error" (the message
 of the exception raised). strftime_now is never reached: templates that call
 it get a fixed date_string.
@@ -159,6 +162,34 @@ def conversation_cases():
         {"role": "assistant", "content": "a", "thinking": "t", "extra": {"k": [1, 2.5, None]}},
         {"role": "assistant", "reasoning_content": "rc", "content": "b"},
     ], gen_both=False)
+    mistral_calls = [
+        SYS,
+        {"role": "user", "content": "Weather in Seoul and Busan?"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "abcDEF123", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Seoul"}}},
+            {"id": "xyz987uvw", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Busan"}}}]},
+        {"role": "tool", "tool_call_id": "abcDEF123", "content": "21"},
+        {"role": "tool", "tool_call_id": "xyz987uvw", "content": {"content": "19"}},
+        {"role": "assistant", "content": " Seoul 21, Busan 19. "},
+        {"role": "user", "content": "Thanks!"},
+    ]
+    add("mistral_tools.jinja/tool_calls", "mistral", "mistral_tools.jinja", mistral_calls, {"tools": [WEATHER_TOOL]})
+    add("mistral_tools.jinja/no_tools", "mistral", "mistral_tools.jinja", CONVERSATIONS["multi_turn"])
+    bad_id = [dict(m) for m in mistral_calls]
+    bad_id[3] = dict(bad_id[3], tool_call_id="short")
+    add("mistral_tools.jinja/bad_id", "mistral", "mistral_tools.jinja", bad_id, {"tools": [WEATHER_TOOL]}, gen_both=False)
+    search_tool = {"type": "function", "function": {
+        "name": "search_docs", "description": "  Search the knowledge base.  ",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": "What to look for"},
+            "max_results": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "mode": {"enum": ["fast", "deep"]},
+            "filters": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
+            "required": ["query"]}}}
+    add("schema_macro.jinja/tools", "llama3", "schema_macro.jinja", CONVERSATIONS["multi_turn"],
+        {"tools": [search_tool, WEATHER_TOOL]})
+    add("schema_macro.jinja/korean", "llama3", "schema_macro.jinja", CONVERSATIONS["korean"])
     bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     add("mistral_inst.jinja/not_alternating", "mistral", "mistral_inst.jinja", bad, gen_both=False)
     add("mistral_inst.jinja/tool_role", "mistral", "mistral_inst.jinja",
@@ -278,6 +309,19 @@ def jinja_cases():
     return cases
 
 
+def cli_fixtures():
+    """Inputs and outputs for tests/cli/chat_template_e2e.sh."""
+    tok = AutoTokenizer.from_pretrained(os.path.join(SHARED, "qwen3"))
+    doc = {"messages": QWEN_TOOLS + [{"role": "user", "content": "요약해 주세요"}], "tools": [WEATHER_TOOL]}
+    with open(os.path.join(OUT, "cli_messages.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+    for gen, suffix in ((True, "gen"), (False, "nogen")):
+        text = tok.apply_chat_template(doc["messages"], tools=doc["tools"], tokenize=False,
+                                       add_generation_prompt=gen, enable_thinking=False)
+        with open(os.path.join(OUT, f"cli_expected_qwen3_{suffix}.txt"), "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+
+
 def write(name, data):
     with open(os.path.join(OUT, name), "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, indent=1)
@@ -287,3 +331,4 @@ def write(name, data):
 if __name__ == "__main__":
     write("expected.json", conversation_cases())
     write("jinja_cases.json", jinja_cases())
+    cli_fixtures()
