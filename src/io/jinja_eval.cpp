@@ -479,6 +479,12 @@ Result<Value> int_pow(int64_t base, int64_t exp) {
 
 Result<Value> Interpreter::binary(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value::string(a.str() + b.str());
+  if (op == "%" && a.is_string() && b.is_undefined()) {
+    CallArgs args;  // Python treats an Undefined operand like a mapping: unconverted is fine
+    args.args.push_back(b);
+    args.kwargs.emplace_back("mapping", b);
+    return apply_filter(*this, "format", a, args);
+  }
   if (a.is_undefined()) return undefined_error(a);
   if (b.is_undefined()) return undefined_error(b);
   const size_t max_bytes = opt_.max_output_bytes;
@@ -534,6 +540,8 @@ Result<Value> Interpreter::binary(const std::string& op, const Value& a, const V
     CallArgs args;
     if (b.is_tuple()) args.args = b.as_list();
     else args.args.push_back(b);
+    // Python: a list or dict right operand may go unconverted without error.
+    if ((b.is_list() && !b.is_tuple()) || b.is_dict()) args.kwargs.emplace_back("mapping", b);
     return apply_filter(*this, "format", a, args);
   }
   return unsupported_operands(op, a, b);

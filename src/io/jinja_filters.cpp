@@ -89,8 +89,22 @@ Result<Value> f_capitalize(Runtime&, const Value& v, A) {
   if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
   return Value::string(std::move(s));
 }
+// jinja2's title filter: words start after whitespace or one of "-({[<";
+// the first character of each word is upper-cased, the rest lower-cased.
 Result<Value> f_title(Runtime&, const Value& v, A) {
-  return get_attr(Value::string(v.str()), "title").as_function()(CallArgs{});
+  std::string s = v.str();
+  bool word_start = true;
+  for (char& c : s) {
+    bool sep = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' || c == '-' || c == '(' ||
+               c == '{' || c == '[' || c == '<';
+    if (sep) {
+      word_start = true;
+      continue;
+    }
+    c = static_cast<char>(word_start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+    word_start = false;
+  }
+  return Value::string(std::move(s));
 }
 
 Result<Value> f_length(Runtime&, const Value& v, A) {
@@ -206,6 +220,7 @@ Result<Value> f_items(Runtime&, const Value& v, A) {
 
 // select / reject / selectattr / rejectattr share one body.
 Result<Value> select_impl(Runtime& rt, const Value& v, A a, bool by_attr, bool keep) {
+  if (!v.truthy()) return Value::generator({});  // jinja2 skips falsy inputs (None, 0, "")
   LATHE_ASSIGN_OR_RETURN(ValueList items, iterate(v));
   size_t first_test = by_attr ? 1 : 0;
   const Value* attr = by_attr ? a.get(0, "attribute") : nullptr;
@@ -233,6 +248,7 @@ Result<Value> f_selectattr(Runtime& rt, const Value& v, A a) { return select_imp
 Result<Value> f_rejectattr(Runtime& rt, const Value& v, A a) { return select_impl(rt, v, a, true, false); }
 
 Result<Value> f_map(Runtime& rt, const Value& v, A a) {
+  if (!v.truthy()) return Value::generator({});  // jinja2 skips falsy inputs (None, 0, "")
   LATHE_ASSIGN_OR_RETURN(ValueList items, iterate(v));
   ValueList out;
   const Value* attr = nullptr;
@@ -387,6 +403,7 @@ Result<Value> f_sum(Runtime& rt, const Value& v, A a) {
 }
 
 Result<Value> f_indent(Runtime&, const Value& v, A a) {
+  if (!v.is_string()) return invalid_argument("indent: expected a string, got ", v.type_name());
   const Value* w = a.get(0, "width");
   std::string ind = w && w->is_string() ? w->as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(w ? w->as_int() : 4, 0, 1024)), ' ');
   bool first = arg_true(a, 1, "first"), blank = arg_true(a, 2, "blank");
@@ -512,8 +529,10 @@ Result<bool> t_number(Runtime&, const Value& v, A) { return v.is_number(); }
 Result<bool> t_string(Runtime&, const Value& v, A) { return v.is_string(); }
 Result<bool> t_mapping(Runtime&, const Value& v, A) { return v.is_dict(); }
 Result<bool> t_iterable(Runtime&, const Value& v, A) { return v.is_undefined() || v.is_list() || v.is_dict() || v.is_string(); }
-Result<bool> t_sequence(Runtime&, const Value& v, A) { return (v.is_list() && !v.is_generator()) || v.is_dict() || v.is_string(); }
-Result<bool> t_callable(Runtime&, const Value& v, A) { return v.is_callable(); }
+Result<bool> t_sequence(Runtime&, const Value& v, A) {
+  return (v.is_list() && !v.is_generator()) || v.is_dict() || v.is_string() || v.is_undefined();
+}
+Result<bool> t_callable(Runtime&, const Value& v, A) { return v.is_callable() || v.is_undefined(); }
 Result<bool> t_escaped(Runtime&, const Value&, A) { return false; }
 Result<bool> t_eq(Runtime&, const Value& v, A a) { return equals(v, arg0(a)); }
 Result<bool> t_ne(Runtime&, const Value& v, A a) { return !equals(v, arg0(a)); }
@@ -533,13 +552,20 @@ Result<bool> t_sameas(Runtime&, const Value& v, A a) {
   if (v.is_none() || v.is_bool() || o.is_none() || o.is_bool()) return v.kind() == o.kind() && equals(v, o);
   return v.kind() == o.kind() && (v.is_list() || v.is_dict() || v.is_namespace() || v.is_callable()) && equals(v, o);
 }
+// value % 2 with Python's sign rule, for ints and floats.
+Result<double> py_mod2(const Value& v, const char* test) {
+  if (!v.is_number()) return invalid_argument(test, ": expected a number, got ", v.type_name());
+  if (!v.is_float()) return static_cast<double>(((v.as_int() % 2) + 2) % 2);
+  double m = std::fmod(v.as_double(), 2.0);
+  return m < 0 ? m + 2.0 : m;
+}
 Result<bool> t_odd(Runtime&, const Value& v, A) {
-  if (!v.is_int() && !v.is_bool()) return invalid_argument("odd: expected an integer");
-  return v.as_int() % 2 != 0;
+  LATHE_ASSIGN_OR_RETURN(double m, py_mod2(v, "odd"));
+  return m == 1.0;
 }
 Result<bool> t_even(Runtime&, const Value& v, A) {
-  if (!v.is_int() && !v.is_bool()) return invalid_argument("even: expected an integer");
-  return v.as_int() % 2 == 0;
+  LATHE_ASSIGN_OR_RETURN(double m, py_mod2(v, "even"));
+  return m == 0.0;
 }
 Result<bool> t_divisibleby(Runtime&, const Value& v, A a) {
   const Value& d = arg0(a);
@@ -586,7 +612,10 @@ Result<bool> py_contains(const Value& container, const Value& item) {
       for (const Value& v : container.as_list())
         if (equals(v, item)) return true;
       return false;
-    case Kind::Dict: return item.is_string() && container.as_dict().find(item.as_string()) != nullptr;
+    case Kind::Dict:
+      if ((item.is_list() && !item.is_tuple()) || item.is_dict())
+        return invalid_argument("unhashable type: '", item.type_name(), "'");
+      return item.is_string() && container.as_dict().find(item.as_string()) != nullptr;
     default: return invalid_argument("argument of type '", container.type_name(), "' is not iterable");
   }
 }
@@ -597,12 +626,10 @@ bool is_known_test(const std::string& name) { return tests().count(name) != 0; }
 Result<Value> apply_filter(Runtime& rt, const std::string& name, const Value& input, const CallArgs& args) {
   auto it = filters().find(name);
   if (it == filters().end()) return invalid_argument("no filter named '", name, "'");
-  if (input.is_undefined() && name != "default" && name != "d" && name != "length" && name != "count" &&
-      name != "string" && name != "trim" && name != "list" && name != "first" && name != "last" &&
-      name != "items" && name != "join" && name != "lower" && name != "upper" && name != "safe" &&
-      name != "capitalize" && name != "title" && name != "select" && name != "reject" &&
-      name != "selectattr" && name != "rejectattr" && name != "map" && name != "unique" && name != "reverse" &&
-      name != "sort" && name != "escape" && name != "e" && name != "replace" && name != "indent")
+  // Filters that compute on their input fail on Undefined; the rest treat it
+  // as "" or an empty sequence, as jinja2's Undefined does.
+  if (input.is_undefined() && (name == "abs" || name == "round" || name == "int" || name == "float" ||
+                               name == "tojson" || name == "dictsort" || name == "attr" || name == "indent"))
     return undefined_error(input);
   return it->second(rt, input, args);
 }
@@ -610,6 +637,13 @@ Result<Value> apply_filter(Runtime& rt, const std::string& name, const Value& in
 Result<bool> apply_test(Runtime& rt, const std::string& name, const Value& input, const CallArgs& args) {
   auto it = tests().find(name);
   if (it == tests().end()) return invalid_argument("no test named '", name, "'");
+  static const char* const kOneArg[] = {"!=", "<", "<=", "==", ">", ">=", "divisibleby", "eq", "equalto", "ge",
+                                        "greaterthan", "gt", "in", "le", "lessthan", "lt", "ne", "sameas"};
+  bool one_arg = std::find_if(std::begin(kOneArg), std::end(kOneArg), [&](const char* n) { return name == n; }) !=
+                 std::end(kOneArg);
+  size_t n_args = args.args.size() + args.kwargs.size();
+  if (n_args != (one_arg ? 1u : 0u))
+    return invalid_argument("test '", name, "' takes ", one_arg ? 1 : 0, " argument(s) but ", n_args, " were given");
   return it->second(rt, input, args);
 }
 

@@ -478,6 +478,7 @@ Value get_item(const Value& obj, const Value& key) {
 Result<Value> get_slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
   for (const Value* p : {&start, &stop, &step})
     if (!p->is_none() && !p->is_int() && !p->is_bool()) return Value::undefined("slice indices must be integers or None");
+  if (obj.is_dict()) return invalid_argument("unhashable type: 'slice'");
   if (!obj.is_list() && !obj.is_string()) return missing_attr(obj, "__getitem__");
   int64_t st = step.is_none() ? 1 : step.as_int();
   if (st == 0) return invalid_argument("slice step cannot be zero");

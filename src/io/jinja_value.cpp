@@ -302,7 +302,7 @@ Result<bool> less_than(const Value& a, const Value& b) {
     return a.as_int() < b.as_int();
   }
   if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();
-  if (a.is_list() && b.is_list()) {
+  if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
     const auto& la = a.as_list();
     const auto& lb = b.as_list();
     for (size_t i = 0; i < la.size() && i < lb.size(); ++i) {
