@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -149,6 +150,27 @@ TEST(CausalLM, HalfWeightsWidenedAtLoadGiveTheSameLogits) {
   ASSERT_TRUE(widened->forward(row_ids(ref, 1), cb, b, true).is_ok());
   EXPECT_LE(rel_error(a.data<float>(), b.data<float>(), seq * vocab), 1e-6);
   EXPECT_EQ(kept->n_params(), widened->n_params());
+}
+
+TEST(CausalLM, ConcurrentPassesOnSeparateCachesAgree) {
+  auto model = load(fixture("mistral"));
+  Reference ref = load_reference("mistral");
+  const int64_t seq = ref.input_ids.size(1), vocab = model->config().vocab_size;
+  Tensor out[2] = {Tensor::empty(DType::F32, {seq, vocab}), Tensor::empty(DType::F32, {seq, vocab})};
+  Status status[2];
+  std::vector<std::thread> threads;
+  for (int b = 0; b < 2; ++b)
+    threads.emplace_back([&, b] {
+      KvCache cache = model->new_cache(int(seq));
+      std::vector<int32_t> ids = row_ids(ref, b);
+      for (int64_t t = 0; t < seq && status[b].is_ok(); ++t)  // token by token: many small passes interleave
+        status[b] = model->forward({ids.data() + t, 1}, cache, out[b].view().slice_rows(t, t + 1), false);
+    });
+  for (std::thread& t : threads) t.join();
+  for (int b = 0; b < 2; ++b) {
+    ASSERT_TRUE(status[b].is_ok()) << status[b].message();
+    EXPECT_LE(rel_error(out[b].data<float>(), ref.logits.data<float>() + b * seq * vocab, seq * vocab), 1e-4);
+  }
 }
 
 TEST(CausalLM, TiedEmbeddingsCountOnce) {
