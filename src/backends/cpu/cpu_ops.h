@@ -1,8 +1,9 @@
 // The CPU backend: every op of src/ops on the host, fp32 compute. Each
 // function validates its args (a bad call is a Status starting with the op's
-// name), borrows every view, allocates nothing and parallelizes with OpenMP
-// (matmuls through OpenBLAS). Callable from any thread; calls on disjoint
-// outputs may run concurrently.
+// name), borrows every view, allocates nothing and parallelizes with OpenMP.
+// GEMMs call OpenBLAS per tile inside OpenMP tasks; the first GEMM sets
+// OpenBLAS to one thread so two thread pools never compete for the cores.
+// Callable from any thread; calls on disjoint outputs may run concurrently.
 #pragma once
 
 #include "ops/attention.h"
