@@ -26,6 +26,22 @@ Status Linear::forward(TensorView x, TensorView y, Arena& arena, bool accumulate
       {.x = x, .w = w_, .bias = b_.view(), .y = y, .workspace = workspace, .accumulate = accumulate});
 }
 
+Status Linear::forward_group(TensorView x, std::span<const Linear* const> layers, std::span<const TensorView> ys,
+                             Arena& arena) {
+  LATHE_CHECK(layers.size() == ys.size() && layers.size() <= cpu::kMaxLinearGroup, "linear group of ",
+              layers.size(), " layers, ", ys.size(), " outputs");
+  Arena::Scope scope(arena);
+  LinearArgs args[cpu::kMaxLinearGroup];
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Linear& l = *layers[i];
+    LATHE_TRY(require_cpu(l.w_.view(), "linear"));
+    int64_t ws = linear_workspace_floats(x.shape[0], l.in(), l.w_.dtype(), num_threads());
+    args[i] = {.x = x, .w = l.w_, .bias = l.b_.view(), .y = ys[i],
+               .workspace = ws > 0 ? arena.alloc(DType::F32, {ws}) : TensorView{}};
+  }
+  return cpu::linear_forward_group({args, layers.size()});
+}
+
 Status RmsNorm::forward(TensorView x, TensorView y) const {
   LATHE_TRY(require_cpu(w_.view(), "rms_norm"));
   return cpu::rms_norm_forward({.x = x, .w = w_, .y = y, .eps = eps_});
@@ -48,9 +64,9 @@ Status Attention::forward(TensorView x, TensorView h, const AttentionStep& step,
   // New keys and values go straight into their cache rows.
   TensorView k = step.k_cache.slice_rows(step.pos0, step.pos0 + n).reshape({n, nkv * hd});
   TensorView v = step.v_cache.slice_rows(step.pos0, step.pos0 + n).reshape({n, nkv * hd});
-  LATHE_TRY(q_.forward(x, q, arena));
-  LATHE_TRY(k_.forward(x, k, arena));
-  LATHE_TRY(v_.forward(x, v, arena));
+  const Linear* qkv[] = {&q_, &k_, &v_};
+  const TensorView qkv_out[] = {q, k, v};
+  LATHE_TRY(Linear::forward_group(x, qkv, qkv_out, arena));
   if (q_norm_) LATHE_TRY(q_norm_->forward(q.reshape({n * nh, hd}), q.reshape({n * nh, hd})));
   if (k_norm_) LATHE_TRY(k_norm_->forward(k.reshape({n * nkv, hd}), k.reshape({n * nkv, hd})));
   LATHE_TRY(cpu::rope_forward({.x = q.reshape({n, nh, hd}), .cos = step.cos, .sin = step.sin}));
@@ -76,8 +92,9 @@ Status Mlp::forward(TensorView x, TensorView h, Arena& arena) const {
   const int64_t n = x.shape[0], ffn = gate_.out();
   TensorView gate = arena.alloc(DType::F32, {n, ffn});
   TensorView up = arena.alloc(DType::F32, {n, ffn});
-  LATHE_TRY(gate_.forward(x, gate, arena));
-  LATHE_TRY(up_.forward(x, up, arena));
+  const Linear* gate_up[] = {&gate_, &up_};
+  const TensorView gate_up_out[] = {gate, up};
+  LATHE_TRY(Linear::forward_group(x, gate_up, gate_up_out, arena));
   LATHE_TRY(cpu::swiglu_forward({.gate = gate, .up = up, .out = gate}));
   return down_.forward(gate, h, arena, /*accumulate=*/true);
 }

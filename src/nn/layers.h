@@ -8,6 +8,7 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -25,6 +26,10 @@ class Linear {
   const Tensor& weight() const { return w_; }
   // y = x·wᵀ + b, or y += x·wᵀ + b when accumulate. x [n, in], y [n, out].
   Status forward(TensorView x, TensorView y, Arena& arena, bool accumulate = false) const;
+  // ys[i] = x·layers[i]ᵀ + b for several layers on one input, fused into one
+  // pass over the cores when decoding (q/k/v, gate/up). At most 4 layers.
+  static Status forward_group(TensorView x, std::span<const Linear* const> layers, std::span<const TensorView> ys,
+                              Arena& arena);
 
  private:
   Tensor w_, b_;

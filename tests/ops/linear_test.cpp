@@ -52,6 +52,34 @@ TEST_P(LinearTest, MatchesReference) {
   }
 }
 
+TEST_P(LinearTest, GroupMatchesSeparateCalls) {
+  uint32_t seed = 500;
+  for (int64_t n : {1, 3, 6}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    const int64_t in = 72;
+    const struct { int64_t out; DType dt; bool bias; } layers[] = {{96, DType::BF16, true}, {33, DType::F32, false},
+                                                                   {40, DType::F16, true}};
+    Tensor x = testing::random_tensor(DType::F32, {n, in}, seed++);
+    LinearArgs args[3];
+    Tensor keep[3][4];
+    for (int i = 0; i < 3; ++i) {
+      keep[i][0] = testing::random_tensor(layers[i].dt, {layers[i].out, in}, seed++);
+      keep[i][1] = layers[i].bias ? testing::random_tensor(layers[i].dt, {layers[i].out}, seed++) : Tensor();
+      keep[i][2] = Tensor::zeros(DType::F32, {n, layers[i].out});
+      keep[i][3] = Tensor::empty(DType::F32, {std::max<int64_t>(1, linear_workspace_floats(n, in, layers[i].dt, 2))});
+      args[i] = {.x = x, .w = keep[i][0], .bias = keep[i][1], .y = keep[i][2], .workspace = keep[i][3]};
+    }
+    ASSERT_TRUE(cpu::linear_forward_group(args).is_ok());
+    for (int i = 0; i < 3; ++i) {
+      Tensor want = Tensor::zeros(DType::F32, {n, layers[i].out});
+      LinearArgs one = args[i];
+      one.y = want;
+      ref::linear_forward(one);
+      EXPECT_LE(testing::rel_error(keep[i][2], want), 1e-5) << "layer " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, LinearTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "portable" : "vector"; });
 

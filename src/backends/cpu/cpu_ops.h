@@ -6,6 +6,8 @@
 // Callable from any thread; calls on disjoint outputs may run concurrently.
 #pragma once
 
+#include <span>
+
 #include "ops/attention.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -16,6 +18,11 @@
 namespace lathe::cpu {
 
 Status linear_forward(const LinearArgs& a);
+// Up to kMaxLinearGroup linears with disjoint outputs (q/k/v, gate/up) as
+// one parallel region when they take the GEMV path; same results as calling
+// linear_forward() on each in turn.
+constexpr size_t kMaxLinearGroup = 4;
+Status linear_forward_group(std::span<const LinearArgs> group);
 Status rms_norm_forward(const RmsNormArgs& a);
 Status rope_tables(const RopeTablesArgs& a);
 Status rope_forward(const RopeArgs& a);

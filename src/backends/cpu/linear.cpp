@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <span>
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/simd.h"
@@ -174,18 +175,32 @@ void gemv_rows_portable(const Gemv& g, int64_t r_begin, int64_t r_end) {
     }
 }
 
-void gemv(const Gemv& g, float* workspace) {
+void gemv_rows(const Gemv& g, const float* xs, bool vec, int64_t b, int64_t e) {
+  if (!vec) return gemv_rows_portable(g, b, e);
+  if (g.wt == DType::F32) return gemv_rows_dispatch<float>(g, b, e);
+  if (g.wt == DType::BF16) return gemv_rows_bf16(g, xs, b, e);
+  gemv_rows_dispatch<uint16_t>(g, b, e);
+}
+
+// Several GEMVs in one parallel region: their rows are laid end to end and
+// split across threads together, so q/k/v (or gate/up) cost one fork/join.
+// xs[i]: workspace of gs[i] (the even/odd-split x for bf16).
+void gemv_group(std::span<const Gemv> gs, std::span<float* const> xs) {
+  int64_t rows = 0, work = 0;
+  for (const Gemv& g : gs) rows += g.out, work += g.out * g.in;
   // Chunks of whole row blocks, a few per thread so uneven cores even out.
   int64_t threads = num_threads();
-  int64_t grain = std::max<int64_t>(16, (g.out / (threads * 4) + 3) / 4 * 4);
-  if (g.out * g.in < (int64_t{1} << 15)) grain = g.out;  // tiny: one thread
-  bool vec = has_avx2();
-  if (vec && g.wt == DType::BF16) split_even_odd(g, workspace);
-  parallel_for(g.out, grain, [&](int64_t b, int64_t e) {
-    if (!vec) return gemv_rows_portable(g, b, e);
-    if (g.wt == DType::F32) return gemv_rows_dispatch<float>(g, b, e);
-    if (g.wt == DType::BF16) return gemv_rows_bf16(g, workspace, b, e);
-    gemv_rows_dispatch<uint16_t>(g, b, e);
+  int64_t grain = std::max<int64_t>(16, (rows / (threads * 4) + 3) / 4 * 4);
+  if (work < (int64_t{1} << 15)) grain = rows;  // tiny: one thread
+  const bool vec = has_avx2();
+  for (size_t i = 0; i < gs.size(); ++i)
+    if (vec && gs[i].wt == DType::BF16) split_even_odd(gs[i], xs[i]);
+  parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+    int64_t offset = 0;
+    for (size_t i = 0; i < gs.size(); offset += gs[i].out, ++i) {
+      int64_t lo = std::max(b, offset) - offset, hi = std::min(e, offset + gs[i].out) - offset;
+      if (lo < hi) gemv_rows(gs[i], xs[i], vec, lo, hi);
+    }
   });
 }
 
@@ -234,17 +249,26 @@ void gemm(const LinearArgs& a) {
 
 }  // namespace
 
-Status linear_forward(const LinearArgs& a) {
-  LATHE_TRY(validate(a));
-  const int64_t n = a.x.shape[0];
-  if (n == 0 || a.w.shape[0] == 0) return Status::ok();
-  if (n <= kLinearGemvMaxRows || a.x.shape[1] == 0) {
-    gemv(Gemv{a.x.ptr<const float>(), a.w.data, a.w.dtype, a.bias.empty() ? nullptr : a.bias.data, a.bias.dtype,
-              a.y.ptr<float>(), n, a.x.shape[1], a.w.shape[0], a.accumulate},
-         a.workspace.ptr<float>());
-  } else {
-    gemm(a);
+Status linear_forward(const LinearArgs& a) { return linear_forward_group({&a, 1}); }
+
+Status linear_forward_group(std::span<const LinearArgs> group) {
+  LATHE_CHECK(group.size() <= kMaxLinearGroup, "linear: group of ", group.size(), " > ", kMaxLinearGroup);
+  Gemv gs[kMaxLinearGroup];
+  float* xs[kMaxLinearGroup];
+  size_t n_gemv = 0;
+  for (const LinearArgs& a : group) {
+    LATHE_TRY(validate(a));
+    const int64_t n = a.x.shape[0];
+    if (n == 0 || a.w.shape[0] == 0) continue;
+    if (n > kLinearGemvMaxRows && a.x.shape[1] > 0) {
+      gemm(a);
+      continue;
+    }
+    xs[n_gemv] = a.workspace.ptr<float>();
+    gs[n_gemv++] = Gemv{a.x.ptr<const float>(), a.w.data, a.w.dtype, a.bias.empty() ? nullptr : a.bias.data,
+                        a.bias.dtype, a.y.ptr<float>(), n, a.x.shape[1], a.w.shape[0], a.accumulate};
   }
+  if (n_gemv > 0) gemv_group({gs, n_gemv}, {xs, n_gemv});
   return Status::ok();
 }
 
