@@ -69,8 +69,12 @@ class Fields {
     return it == obj_.end() || it->is_null() ? nullptr : &*it;
   }
   Status bad(const char* key, const char* want) const {
-    return invalid_argument(source_, ": field \"", prefix_, key, "\" must be ", want, ", got ",
-                            find(key)->dump(-1, ' ', false, json::error_handler_t::replace));
+    const json* v = find(key);
+    // Containers are named, not printed: dumping is recursive and a hostile
+    // file can nest arbitrarily deep.
+    std::string got = v->is_structured() ? std::string("an ") + v->type_name()
+                                         : v->dump(-1, ' ', false, json::error_handler_t::replace);
+    return invalid_argument(source_, ": field \"", prefix_, key, "\" must be ", want, ", got ", got);
   }
   Status missing(const char* key) const { return invalid_argument(source_, ": missing field \"", prefix_, key, "\""); }
 

@@ -96,13 +96,13 @@ Status parse_entry(const std::string& name, const json& v, const std::string& so
     if (!as_u64(d, &n)) return fail("shape entries must be non-negative integers");
     if (n > static_cast<uint64_t>(INT64_MAX) || mul_overflows(numel, n, &numel) ||
         numel > static_cast<uint64_t>(INT64_MAX)) {
-      return fail("shape ", sh->dump(), " overflows the element count");
+      return fail("shape dimension ", dims.size(), " (", n, ") overflows the element count");
     }
     dims.push_back(static_cast<int64_t>(n));
   }
   uint64_t bits = 0;
   if (mul_overflows(numel, static_cast<uint64_t>(dtype_bits(*dtype)), &bits)) {
-    return fail("shape ", sh->dump(), " overflows the byte size");
+    return fail("shape ", Shape(dims).str(), " overflows the byte size");
   }
   if (!as_u64((*off)[0], &e->begin) || !as_u64((*off)[1], &e->end)) {
     return fail("\"data_offsets\" must be non-negative integers");
