@@ -118,30 +118,31 @@ Result<WeightStore> WeightStore::open_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return not_found(dir, ": not a directory");
   std::string index_path = (fs::path(dir) / kIndexFile).string();
   std::string single_path = (fs::path(dir) / kSingleFile).string();
-  if (fs::exists(index_path, ec)) {
-    LATHE_ASSIGN_OR_RETURN(auto map, read_index(index_path));
-    std::map<std::string, size_t> file_ids;
-    for (const auto& [name, file] : map) {
-      auto [it, fresh] = file_ids.emplace(file, ws.files_.size());
-      if (fresh) {
-        auto f = SafetensorsFile::open((fs::path(dir) / file).string());
-        if (!f.is_ok()) return f.status().with_context(index_path);
-        ws.files_.push_back(std::move(f).value());
-      }
-      if (ws.files_[it->second].find(name) == nullptr) {
-        return invalid_argument(index_path, ": tensor '", name, "' is listed in ", file,
-                                " but that file does not hold it");
-      }
-      ws.index_[name] = it->second;
-    }
+  // Like transformers: a single model.safetensors wins over an index.
+  if (fs::exists(single_path, ec)) {
+    LATHE_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(single_path));
+    for (const SafetensorsEntry& e : f.entries()) ws.index_[e.name] = 0;
+    ws.files_.push_back(std::move(f));
     return ws;
   }
-  if (!fs::exists(single_path, ec)) {
+  if (!fs::exists(index_path, ec)) {
     return not_found(dir, ": no ", kSingleFile, " or ", kIndexFile);
   }
-  LATHE_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(single_path));
-  for (const SafetensorsEntry& e : f.entries()) ws.index_[e.name] = 0;
-  ws.files_.push_back(std::move(f));
+  LATHE_ASSIGN_OR_RETURN(auto map, read_index(index_path));
+  std::map<std::string, size_t> file_ids;
+  for (const auto& [name, file] : map) {
+    auto [it, fresh] = file_ids.emplace(file, ws.files_.size());
+    if (fresh) {
+      auto f = SafetensorsFile::open((fs::path(dir) / file).string());
+      if (!f.is_ok()) return f.status().with_context(index_path);
+      ws.files_.push_back(std::move(f).value());
+    }
+    if (ws.files_[it->second].find(name) == nullptr) {
+      return invalid_argument(index_path, ": tensor '", name, "' is listed in ", file,
+                              " but that file does not hold it");
+    }
+    ws.index_[name] = it->second;
+  }
   return ws;
 }
 

@@ -157,6 +157,17 @@ TEST(Safetensors, WeightStoreErrorsNameDirectoryFileAndTensor) {
       << r.status().message();
 }
 
+TEST(Safetensors, WeightStorePrefersASingleFileOverAnIndexAsTransformersDoes) {
+  std::string dir = fresh_dir("both");
+  fs::copy(kData + "/py_sharded", dir, fs::copy_options::recursive);
+  fs::copy_file(kData + "/py_mixed.safetensors", dir + "/model.safetensors");
+  auto ws = WeightStore::open_dir(dir);
+  ASSERT_TRUE(ws.is_ok()) << ws.status().message();
+  EXPECT_EQ(ws->files().size(), 1u);
+  EXPECT_TRUE(ws->has("lm_head.weight"));
+  EXPECT_FALSE(ws->has("model.layers.0.mlp.weight"));
+}
+
 // A handful of tensors of every writable dtype, with known values.
 std::vector<std::pair<std::string, Tensor>> sample_tensors() {
   std::vector<std::pair<std::string, Tensor>> out;
