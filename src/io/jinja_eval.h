@@ -45,8 +45,6 @@ class Runtime {
 
 Result<Value> apply_filter(Runtime& rt, const std::string& name, const Value& input, const CallArgs& args);
 Result<bool> apply_test(Runtime& rt, const std::string& name, const Value& input, const CallArgs& args);
-bool is_known_filter(const std::string& name);
-bool is_known_test(const std::string& name);
 
 // obj.name, with jinja2's sandboxed lookup: methods of str/dict/list first,
 // then dict items. Missing → Undefined carrying a message.

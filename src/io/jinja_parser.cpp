@@ -666,11 +666,45 @@ class Parser {
   int loop_depth_ = 0;
 };
 
+// Unknown filter and test names, checked as jinja2's compiler does: an error
+// unless they sit inside an {% if %} or an inline if-expression (a "soft"
+// frame), where they only fail if evaluated. Loops, macros and blocks inside
+// an if start a new, strict frame.
+Status check_expr(const Expr& e, bool soft) {
+  if (!soft && ((e.kind == ExprKind::Filter && !is_known_filter(e.name)) ||
+                (e.kind == ExprKind::Test && !is_known_test(e.name))))
+    return invalid_argument("template syntax error at line ", e.line, ", column ", e.col, ": no ",
+                            e.kind == ExprKind::Filter ? "filter" : "test", " named '", e.name, "'");
+  bool inner = soft || e.kind == ExprKind::Cond;
+  for (const ExprPtr& k : e.kids)
+    if (k) LATHE_TRY(check_expr(*k, inner));
+  for (const auto& [name, k] : e.kwargs)
+    if (k) LATHE_TRY(check_expr(*k, inner));
+  return Status::ok();
+}
+
+Status check_body(const Body& body, bool soft) {
+  for (const StmtPtr& s : body) {
+    if (s->expr) LATHE_TRY(check_expr(*s->expr, soft && s->kind != StmtKind::FilterBlock && s->kind != StmtKind::SetBlock));
+    if (s->cond) LATHE_TRY(check_expr(*s->cond, false));
+    for (const ExprPtr& d : s->defaults)
+      if (d) LATHE_TRY(check_expr(*d, false));
+    bool is_if = s->kind == StmtKind::If;
+    for (const ExprPtr& c : s->conds) LATHE_TRY(check_expr(*c, true));
+    for (const Body& b : s->bodies) LATHE_TRY(check_body(b, true));
+    LATHE_TRY(check_body(s->body, false));
+    LATHE_TRY(check_body(s->else_body, is_if));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<Template> parse_template(const std::string& source, const LexOptions& opt) {
   LATHE_ASSIGN_OR_RETURN(std::vector<Token> toks, tokenize(source, opt));
-  return Parser(std::move(toks)).run();
+  LATHE_ASSIGN_OR_RETURN(Template t, Parser(std::move(toks)).run());
+  LATHE_TRY(check_body(t.body, false));
+  return t;
 }
 
 }  // namespace lathe::jinja

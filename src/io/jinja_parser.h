@@ -15,6 +15,11 @@ struct Template {
   Body body;
 };
 
+// Unknown filter and test names are errors at parse time, as in jinja2.
 Result<Template> parse_template(const std::string& source, const LexOptions& opt = {});
+
+// The builtin filters and tests (defined with them, in jinja_filters.cpp).
+bool is_known_filter(const std::string& name);
+bool is_known_test(const std::string& name);
 
 }  // namespace lathe::jinja

@@ -89,6 +89,19 @@ TEST(ChatTemplate, NamedTemplatesPickToolUseWhenToolsAreGiven) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ChatTemplate, FallsBackToChatTemplateJinjaBesideTheConfig) {
+  auto dir = std::filesystem::temp_directory_path() / "lathe_chat_template_jinja_file";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "</s>", "bos_token": null})";
+  std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}{{ m.role }}:{{ m.content }}{{ eos_token }}{% endfor %}\n";
+  Result<ChatTemplate> ct = ChatTemplate::from_tokenizer_config(dir.string());
+  ASSERT_TRUE(ct.is_ok()) << ct.status().message();
+  EXPECT_EQ(ct->bos_token(), "");
+  auto msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "x"}])");
+  EXPECT_EQ(*ct->render(msgs, false), "user:x</s>");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChatTemplate, RejectsBadMessages) {
   Result<ChatTemplate> ct = ChatTemplate::parse("{% for m in messages %}{{ m.content }}{% endfor %}");
   ASSERT_TRUE(ct.is_ok());
