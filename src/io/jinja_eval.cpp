@@ -31,6 +31,10 @@ class Interpreter final : public Runtime {
     add_globals(*this, &globals_);
   }
 
+  ~Interpreter() override {
+    for (const Value& ns : namespaces_) ns.namespace_dict().items.clear();
+  }
+
   Result<std::string> run(const Template& t) {
     LATHE_TRY(exec_body(t.body));
     return std::move(out_);
@@ -42,6 +46,7 @@ class Interpreter final : public Runtime {
     return Status::ok();
   }
   const RenderOptions& options() const override { return opt_; }
+  void adopt_namespace(const Value& ns) override { namespaces_.push_back(ns); }
 
  private:
   // ---- scopes ----
@@ -226,6 +231,8 @@ class Interpreter final : public Runtime {
         --call_depth_;
         return invalid_argument("macro calls nested deeper than ", opt_.max_call_depth);
       }
+      // A caller() kept past its {% call %} block would point at a scope that is gone.
+      if (parent >= static_cast<int>(scopes_.size())) return invalid_argument("caller() used outside its call block");
       int saved = current_;
       push_scope(parent);
       Status st = bind_macro_args(*stmt, a, is_caller);
@@ -445,6 +452,7 @@ class Interpreter final : public Runtime {
   int call_depth_ = 0;
   bool break_ = false;
   bool continue_ = false;
+  std::vector<Value> namespaces_;  // cleared at the end of the render (cycles)
 };
 
 Status unsupported_operands(const std::string& op, const Value& a, const Value& b) {

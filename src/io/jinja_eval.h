@@ -41,6 +41,9 @@ class Runtime {
   virtual ~Runtime() = default;
   virtual Status step(int64_t n = 1) = 0;  // charges work against max_steps
   virtual const RenderOptions& options() const = 0;
+  // Registers a namespace() made during the render; its contents are cleared
+  // when the render ends, which breaks reference cycles like `set ns.me = ns`.
+  virtual void adopt_namespace(const Value& ns) = 0;
 };
 
 Result<Value> apply_filter(Runtime& rt, const std::string& name, const Value& input, const CallArgs& args);

@@ -546,12 +546,14 @@ void add_globals(Runtime& rt, ValueDict* g) {
     LATHE_ASSIGN_OR_RETURN(ValueDict d, dict_from_args(a, "dict"));
     return Value::dict(std::move(d));
   }));
-  g->set("namespace", Value::function("namespace", [](const CallArgs& a) -> Result<Value> {
+  g->set("namespace", Value::function("namespace", [&rt](const CallArgs& a) -> Result<Value> {
     LATHE_ASSIGN_OR_RETURN(ValueDict d, dict_from_args(a, "namespace"));
     for (const auto& [k, v] : d.items)
       if (!k.empty() && k[0] == '_')
         return invalid_argument("chat templates cannot store underscore-prefixed attributes on a namespace, but got '", k, "'");
-    return Value::name_space(std::move(d));
+    Value ns = Value::name_space(std::move(d));
+    rt.adopt_namespace(ns);
+    return ns;
   }));
   g->set("raise_exception", Value::function("raise_exception", [](const CallArgs& a) -> Result<Value> {
     const Value* m = a.get(0, "message");

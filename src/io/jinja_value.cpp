@@ -31,9 +31,14 @@ const Value* CallArgs::get(size_t pos, std::string_view name) const {
   return pos < args.size() ? &args[pos] : nullptr;
 }
 
+const std::string& Value::empty_string() {
+  static const std::string kEmpty;
+  return kEmpty;
+}
+
 Value Value::undefined(std::string hint) {
   Value v;
-  v.s_ = std::move(hint);
+  if (!hint.empty()) v.s_ = std::make_shared<const std::string>(std::move(hint));
   return v;
 }
 Value Value::none() {
@@ -62,7 +67,7 @@ Value Value::number(double f) {
 Value Value::string(std::string s) {
   Value v;
   v.kind_ = Kind::String;
-  v.s_ = std::move(s);
+  v.s_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 Value Value::list(ValueList items, bool is_tuple) {
@@ -91,7 +96,7 @@ Value Value::name_space(ValueDict d) {
 Value Value::function(std::string name, NativeFn fn) {
   Value v;
   v.kind_ = Kind::Callable;
-  v.s_ = std::move(name);
+  v.s_ = std::make_shared<const std::string>(std::move(name));
   v.fn_ = std::make_shared<const NativeFn>(std::move(fn));
   return v;
 }
@@ -112,7 +117,7 @@ bool Value::truthy() const {
     case Kind::Bool: return b_;
     case Kind::Int: return i_ != 0;
     case Kind::Float: return f_ != 0.0;
-    case Kind::String: return !s_.empty();
+    case Kind::String: return !as_string().empty();
     case Kind::List: return is_generator_ || !list_->empty();
     case Kind::Dict: return !dict_->items.empty();
     case Kind::Namespace:
@@ -191,7 +196,7 @@ static std::string string_repr(const std::string& s) {
 std::string Value::repr() const {
   switch (kind_) {
     case Kind::Undefined: return "Undefined";
-    case Kind::String: return string_repr(s_);
+    case Kind::String: return string_repr(as_string());
     case Kind::Namespace:
     case Kind::Callable:
     default: return str();
@@ -205,7 +210,7 @@ std::string Value::str() const {
     case Kind::Bool: return b_ ? "True" : "False";
     case Kind::Int: return std::to_string(i_);
     case Kind::Float: return float_repr(f_);
-    case Kind::String: return s_;
+    case Kind::String: return as_string();
     case Kind::List: {
       if (is_generator_) return "<generator object>";
       std::string out = is_tuple_ ? "(" : "[";
@@ -227,7 +232,7 @@ std::string Value::str() const {
       }
       return out + (kind_ == Kind::Namespace ? "}>" : "}");
     }
-    case Kind::Callable: return "<function " + s_ + ">";
+    case Kind::Callable: return "<function " + as_string() + ">";
   }
   return "";
 }

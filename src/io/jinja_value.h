@@ -79,12 +79,12 @@ class Value {
   bool as_bool() const { return b_; }
   int64_t as_int() const { return kind_ == Kind::Bool ? (b_ ? 1 : 0) : i_; }
   double as_double() const;
-  const std::string& as_string() const { return s_; }
+  const std::string& as_string() const { return s_ ? *s_ : empty_string(); }
   const ValueList& as_list() const { return *list_; }
   const ValueDict& as_dict() const { return *dict_; }
   ValueDict& namespace_dict() const { return *dict_; }  // Namespace only
   const NativeFn& as_function() const { return *fn_; }
-  const std::string& name() const { return s_; }  // Callable name or Undefined hint
+  const std::string& name() const { return as_string(); }  // Callable name or Undefined hint
 
   // Python truthiness.
   bool truthy() const;
@@ -104,7 +104,8 @@ class Value {
   bool is_generator_ = false;
   int64_t i_ = 0;
   double f_ = 0.0;
-  std::string s_;
+  static const std::string& empty_string();
+  std::shared_ptr<const std::string> s_;  // shared: strings are copied with every Value, never changed
   std::shared_ptr<ValueList> list_;  // shared: values are copied freely and never mutated
   std::shared_ptr<ValueDict> dict_;  // shared: a Namespace's dict is mutated through every copy
   std::shared_ptr<const NativeFn> fn_;

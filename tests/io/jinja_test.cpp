@@ -97,6 +97,15 @@ TEST(Jinja, RecursionIsBounded) {
   EXPECT_FALSE(render_source(nested).is_ok());
 }
 
+TEST(Jinja, EscapedCallerAndNamespaceCyclesAreSafe) {
+  EXPECT_FALSE(render_source("{% set ns = namespace() %}{% macro m() %}{% set ns.c = caller %}{% endmacro %}"
+                             "{% for i in [1] %}{% call m() %}x{% endcall %}{% endfor %}{{ ns.c() }}")
+                   .is_ok());
+  Result<std::string> out = render_source("{% set ns = namespace(n=1) %}{% set ns.me = ns %}{{ ns.me.me.n }}");
+  ASSERT_TRUE(out.is_ok()) << out.status().message();
+  EXPECT_EQ(*out, "1");
+}
+
 TEST(Jinja, StrftimeNowUsesTheInjectedClock) {
   RenderOptions opt;
   opt.now = [] { return std::time_t{1721952000}; };  // 2024-07-26 00:00:00 UTC
