@@ -330,8 +330,17 @@ Value string_method(const Value& self, const std::string& name) {
   return missing_attr(self, name);
 }
 
+bool is_dict_method_name(const std::string& n) {
+  static const char* const kNames[] = {"items", "keys", "values", "get", "copy", "update", "pop", "popitem",
+                                       "setdefault", "clear"};
+  for (const char* k : kNames)
+    if (n[0] == k[0] && n == k) return true;
+  return false;
+}
+
 Value dict_method(const Value& self, const std::string& name) {
   using A = const CallArgs&;
+  if (name.empty() || !is_dict_method_name(name)) return Value::undefined();
   if (name == "items")
     return bound(self, name, [](const Value& v, A) -> Result<Value> {
       ValueList out;
