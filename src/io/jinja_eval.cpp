@@ -344,40 +344,12 @@ class Interpreter final : public Runtime {
         }
         return Value::dict(std::move(d));
       }
-      case ExprKind::Getattr: {
-        LATHE_ASSIGN_OR_RETURN(Value obj, eval(*e.kids[0]));
-        if (obj.is_undefined()) return undefined_error(obj);
-        return get_attr(obj, e.name);
-      }
-      case ExprKind::Getitem: {
-        LATHE_ASSIGN_OR_RETURN(Value obj, eval(*e.kids[0]));
-        LATHE_ASSIGN_OR_RETURN(Value key, eval(*e.kids[1]));
-        if (obj.is_undefined()) return undefined_error(obj);
-        return get_item(obj, key);
-      }
-      case ExprKind::Slice: {
-        LATHE_ASSIGN_OR_RETURN(Value obj, eval(*e.kids[0]));
-        Value parts[3] = {Value::none(), Value::none(), Value::none()};
-        for (size_t i = 0; i < 3; ++i) {
-          if (e.kids[i + 1]) {
-            LATHE_ASSIGN_OR_RETURN(parts[i], eval(*e.kids[i + 1]));
-          }
-        }
-        if (obj.is_undefined()) return undefined_error(obj);
-        return get_slice(obj, parts[0], parts[1], parts[2]);
-      }
-      case ExprKind::Call: {
-        LATHE_ASSIGN_OR_RETURN(Value fn, eval(*e.kids[0]));
-        LATHE_ASSIGN_OR_RETURN(CallArgs args, eval_args(e));
-        return call_value(fn, args);
-      }
-      case ExprKind::Filter: return eval_filter(e, nullptr);
-      case ExprKind::Test: {
-        LATHE_ASSIGN_OR_RETURN(Value in, eval(*e.kids[0]));
-        LATHE_ASSIGN_OR_RETURN(CallArgs args, eval_args(e));
-        LATHE_ASSIGN_OR_RETURN(bool b, apply_test(*this, e.name, in, args));
-        return Value::boolean(b);
-      }
+      case ExprKind::Getattr:
+      case ExprKind::Getitem:
+      case ExprKind::Slice:
+      case ExprKind::Call:
+      case ExprKind::Filter:
+      case ExprKind::Test: return eval_access(e);
       case ExprKind::Not: {
         LATHE_ASSIGN_OR_RETURN(Value v, eval(*e.kids[0]));
         return Value::boolean(!v.truthy());
@@ -413,6 +385,47 @@ class Interpreter final : public Runtime {
       }
     }
     return Value();
+  }
+
+  // Attribute, item, slice, call, filter and test expressions.
+  Result<Value> eval_access(const Expr& e) {
+    switch (e.kind) {
+      case ExprKind::Getattr: {
+        LATHE_ASSIGN_OR_RETURN(Value obj, eval(*e.kids[0]));
+        if (obj.is_undefined()) return undefined_error(obj);
+        return get_attr(obj, e.name);
+      }
+      case ExprKind::Getitem: {
+        LATHE_ASSIGN_OR_RETURN(Value obj, eval(*e.kids[0]));
+        LATHE_ASSIGN_OR_RETURN(Value key, eval(*e.kids[1]));
+        if (obj.is_undefined()) return undefined_error(obj);
+        return get_item(obj, key);
+      }
+      case ExprKind::Slice: {
+        LATHE_ASSIGN_OR_RETURN(Value obj, eval(*e.kids[0]));
+        Value parts[3] = {Value::none(), Value::none(), Value::none()};
+        for (size_t i = 0; i < 3; ++i) {
+          if (e.kids[i + 1]) {
+            LATHE_ASSIGN_OR_RETURN(parts[i], eval(*e.kids[i + 1]));
+          }
+        }
+        if (obj.is_undefined()) return undefined_error(obj);
+        return get_slice(obj, parts[0], parts[1], parts[2]);
+      }
+      case ExprKind::Call: {
+        LATHE_ASSIGN_OR_RETURN(Value fn, eval(*e.kids[0]));
+        LATHE_ASSIGN_OR_RETURN(CallArgs args, eval_args(e));
+        return call_value(fn, args);
+      }
+      case ExprKind::Filter: return eval_filter(e, nullptr);
+      case ExprKind::Test: {
+        LATHE_ASSIGN_OR_RETURN(Value in, eval(*e.kids[0]));
+        LATHE_ASSIGN_OR_RETURN(CallArgs args, eval_args(e));
+        LATHE_ASSIGN_OR_RETURN(bool b, apply_test(*this, e.name, in, args));
+        return Value::boolean(b);
+      }
+      default: return Value();
+    }
   }
 
   Result<Value> eval_compare(const Expr& e) {

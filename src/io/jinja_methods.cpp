@@ -221,9 +221,11 @@ Result<Value> str_format(const std::string& s, const CallArgs& a) {
   return Value::string(std::move(out));
 }
 
+Value string_query_method(const Value& self, const std::string& name);
+
+// str methods that transform: strip family, split, affixes, case, replace.
 Value string_method(const Value& self, const std::string& name) {
   using A = const CallArgs&;
-  const std::string& s = self.as_string();
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     bool l = name != "rstrip", r = name != "lstrip";
     return bound(self, name, [l, r](const Value& v, A a) -> Result<Value> {
@@ -253,6 +255,13 @@ Value string_method(const Value& self, const std::string& name) {
       LATHE_ASSIGN_OR_RETURN(std::string repl, str_arg(a, 1, "new", "replace"));
       return Value::string(py_replace(v.as_string(), old, repl, int_arg(a, 2, "count", -1)));
     });
+  return string_query_method(self, name);
+}
+
+// str methods that search or test: find/count/index, join, splitlines,
+// removeprefix/removesuffix, format, is*().
+Value string_query_method(const Value& self, const std::string& name) {
+  using A = const CallArgs&;
   if (name == "find" || name == "rfind" || name == "count" || name == "index")
     return bound(self, name, [name](const Value& v, A a) -> Result<Value> {
       LATHE_ASSIGN_OR_RETURN(std::string sub, str_arg(a, 0, "sub", name.c_str()));
@@ -326,7 +335,6 @@ Value string_method(const Value& self, const std::string& name) {
       if (name == "islower" || name == "isupper") ok = ok && any_cased;
       return Value::boolean(ok);
     });
-  (void)s;
   return missing_attr(self, name);
 }
 
