@@ -14,4 +14,12 @@ struct EmbeddingArgs {
 };
 Status validate(const EmbeddingArgs& a);  // messages start with "embedding: "
 
+// Backward: d_table[tokens[i]] += d_out[i] (repeated ids add up).
+struct EmbeddingBackwardArgs {
+  TensorView tokens{};   // [n] i32
+  TensorView d_out{};    // [n, dim] f32
+  TensorView d_table{};  // [vocab, dim] f32, accumulated
+};
+Status validate(const EmbeddingBackwardArgs& a);  // messages start with "embedding_backward: "
+
 }  // namespace lathe

@@ -35,4 +35,30 @@ Status validate(const LinearArgs& a) {
   return Status::ok();
 }
 
+Status validate(const LinearBackwardArgs& a) {
+  const char* op = "linear_backward";
+  LATHE_TRY(check_rank(op, "w", a.w, 2));
+  LATHE_TRY(check_rank(op, "dy", a.dy, 2));
+  LATHE_TRY(check_dtype(op, "w", a.w, DType::F32));
+  LATHE_TRY(check_dtype(op, "dy", a.dy, DType::F32));
+  const int64_t n = a.dy.shape[0], out = a.w.shape[0], in = a.w.shape[1];
+  LATHE_TRY(check_shape(op, "dy", a.dy, Shape{n, out}));
+  if (!a.dx.empty()) {
+    LATHE_TRY(check_dtype(op, "dx", a.dx, DType::F32));
+    LATHE_TRY(check_shape(op, "dx", a.dx, Shape{n, in}));
+    if (overlaps(a.dx, a.dy)) return invalid_argument("linear_backward: dx overlaps dy");
+  }
+  if (!a.dw.empty()) {
+    LATHE_TRY(check_dtype(op, "x", a.x, DType::F32));
+    LATHE_TRY(check_shape(op, "x", a.x, Shape{n, in}));
+    LATHE_TRY(check_dtype(op, "dw", a.dw, DType::F32));
+    LATHE_TRY(check_shape(op, "dw", a.dw, a.w.shape));
+  }
+  if (!a.db.empty()) {
+    LATHE_TRY(check_dtype(op, "db", a.db, DType::F32));
+    LATHE_TRY(check_shape(op, "db", a.db, Shape{out}));
+  }
+  return Status::ok();
+}
+
 }  // namespace lathe

@@ -32,4 +32,18 @@ constexpr int64_t kLinearGemvMaxRows = 4;
 // as one tile fits.
 int64_t linear_workspace_floats(int64_t n, int64_t in, DType w_dtype, int n_threads);
 
+// Backward of y = x·wᵀ + b: dx = dy·w (or += when accumulate_dx: several
+// projections read the same input), dw += dyᵀ·x, db += Σ_rows dy. Training
+// weights are f32. Any of dx, dw, db may be empty (not wanted).
+struct LinearBackwardArgs {
+  TensorView x{};   // [n, in] f32, the forward input (needed for dw)
+  TensorView w{};   // [out, in] f32
+  TensorView dy{};  // [n, out] f32
+  TensorView dx{};  // [n, in] f32, must not overlap dy
+  TensorView dw{};  // [out, in] f32, accumulated
+  TensorView db{};  // [out] f32, accumulated
+  bool accumulate_dx = false;
+};
+Status validate(const LinearBackwardArgs& a);  // messages start with "linear_backward: "
+
 }  // namespace lathe

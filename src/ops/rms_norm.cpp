@@ -23,4 +23,24 @@ Status validate(const RmsNormArgs& a) {
   return Status::ok();
 }
 
+Status validate(const RmsNormBackwardArgs& a) {
+  const char* op = "rms_norm_backward";
+  LATHE_TRY(check_rank(op, "x", a.x, 2));
+  for (auto [name, v] : {std::pair{"x", &a.x}, {"w", &a.w}, {"rstd", &a.rstd}, {"dy", &a.dy}, {"dx", &a.dx}})
+    LATHE_TRY(check_dtype(op, name, *v, DType::F32));
+  LATHE_TRY(check_shape(op, "w", a.w, Shape{a.x.shape[1]}));
+  LATHE_TRY(check_shape(op, "rstd", a.rstd, Shape{a.x.shape[0]}));
+  LATHE_TRY(check_shape(op, "dy", a.dy, a.x.shape));
+  LATHE_TRY(check_shape(op, "dx", a.dx, a.x.shape));
+  if (!a.dw.empty()) {
+    LATHE_TRY(check_dtype(op, "dw", a.dw, DType::F32));
+    LATHE_TRY(check_shape(op, "dw", a.dw, a.w.shape));
+  }
+  bool same = a.dx.data == a.dy.data;
+  if ((same && a.accumulate) || (!same && overlaps(a.dx, a.dy)))
+    return invalid_argument("rms_norm_backward: dx overlaps dy (only an exact alias without accumulate is allowed)");
+  if (overlaps(a.dx, a.x)) return invalid_argument("rms_norm_backward: dx overlaps x");
+  return Status::ok();
+}
+
 }  // namespace lathe

@@ -18,4 +18,18 @@ struct RmsNormArgs {
 };
 Status validate(const RmsNormArgs& a);  // messages start with "rms_norm: "
 
+// Backward: dx = rstd·(w⊙dy − x̂·mean(w⊙dy⊙x̂)) with x̂ = x·rstd (or dx += that
+// when accumulating: the residual stream's gradient arrives there first), and
+// dw += Σ_rows dy⊙x̂. Training weights are f32.
+struct RmsNormBackwardArgs {
+  TensorView x{};     // [n_rows, dim] f32, the forward input
+  TensorView w{};     // [dim] f32
+  TensorView rstd{};  // [n_rows] f32, saved by forward
+  TensorView dy{};    // [n_rows, dim] f32
+  TensorView dx{};    // [n_rows, dim] f32; may alias dy when not accumulating
+  TensorView dw{};    // [dim] f32, accumulated; empty when the weight is frozen
+  bool accumulate = false;
+};
+Status validate(const RmsNormBackwardArgs& a);  // messages start with "rms_norm_backward: "
+
 }  // namespace lathe

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "ops/attention.h"
+#include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -29,6 +30,17 @@ Status rope_forward(const RopeArgs& a);
 Status attention_forward(const AttentionArgs& a);
 Status swiglu_forward(const SwigluArgs& a);
 Status embedding_forward(const EmbeddingArgs& a);
+
+// Training: packed varlen attention and the backward of every op.
+Status attention_varlen_forward(const AttentionVarlenArgs& a);
+Status attention_varlen_backward(const AttentionVarlenBackwardArgs& a);
+Status linear_backward(const LinearBackwardArgs& a);
+Status rms_norm_backward(const RmsNormBackwardArgs& a);
+Status swiglu_backward(const SwigluBackwardArgs& a);
+Status embedding_backward(const EmbeddingBackwardArgs& a);
+// RoPE's backward is rope_forward with inverse = true on the gradient.
+// The LM head fused with cross-entropy, loss and (optionally) gradients.
+Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a);
 
 // True when the vectorized (AVX2 + FMA + F16C) kernels run on this machine.
 bool has_avx2();

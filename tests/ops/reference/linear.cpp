@@ -14,6 +14,15 @@ double at(const TensorView& v, int64_t i) {
   return 0;
 }
 
+void put(const TensorView& v, int64_t i, double x) {
+  if (v.dtype == DType::F64) {
+    v.ptr<double>()[i] = x;
+  } else {
+    LATHE_CHECK(v.dtype == DType::F32, "ref::put on dtype ", dtype_name(v.dtype));
+    v.ptr<float>()[i] = float(x);
+  }
+}
+
 void linear_forward(const LinearArgs& a) {
   const int64_t n = a.x.shape[0], in = a.x.shape[1], out = a.w.shape[0];
   for (int64_t t = 0; t < n; ++t)
@@ -21,8 +30,7 @@ void linear_forward(const LinearArgs& a) {
       double s = 0;
       for (int64_t k = 0; k < in; ++k) s += at(a.x, t * in + k) * at(a.w, r * in + k);
       if (!a.bias.empty()) s += at(a.bias, r);
-      float* y = a.y.ptr<float>() + t * out + r;
-      *y = static_cast<float>(a.accumulate ? *y + s : s);
+      put(a.y, t * out + r, a.accumulate ? at(a.y, t * out + r) + s : s);
     }
 }
 

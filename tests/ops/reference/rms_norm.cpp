@@ -11,8 +11,8 @@ void rms_norm_forward(const RmsNormArgs& a) {
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += at(a.x, r * dim + i) * at(a.x, r * dim + i);
     double rstd = 1.0 / std::sqrt(ss / double(dim) + double(a.eps));
-    if (!a.rstd.empty()) a.rstd.ptr<float>()[r] = float(rstd);
-    for (int64_t i = 0; i < dim; ++i) a.y.ptr<float>()[r * dim + i] = float(at(a.x, r * dim + i) * rstd * at(a.w, i));
+    if (!a.rstd.empty()) put(a.rstd, r, rstd);
+    for (int64_t i = 0; i < dim; ++i) put(a.y, r * dim + i, at(a.x, r * dim + i) * rstd * at(a.w, i));
   }
 }
 

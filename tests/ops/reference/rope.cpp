@@ -23,10 +23,10 @@ void rope_forward(const RopeArgs& a) {
       for (int64_t i = 0; i < half; ++i) {
         double c = at(a.cos, t * half + i), s = at(a.sin, t * half + i);
         if (a.inverse) s = -s;
-        float* v = a.x.ptr<float>() + (t * n_head + h) * 2 * half;
-        double x1 = v[i], x2 = v[i + half];
-        v[i] = float(x1 * c - x2 * s);
-        v[i + half] = float(x2 * c + x1 * s);
+        const int64_t base = (t * n_head + h) * 2 * half;
+        double x1 = at(a.x, base + i), x2 = at(a.x, base + i + half);
+        put(a.x, base + i, x1 * c - x2 * s);
+        put(a.x, base + i + half, x2 * c + x1 * s);
       }
 }
 

@@ -8,7 +8,7 @@ namespace lathe::ref {
 void swiglu_forward(const SwigluArgs& a) {
   for (int64_t i = 0; i < a.gate.numel(); ++i) {
     double g = at(a.gate, i);
-    a.out.ptr<float>()[i] = float(g / (1.0 + std::exp(-g)) * at(a.up, i));
+    put(a.out, i, g / (1.0 + std::exp(-g)) * at(a.up, i));
   }
 }
 

@@ -1,0 +1,80 @@
+// Fused LM head + cross-entropy on the CPU (src/ops/cross_entropy.h),
+// chunked over tokens. Per chunk of up to chunk_rows supervised rows:
+//   gather hidden rows → logits = H·wᵀ (sgemm) → per row: max, Σ exp (in
+//   double), lse, loss = lse − logit[target], and in place the gradient
+//   grad_scale·(softmax − onehot) → dH = G·w, dw += Gᵀ·H (sgemms) → scatter dH.
+// Workspace layout: logits [chunk, vocab], H [chunk, dim], dH [chunk, dim],
+// row losses [chunk], row indices [chunk] (as i32).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/gemm.h"
+#include "core/parallel.h"
+
+namespace lathe::cpu {
+namespace {
+
+struct Chunk {
+  float* logits;  // [chunk, vocab]
+  float* h;       // [chunk, dim]
+  float* dh;      // [chunk, dim]
+  float* loss;    // [chunk]
+  int32_t* rows;  // [chunk]
+};
+
+// Softmax statistics and (when grads) the scaled gradient of one logits row, in place.
+float row_loss(float* l, int64_t vocab, int32_t target, bool grads, float scale) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < vocab; ++j) m = std::max(m, l[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(l[j] - m));
+  const float lse = m + float(std::log(sum));
+  const float loss = lse - l[target];
+  if (grads) {
+    for (int64_t j = 0; j < vocab; ++j) l[j] = std::exp(l[j] - lse) * scale;
+    l[target] -= scale;
+  }
+  return loss;
+}
+
+}  // namespace
+
+Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
+  LATHE_TRY(validate(a));
+  const int64_t n = a.hidden.shape[0], dim = a.hidden.shape[1], vocab = a.w.shape[0];
+  const int64_t chunk = a.chunk_rows > 0 ? a.chunk_rows : cross_entropy_chunk_rows(vocab);
+  const bool grads = !a.d_hidden.empty();
+  const float* hidden = a.hidden.ptr<const float>();
+  const float* w = a.w.ptr<const float>();
+  const int32_t* targets = a.targets.ptr<const int32_t>();
+  float* ws = a.workspace.ptr<float>();
+  Chunk c{ws, ws + chunk * vocab, ws + chunk * (vocab + dim), ws + chunk * (vocab + 2 * dim),
+          reinterpret_cast<int32_t*>(ws + chunk * (vocab + 2 * dim + 1))};
+  if (grads) std::memset(a.d_hidden.data, 0, size_t(a.d_hidden.nbytes()));
+  CrossEntropyStats stats;
+  int64_t next = 0;
+  while (true) {
+    int64_t m = 0;
+    for (; next < n && m < chunk; ++next)
+      if (targets[next] != kCrossEntropyIgnore) c.rows[m++] = int32_t(next);
+    if (m == 0) break;
+    for (int64_t r = 0; r < m; ++r) std::memcpy(c.h + r * dim, hidden + c.rows[r] * dim, sizeof(float) * size_t(dim));
+    sgemm(false, true, m, vocab, dim, 1.0f, c.h, dim, w, dim, 0.0f, c.logits, vocab);
+    parallel_for(m, 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        c.loss[r] = row_loss(c.logits + r * vocab, vocab, targets[c.rows[r]], grads, a.grad_scale);
+    });
+    for (int64_t r = 0; r < m; ++r) stats.loss_sum += c.loss[r];
+    stats.n_valid += m;
+    if (!grads) continue;
+    sgemm(false, false, m, dim, vocab, 1.0f, c.logits, vocab, w, dim, 0.0f, c.dh, dim);
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(a.d_hidden.ptr<float>() + c.rows[r] * dim, c.dh + r * dim, sizeof(float) * size_t(dim));
+    if (!a.d_w.empty()) sgemm(true, false, vocab, dim, m, 1.0f, c.logits, vocab, c.h, dim, 1.0f, a.d_w.ptr<float>(), dim);
+  }
+  return stats;
+}
+
+}  // namespace lathe::cpu
