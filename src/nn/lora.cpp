@@ -1,0 +1,151 @@
+// LoRA forward and backward (see lora.h) as four small sgemms each, f32.
+#include "nn/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "backends/cpu/gemm.h"
+#include "core/parallel.h"
+
+namespace lathe {
+
+namespace {
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+struct Alias {
+  const char* name;
+  std::vector<const char*> leaves;
+};
+const Alias kAliases[] = {
+    {"linear_qkv", {"q_proj", "k_proj", "v_proj"}}, {"linear_proj", {"o_proj"}},
+    {"linear_fc1", {"gate_proj", "up_proj"}},       {"linear_fc2", {"down_proj"}},
+    {"q_proj", {"q_proj"}}, {"k_proj", {"k_proj"}}, {"v_proj", {"v_proj"}}, {"o_proj", {"o_proj"}},
+    {"gate_proj", {"gate_proj"}}, {"up_proj", {"up_proj"}}, {"down_proj", {"down_proj"}},
+};
+const char* const kLeafOrder[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+Status check_lora(const LoraWeights& w, const TensorView& x, const TensorView& y) {
+  if (w.a.shape.rank() != 2 || w.b.shape.rank() != 2 || x.shape.rank() != 2 || y.shape.rank() != 2 ||
+      w.a.shape[1] != x.shape[1] || w.b.shape[1] != w.a.shape[0] || y.shape[1] != w.b.shape[0] ||
+      y.shape[0] != x.shape[0])
+    return invalid_argument("lora: shapes do not chain: x ", x.shape.str(), ", A ", w.a.shape.str(), ", B ",
+                            w.b.shape.str(), ", y ", y.shape.str());
+  return Status::ok();
+}
+
+}  // namespace
+
+float LoraConfig::scale() const {
+  return rslora ? alpha / std::sqrt(float(r)) : alpha / float(r);
+}
+
+Status LoraConfig::validate() const {
+  if (r <= 0) return invalid_argument("peft: dim ", r, " must be positive");
+  if (!(alpha > 0.0f)) return invalid_argument("peft: alpha ", alpha, " must be positive");
+  if (!(dropout >= 0.0f && dropout < 1.0f)) return invalid_argument("peft: dropout ", dropout, " must be in [0, 1)");
+  auto leaves = lora_target_leaves(target_modules);
+  return leaves.is_ok() ? Status::ok() : leaves.status();
+}
+
+Result<std::vector<std::string>> lora_target_leaves(const std::vector<std::string>& modules) {
+  if (modules.empty()) return invalid_argument("peft: target_modules is empty");
+  std::vector<bool> on(std::size(kLeafOrder), false);
+  for (const std::string& m : modules) {
+    const Alias* hit = nullptr;
+    for (const Alias& a : kAliases)
+      if (m == a.name) hit = &a;
+    if (!hit)
+      return invalid_argument("peft: target module '", m, "' is unknown (linear_qkv, linear_proj, linear_fc1, "
+                              "linear_fc2, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj are known)");
+    for (const char* leaf : hit->leaves)
+      for (size_t i = 0; i < std::size(kLeafOrder); ++i)
+        if (std::string_view(leaf) == kLeafOrder[i]) on[i] = true;
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < std::size(kLeafOrder); ++i)
+    if (on[i]) out.emplace_back(kLeafOrder[i]);
+  return out;
+}
+
+std::string lora_module_path(const std::string& leaf) {
+  const bool attn = leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "o_proj";
+  return (attn ? "self_attn." : "mlp.") + leaf;
+}
+
+void lora_init_a(float* a, int64_t r, int64_t in, uint64_t seed) {
+  const double bound = 1.0 / std::sqrt(double(in));
+  for (int64_t i = 0; i < r * in; ++i) {
+    const double u = double(mix(seed + uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;  // [0, 1)
+    a[i] = float((2.0 * u - 1.0) * bound);
+  }
+}
+
+bool lora_dropout_keep(uint64_t seed, int64_t i, float p) {
+  const double u = double(mix(seed ^ (uint64_t(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull)) >> 11) * 0x1.0p-53;
+  return u >= double(p);
+}
+
+Status lora_forward(const LoraWeights& w, TensorView x, TensorView y, Arena& arena, LoraSaved* saved) {
+  LATHE_TRY(check_lora(w, x, y));
+  std::optional<Arena::Scope> scope;
+  if (!saved) scope.emplace(arena);
+  const int64_t n = x.shape[0], in = x.shape[1], r = w.a.shape[0], out = w.b.shape[0];
+  TensorView xin = x;
+  if (w.dropout > 0.0f) {
+    xin = arena.alloc(DType::F32, x.shape);
+    const float keep_scale = 1.0f / (1.0f - w.dropout);
+    const float* src = x.ptr<const float>();
+    float* dst = xin.ptr<float>();
+    parallel_for(n * in, 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = lora_dropout_keep(w.dropout_seed, i, w.dropout) ? src[i] * keep_scale : 0.0f;
+    });
+  }
+  TensorView u = arena.alloc(DType::F32, {n, r});
+  cpu::sgemm(false, true, n, r, in, w.scale, xin.ptr<const float>(), in, w.a.ptr<const float>(), in, 0.0f,
+             u.ptr<float>(), r);
+  cpu::sgemm(false, true, n, out, r, 1.0f, u.ptr<const float>(), r, w.b.ptr<const float>(), r, 1.0f, y.ptr<float>(),
+             out);
+  if (saved) *saved = {.x_drop = w.dropout > 0.0f ? xin : TensorView{}, .u = u};
+  return Status::ok();
+}
+
+Status lora_backward(const LoraWeights& w, TensorView x, TensorView dy, TensorView dx, const LoraSaved& saved,
+                     Arena& arena) {
+  LATHE_TRY(check_lora(w, x, dy));
+  Arena::Scope scope(arena);
+  const int64_t n = x.shape[0], in = x.shape[1], r = w.a.shape[0], out = w.b.shape[0];
+  const float* g = dy.ptr<const float>();
+  TensorView du = arena.alloc(DType::F32, {n, r});  // ∂L/∂u = dy·B
+  cpu::sgemm(false, false, n, r, out, 1.0f, g, out, w.b.ptr<const float>(), r, 0.0f, du.ptr<float>(), r);
+  if (!w.db.empty())
+    cpu::sgemm(true, false, out, r, n, 1.0f, g, out, saved.u.ptr<const float>(), r, 1.0f, w.db.ptr<float>(), r);
+  const TensorView xin = saved.x_drop.empty() ? x : saved.x_drop;
+  if (!w.da.empty())
+    cpu::sgemm(true, false, r, in, n, w.scale, du.ptr<const float>(), r, xin.ptr<const float>(), in, 1.0f,
+               w.da.ptr<float>(), in);
+  if (dx.empty()) return Status::ok();
+  if (w.dropout == 0.0f) {
+    cpu::sgemm(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 1.0f,
+               dx.ptr<float>(), in);
+    return Status::ok();
+  }
+  TensorView dxin = arena.alloc(DType::F32, x.shape);
+  cpu::sgemm(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 0.0f,
+             dxin.ptr<float>(), in);
+  const float keep_scale = 1.0f / (1.0f - w.dropout);
+  float* d = dx.ptr<float>();
+  const float* t = dxin.ptr<const float>();
+  parallel_for(n * in, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (lora_dropout_keep(w.dropout_seed, i, w.dropout)) d[i] += t[i] * keep_scale;
+  });
+  return Status::ok();
+}
+
+}  // namespace lathe

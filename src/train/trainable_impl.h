@@ -1,0 +1,92 @@
+// Internal to TrainableModel: the model as raw f32 pointers into the frozen
+// base or the flat parameter buffer, and what one layer's forward keeps for
+// its backward. Shared by trainable_model.cpp (load, save) and
+// trainable_pass.cpp (forward, backward).
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "models/family.h"
+#include "nn/arena.h"
+#include "nn/lora.h"
+#include "train/trainable_model.h"
+
+namespace lathe {
+
+// The seven projections of a decoder layer, in HF order.
+enum Proj : int { kQ, kK, kV, kO, kGate, kUp, kDown, kNumProj };
+
+struct TLinear {
+  float* w = nullptr;   // [out, in]
+  float* b = nullptr;   // [out] or null
+  float* dw = nullptr;  // gradients when the weight trains, else null
+  float* db = nullptr;
+  int64_t out = 0, in = 0;
+  int lora = -1;        // index into TrainableModelImpl::loras, or -1
+};
+
+struct TNorm {
+  float* w = nullptr;   // [dim]; null when the layer has no such norm
+  float* dw = nullptr;
+  int64_t dim = 0;
+};
+
+struct TLora {
+  float *a = nullptr, *b = nullptr, *da = nullptr, *db = nullptr;  // A [r, in], B [out, r]
+  int64_t r = 0, in = 0, out = 0;
+};
+
+struct TBlock {
+  TNorm attn_norm, mlp_norm, q_norm, k_norm;
+  std::array<TLinear, kNumProj> proj;
+};
+
+// One layer's forward, kept for its backward (views into the arena).
+struct LayerActs {
+  TensorView h_in, xn1, rstd1, q_raw, k_raw, q_rstd, k_rstd, q, k, v, attn, lse, h_mid, xn2, rstd2, gate, up, act;
+  std::array<LoraSaved, kNumProj> lora;
+};
+
+// What every layer of one pass shares.
+struct PassCtx {
+  int64_t n = 0;
+  TensorView cos, sin;     // [n, head_dim / 2]
+  TensorView cu_seqlens;   // [n_docs + 1] i32
+  TensorView attn_ws;      // attention workspace
+  uint64_t dropout_base = 0;
+};
+
+class TrainableModelImpl {
+ public:
+  ModelConfig cfg;
+  FamilyQuirks quirks;
+  TrainableModelOptions opts;
+  std::string model_dir;
+  std::vector<float> inv_freq;      // [head_dim / 2]
+  std::vector<Tensor> frozen;       // keeps the frozen base alive
+  Tensor params, grads;             // flat f32
+  std::vector<ParamInfo> table;
+  float* embed = nullptr;           // [vocab, hidden]
+  float* d_embed = nullptr;
+  TLinear lm_head;                  // w may alias embed (tied)
+  TNorm final_norm;
+  std::vector<TBlock> blocks;
+  std::vector<TLora> loras;
+  Arena arena;
+  std::vector<TensorView> hs;   // [n_layer + 1] layer inputs of the current pass
+  std::vector<LayerActs> acts;  // [n_layer], or [1] with activation checkpointing
+  uint64_t passes = 0;
+
+  Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
+
+ private:
+  Status layer_forward(int l, const PassCtx& p, TensorView h_in, TensorView h_out, LayerActs& s);
+  Status layer_backward(int l, const PassCtx& p, const LayerActs& s, TensorView dh);
+  Status lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate, LoraSaved* saved);
+  Status lin_backward(int l, Proj j, const PassCtx& p, TensorView x, TensorView dy, TensorView dx, bool accumulate,
+                      const LoraSaved& saved);
+  LoraWeights lora_weights(int l, Proj j, const PassCtx& p) const;
+};
+
+}  // namespace lathe

@@ -1,0 +1,229 @@
+// One training pass of TrainableModel: the explicit forward of every layer,
+// the LM head fused with cross-entropy, then the explicit backward of every
+// layer in reverse, each reading what its forward kept. Per decoder layer:
+//   xn1 = norm(h_in); q, k, v = proj(xn1) [+ q/k norm] [+ RoPE]
+//   h_mid = h_in + o(attention(q, k, v));  xn2 = norm(h_mid)
+//   h_out = h_mid + down(silu(gate(xn2)) ⊙ up(xn2))
+// and backward walks the same lines bottom-up. The residual gradient dh is
+// carried in place: each norm's backward adds its input gradient into it.
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/cpu_ops.h"
+#include "core/parallel.h"
+#include "train/trainable_impl.h"
+
+namespace lathe {
+
+namespace {
+
+TensorView fv(const float* p, Shape s) { return {const_cast<float*>(p), DType::F32, s, Device::cpu()}; }
+TensorView iv(const int32_t* p, int64_t n) { return {const_cast<int32_t*>(p), DType::I32, {n}, Device::cpu()}; }
+
+uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void copy(TensorView dst, TensorView src) { std::memcpy(dst.data, src.data, size_t(src.nbytes())); }
+
+Status check_micro_batch(const MicroBatch& mb) {
+  const size_t n = mb.input_ids.size();
+  if (n == 0) return invalid_argument("forward: the micro batch has no tokens");
+  if (mb.labels.size() != n || mb.position_ids.size() != n)
+    return invalid_argument("forward: micro batch has ", n, " input_ids but ", mb.labels.size(), " labels and ",
+                            mb.position_ids.size(), " position_ids");
+  if (mb.cu_seqlens.size() < 2 || mb.cu_seqlens.front() != 0 || size_t(mb.cu_seqlens.back()) != n)
+    return invalid_argument("forward: cu_seqlens must run from 0 to the ", n, " tokens");
+  return Status::ok();
+}
+
+}  // namespace
+
+LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) const {
+  const TLora& a = loras[size_t(blocks[size_t(l)].proj[j].lora)];
+  return {.a = fv(a.a, {a.r, a.in}), .b = fv(a.b, {a.out, a.r}), .da = fv(a.da, {a.r, a.in}),
+          .db = fv(a.db, {a.out, a.r}), .scale = opts.lora.scale(), .dropout = opts.lora.dropout,
+          .dropout_seed = mix64(p.dropout_base ^ uint64_t(l * kNumProj + j))};
+}
+
+Status TrainableModelImpl::lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
+                                       LoraSaved* saved) {
+  const TLinear& L = blocks[size_t(l)].proj[j];
+  LATHE_TRY(cpu::linear_forward({.x = x, .w = fv(L.w, {L.out, L.in}),
+                                 .bias = L.b ? fv(L.b, {L.out}) : TensorView{}, .y = y, .accumulate = accumulate}));
+  if (L.lora < 0) return Status::ok();
+  return lora_forward(lora_weights(l, j, p), x, y, arena, saved);
+}
+
+Status TrainableModelImpl::lin_backward(int l, Proj j, const PassCtx& p, TensorView x, TensorView dy, TensorView dx,
+                                        bool accumulate, const LoraSaved& saved) {
+  const TLinear& L = blocks[size_t(l)].proj[j];
+  LATHE_TRY(cpu::linear_backward({.x = x, .w = fv(L.w, {L.out, L.in}), .dy = dy, .dx = dx,
+                                  .dw = L.dw ? fv(L.dw, {L.out, L.in}) : TensorView{},
+                                  .db = L.db ? fv(L.db, {L.out}) : TensorView{}, .accumulate_dx = accumulate}));
+  if (L.lora < 0) return Status::ok();
+  return lora_backward(lora_weights(l, j, p), x, dy, dx, saved, arena);
+}
+
+Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_in, TensorView h_out, LayerActs& s) {
+  const TBlock& b = blocks[size_t(l)];
+  const int64_t n = p.n, H = cfg.hidden_size, hd = cfg.head_dim, nh = cfg.num_attention_heads;
+  const int64_t nkv = cfg.num_key_value_heads, F = cfg.intermediate_size;
+  const float eps = cfg.rms_norm_eps;
+  Arena& a = arena;
+  s.h_in = h_in;
+  s.xn1 = a.alloc(DType::F32, {n, H});
+  s.rstd1 = a.alloc(DType::F32, {n});
+  LATHE_TRY(cpu::rms_norm_forward({.x = h_in, .w = fv(b.attn_norm.w, {H}), .y = s.xn1, .rstd = s.rstd1, .eps = eps}));
+  const bool qk_norm = b.q_norm.w != nullptr;
+  s.q = a.alloc(DType::F32, {n, nh * hd});
+  s.k = a.alloc(DType::F32, {n, nkv * hd});
+  s.v = a.alloc(DType::F32, {n, nkv * hd});
+  if (qk_norm) {
+    s.q_raw = a.alloc(DType::F32, {n, nh * hd});
+    s.k_raw = a.alloc(DType::F32, {n, nkv * hd});
+    s.q_rstd = a.alloc(DType::F32, {n * nh});
+    s.k_rstd = a.alloc(DType::F32, {n * nkv});
+  }
+  LATHE_TRY(lin_forward(l, kQ, p, s.xn1, qk_norm ? s.q_raw : s.q, false, &s.lora[kQ]));
+  LATHE_TRY(lin_forward(l, kK, p, s.xn1, qk_norm ? s.k_raw : s.k, false, &s.lora[kK]));
+  LATHE_TRY(lin_forward(l, kV, p, s.xn1, s.v, false, &s.lora[kV]));
+  if (qk_norm) {
+    LATHE_TRY(cpu::rms_norm_forward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}),
+                                     .y = s.q.reshape({n * nh, hd}), .rstd = s.q_rstd, .eps = eps}));
+    LATHE_TRY(cpu::rms_norm_forward({.x = s.k_raw.reshape({n * nkv, hd}), .w = fv(b.k_norm.w, {hd}),
+                                     .y = s.k.reshape({n * nkv, hd}), .rstd = s.k_rstd, .eps = eps}));
+  }
+  LATHE_TRY(cpu::rope_forward({.x = s.q.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin}));
+  LATHE_TRY(cpu::rope_forward({.x = s.k.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin}));
+  s.attn = a.alloc(DType::F32, {n, nh * hd});
+  s.lse = a.alloc(DType::F32, {n, nh});
+  LATHE_TRY(cpu::attention_varlen_forward({.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}),
+                                           .v = s.v.reshape({n, nkv, hd}), .out = s.attn.reshape({n, nh, hd}),
+                                           .lse = s.lse, .cu_seqlens = p.cu_seqlens, .workspace = p.attn_ws,
+                                           .window = quirks.sliding_window, .scale = 1.0f / std::sqrt(float(hd))}));
+  s.h_mid = a.alloc(DType::F32, {n, H});
+  copy(s.h_mid, h_in);
+  LATHE_TRY(lin_forward(l, kO, p, s.attn, s.h_mid, true, &s.lora[kO]));
+  s.xn2 = a.alloc(DType::F32, {n, H});
+  s.rstd2 = a.alloc(DType::F32, {n});
+  LATHE_TRY(cpu::rms_norm_forward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps}));
+  s.gate = a.alloc(DType::F32, {n, F});
+  s.up = a.alloc(DType::F32, {n, F});
+  s.act = a.alloc(DType::F32, {n, F});
+  LATHE_TRY(lin_forward(l, kGate, p, s.xn2, s.gate, false, &s.lora[kGate]));
+  LATHE_TRY(lin_forward(l, kUp, p, s.xn2, s.up, false, &s.lora[kUp]));
+  LATHE_TRY(cpu::swiglu_forward({.gate = s.gate, .up = s.up, .out = s.act}));
+  copy(h_out, s.h_mid);
+  return lin_forward(l, kDown, p, s.act, h_out, true, &s.lora[kDown]);
+}
+
+Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerActs& s, TensorView dh) {
+  Arena::Scope scope(arena);
+  const TBlock& b = blocks[size_t(l)];
+  const int64_t n = p.n, H = cfg.hidden_size, hd = cfg.head_dim, nh = cfg.num_attention_heads;
+  const int64_t nkv = cfg.num_key_value_heads, F = cfg.intermediate_size;
+  Arena& a = arena;
+  // MLP: h_out = h_mid + down(act), act = swiglu(gate(xn2), up(xn2)), xn2 = norm(h_mid).
+  TensorView d_act = a.alloc(DType::F32, {n, F}), d_gate = a.alloc(DType::F32, {n, F});
+  TensorView d_up = a.alloc(DType::F32, {n, F}), d_xn = a.alloc(DType::F32, {n, H});
+  LATHE_TRY(lin_backward(l, kDown, p, s.act, dh, d_act, false, s.lora[kDown]));
+  LATHE_TRY(cpu::swiglu_backward({.gate = s.gate, .up = s.up, .d_out = d_act, .d_gate = d_gate, .d_up = d_up}));
+  LATHE_TRY(lin_backward(l, kGate, p, s.xn2, d_gate, d_xn, false, s.lora[kGate]));
+  LATHE_TRY(lin_backward(l, kUp, p, s.xn2, d_up, d_xn, true, s.lora[kUp]));
+  LATHE_TRY(cpu::rms_norm_backward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn, .dx = dh,
+                                    .dw = b.mlp_norm.dw ? fv(b.mlp_norm.dw, {H}) : TensorView{}, .accumulate = true}));
+  // Attention: h_mid = h_in + o(attn(rope(q), rope(k), v)), q, k, v from xn1 = norm(h_in).
+  TensorView d_attn = a.alloc(DType::F32, {n, nh * hd});
+  TensorView dq = a.alloc(DType::F32, {n, nh * hd}), dk = a.alloc(DType::F32, {n, nkv * hd});
+  TensorView dv = a.alloc(DType::F32, {n, nkv * hd});
+  LATHE_TRY(lin_backward(l, kO, p, s.attn, dh, d_attn, false, s.lora[kO]));
+  LATHE_TRY(cpu::attention_varlen_backward(
+      {.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}), .v = s.v.reshape({n, nkv, hd}),
+       .out = s.attn.reshape({n, nh, hd}), .lse = s.lse, .cu_seqlens = p.cu_seqlens,
+       .d_out = d_attn.reshape({n, nh, hd}), .d_q = dq.reshape({n, nh, hd}), .d_k = dk.reshape({n, nkv, hd}),
+       .d_v = dv.reshape({n, nkv, hd}), .workspace = p.attn_ws, .window = quirks.sliding_window,
+       .scale = 1.0f / std::sqrt(float(hd))}));
+  LATHE_TRY(cpu::rope_forward({.x = dq.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
+  LATHE_TRY(cpu::rope_forward({.x = dk.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
+  if (b.q_norm.w) {
+    LATHE_TRY(cpu::rms_norm_backward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}),
+                                      .rstd = s.q_rstd, .dy = dq.reshape({n * nh, hd}), .dx = dq.reshape({n * nh, hd}),
+                                      .dw = b.q_norm.dw ? fv(b.q_norm.dw, {hd}) : TensorView{}}));
+    LATHE_TRY(cpu::rms_norm_backward({.x = s.k_raw.reshape({n * nkv, hd}), .w = fv(b.k_norm.w, {hd}),
+                                      .rstd = s.k_rstd, .dy = dk.reshape({n * nkv, hd}),
+                                      .dx = dk.reshape({n * nkv, hd}),
+                                      .dw = b.k_norm.dw ? fv(b.k_norm.dw, {hd}) : TensorView{}}));
+  }
+  LATHE_TRY(lin_backward(l, kQ, p, s.xn1, dq, d_xn, false, s.lora[kQ]));
+  LATHE_TRY(lin_backward(l, kK, p, s.xn1, dk, d_xn, true, s.lora[kK]));
+  LATHE_TRY(lin_backward(l, kV, p, s.xn1, dv, d_xn, true, s.lora[kV]));
+  return cpu::rms_norm_backward({.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh,
+                                 .dw = b.attn_norm.dw ? fv(b.attn_norm.dw, {H}) : TensorView{}, .accumulate = true});
+}
+
+Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale, bool backward) {
+  LATHE_TRY(check_micro_batch(mb));
+  arena.reset();
+  const int64_t n = mb.n_tokens(), H = cfg.hidden_size, V = cfg.vocab_size, half = cfg.head_dim / 2;
+  const int n_layer = int(blocks.size());
+  const bool keep_all = !opts.activations_checkpoint;
+  PassCtx p{.n = n, .cos = arena.alloc(DType::F32, {n, half}), .sin = arena.alloc(DType::F32, {n, half}),
+            .cu_seqlens = iv(mb.cu_seqlens.data(), int64_t(mb.cu_seqlens.size()))};
+  p.dropout_base = mix64(opts.seed ^ mix64(passes++));
+  int64_t longest = 0;
+  for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d)
+    longest = std::max<int64_t>(longest, mb.cu_seqlens[d + 1] - mb.cu_seqlens[d]);
+  p.attn_ws = arena.alloc(DType::F32, {attention_varlen_workspace_floats(longest, num_threads())});
+  const TensorView tokens = iv(mb.input_ids.data(), n);
+  LATHE_TRY(cpu::rope_tables({.inv_freq = fv(inv_freq.data(), {half}), .positions = iv(mb.position_ids.data(), n),
+                              .cos = p.cos, .sin = p.sin}));
+  // h[l] is layer l's input; h[n_layer] the last layer's output.
+  std::vector<TensorView>& h = hs;
+  h.resize(size_t(n_layer + 1));
+  for (TensorView& t : h) t = arena.alloc(DType::F32, {n, H});
+  LATHE_TRY(cpu::embedding_forward({.tokens = tokens, .table = fv(embed, {V, H}), .out = h[0]}).with_context("forward"));
+  acts.resize(keep_all ? size_t(n_layer) : 1);
+  for (int l = 0; l < n_layer; ++l) {
+    if (keep_all) {
+      LATHE_TRY(layer_forward(l, p, h[size_t(l)], h[size_t(l) + 1], acts[size_t(l)]));
+    } else {
+      Arena::Scope scope(arena);
+      LATHE_TRY(layer_forward(l, p, h[size_t(l)], h[size_t(l) + 1], acts[0]));
+    }
+  }
+  TensorView xf = arena.alloc(DType::F32, {n, H}), rstd_f = arena.alloc(DType::F32, {n});
+  LATHE_TRY(cpu::rms_norm_forward({.x = h.back(), .w = fv(final_norm.w, {H}), .y = xf, .rstd = rstd_f,
+                                   .eps = cfg.rms_norm_eps}));
+  TensorView d_xf = backward ? arena.alloc(DType::F32, {n, H}) : TensorView{};
+  const int64_t chunk = cross_entropy_chunk_rows(V);
+  auto ce = cpu::cross_entropy({.hidden = xf, .w = fv(lm_head.w, {V, H}), .targets = iv(mb.labels.data(), n),
+                                .d_hidden = d_xf,
+                                .d_w = backward && lm_head.dw ? fv(lm_head.dw, {V, H}) : TensorView{},
+                                .workspace = arena.alloc(DType::F32, {cross_entropy_workspace_floats(V, H, chunk)}),
+                                .chunk_rows = chunk, .grad_scale = loss_scale});
+  if (!ce.is_ok()) return ce.status().with_context("forward");
+  PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
+  if (!backward) return loss;
+
+  TensorView dh = arena.alloc(DType::F32, {n, H});
+  LATHE_TRY(cpu::rms_norm_backward({.x = h.back(), .w = fv(final_norm.w, {H}), .rstd = rstd_f, .dy = d_xf, .dx = dh,
+                                    .dw = final_norm.dw ? fv(final_norm.dw, {H}) : TensorView{}}));
+  for (int l = n_layer - 1; l >= 0; --l) {
+    if (keep_all) {
+      LATHE_TRY(layer_backward(l, p, acts[size_t(l)], dh));
+    } else {
+      Arena::Scope scope(arena);
+      TensorView h_out = arena.alloc(DType::F32, {n, H});
+      LATHE_TRY(layer_forward(l, p, h[size_t(l)], h_out, acts[0]));
+      LATHE_TRY(layer_backward(l, p, acts[0], dh));
+    }
+  }
+  if (d_embed) LATHE_TRY(cpu::embedding_backward({.tokens = tokens, .d_out = dh, .d_table = fv(d_embed, {V, H})}));
+  return loss;
+}
+
+}  // namespace lathe
