@@ -1,0 +1,121 @@
+// One LoRA (or full-SFT) training micro batch on the CPU: forward, fused LM
+// head + cross-entropy and backward of a random-init Llama written to a
+// temporary directory, timed over a few passes (best and median). The
+// baseline, transformers + PEFT on PyTorch's CPU backend with the same
+// shapes, threads and batch, is bench/train_step_torch.py; run both in one
+// call and compare tokens/s.
+// Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full]
+// Defaults: 2 threads, the 58M-parameter shape (512, 8, 1408, 32000), batch 4 x 256, r 16.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "io/safetensors.h"
+#include "train/trainable_model.h"
+
+namespace {
+
+using namespace lathe;
+using Clock = std::chrono::steady_clock;
+
+int arg(int argc, char** argv, int i, int def) { return argc > i ? std::atoi(argv[i]) : def; }
+
+Tensor random(Shape s, std::mt19937& rng, float scale) {
+  Tensor t = Tensor::empty(DType::F32, s);
+  std::normal_distribution<float> d(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
+  return t;
+}
+
+void write_model(const std::string& dir, int H, int L, int F, int V) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": " << H
+      << ", \"intermediate_size\": " << F << ", \"num_hidden_layers\": " << L
+      << ", \"num_attention_heads\": 8, \"num_key_value_heads\": 8, \"vocab_size\": " << V
+      << ", \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false, "
+         "\"max_position_embeddings\": 4096, \"hidden_act\": \"silu\", \"torch_dtype\": \"float32\"}\n";
+  std::mt19937 rng(7);
+  std::vector<std::pair<std::string, Tensor>> w;
+  w.emplace_back("model.embed_tokens.weight", random({V, H}, rng, 0.02f));
+  for (int i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"})
+      w.emplace_back(p + n + ".weight", random({H, H}, rng, 0.02f));
+    w.emplace_back(p + "mlp.gate_proj.weight", random({F, H}, rng, 0.02f));
+    w.emplace_back(p + "mlp.up_proj.weight", random({F, H}, rng, 0.02f));
+    w.emplace_back(p + "mlp.down_proj.weight", random({H, F}, rng, 0.02f));
+    Tensor ones = Tensor::empty(DType::F32, {H});
+    std::fill(ones.data<float>(), ones.data<float>() + H, 1.0f);
+    w.emplace_back(p + "input_layernorm.weight", ones);
+    w.emplace_back(p + "post_attention_layernorm.weight", ones.clone());
+  }
+  Tensor ones = Tensor::empty(DType::F32, {H});
+  std::fill(ones.data<float>(), ones.data<float>() + H, 1.0f);
+  w.emplace_back("model.norm.weight", ones);
+  w.emplace_back("lm_head.weight", random({V, H}, rng, 0.02f));
+  Status s = write_weights(dir, w);
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "%s\n", s.message().c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = arg(argc, argv, 1, 2), H = arg(argc, argv, 2, 512), L = arg(argc, argv, 3, 8);
+  const int F = arg(argc, argv, 4, 1408), V = arg(argc, argv, 5, 32000), B = arg(argc, argv, 6, 4);
+  const int S = arg(argc, argv, 7, 256);
+  const bool full = argc > 8 && std::string(argv[8]) == "full";
+  const int r = full ? 0 : arg(argc, argv, 8, 16);
+  set_num_threads(threads);
+  const std::string dir = (std::filesystem::temp_directory_path() / "lathe_bench_train_model").string();
+  write_model(dir, H, L, F, V);
+  TrainableModelOptions opts{.full_sft = full, .lora = {.r = std::max(r, 1), .alpha = 32.0f,
+                                                        .target_modules = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}}};
+  auto model = TrainableModel::load(dir, opts);
+  if (!model.is_ok()) {
+    std::fprintf(stderr, "%s\n", model.status().message().c_str());
+    return 1;
+  }
+  MicroBatch mb;
+  std::mt19937 rng(3);
+  mb.cu_seqlens = {0};
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < S; ++j) {
+      mb.input_ids.push_back(int32_t(rng() % uint32_t(V)));
+      mb.position_ids.push_back(j);
+    }
+    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
+  }
+  for (size_t i = 0; i < mb.input_ids.size(); ++i) {
+    const bool last = std::find(mb.cu_seqlens.begin(), mb.cu_seqlens.end(), int32_t(i + 1)) != mb.cu_seqlens.end();
+    mb.labels.push_back(last ? kIgnoreIndex : mb.input_ids[i + 1]);
+  }
+  std::vector<double> times;
+  for (int rep = 0; rep < 6; ++rep) {
+    auto t0 = Clock::now();
+    auto loss = (*model)->forward_backward(mb, 1.0f / float(B * (S - 1)));
+    if (!loss.is_ok()) {
+      std::fprintf(stderr, "%s\n", loss.status().message().c_str());
+      return 1;
+    }
+    if (rep > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double tokens = double(B) * S;
+  std::printf("| lathe %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",
+              full ? "full SFT" : ("LoRA r=" + std::to_string(r)).c_str(), threads, B, S, times.front(),
+              times[times.size() / 2], tokens / times[times.size() / 2],
+              double((*model)->activation_bytes()) / (1 << 20));
+  std::filesystem::remove_all(dir);
+  return 0;
+}
