@@ -79,8 +79,10 @@ int main(int argc, char** argv) {
   set_num_threads(threads);
   const std::string dir = (std::filesystem::temp_directory_path() / "lathe_bench_train_model").string();
   write_model(dir, H, L, F, V);
-  TrainableModelOptions opts{.full_sft = full, .lora = {.r = std::max(r, 1), .alpha = 32.0f,
-                                                        .target_modules = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}}};
+  TrainableModelOptions opts;
+  opts.full_sft = full;
+  opts.lora.r = std::max(r, 1);
+  opts.lora.alpha = 32.0f;  // all seven projections: NeMo's default target_modules
   auto model = TrainableModel::load(dir, opts);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s\n", model.status().message().c_str());

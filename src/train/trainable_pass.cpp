@@ -172,8 +172,8 @@ Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale,
   const int n_layer = int(blocks.size());
   const bool keep_all = !opts.activations_checkpoint;
   PassCtx p{.n = n, .cos = arena.alloc(DType::F32, {n, half}), .sin = arena.alloc(DType::F32, {n, half}),
-            .cu_seqlens = iv(mb.cu_seqlens.data(), int64_t(mb.cu_seqlens.size()))};
-  p.dropout_base = mix64(opts.seed ^ mix64(passes++));
+            .cu_seqlens = iv(mb.cu_seqlens.data(), int64_t(mb.cu_seqlens.size())), .attn_ws = {},
+            .dropout_base = mix64(opts.seed ^ mix64(passes++))};
   int64_t longest = 0;
   for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d)
     longest = std::max<int64_t>(longest, mb.cu_seqlens[d + 1] - mb.cu_seqlens[d]);
