@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/gemm.h"
 #include "core/parallel.h"
 #include "train/trainable_impl.h"
 
@@ -49,11 +50,23 @@ LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) co
           .dropout_seed = mix64(p.dropout_base ^ uint64_t(l * kNumProj + j))};
 }
 
+// Training weights are f32: one sgemm split over the threads by rows of x
+// (bigger tiles than the inference kernel's, which favours few tokens).
 Status TrainableModelImpl::lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
                                        LoraSaved* saved) {
   const TLinear& L = blocks[size_t(l)].proj[j];
-  LATHE_TRY(cpu::linear_forward({.x = x, .w = fv(L.w, {L.out, L.in}),
-                                 .bias = L.b ? fv(L.b, {L.out}) : TensorView{}, .y = y, .accumulate = accumulate}));
+  const int64_t n = x.shape[0];
+  if (x.shape[1] != L.in || y.shape[0] != n || y.shape[1] != L.out)
+    return invalid_argument("linear: x ", x.shape.str(), " and y ", y.shape.str(), " do not fit w [", L.out, ", ",
+                            L.in, "]");
+  float* out = y.ptr<float>();
+  cpu::sgemm(false, true, n, L.out, L.in, 1.0f, x.ptr<const float>(), L.in, L.w, L.in, accumulate ? 1.0f : 0.0f, out,
+             L.out);
+  if (L.b)
+    parallel_for(n, 16, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        for (int64_t r = 0; r < L.out; ++r) out[t * L.out + r] += L.b[r];
+    });
   if (L.lora < 0) return Status::ok();
   return lora_forward(lora_weights(l, j, p), x, y, arena, saved);
 }

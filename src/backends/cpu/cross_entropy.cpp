@@ -1,7 +1,7 @@
 // Fused LM head + cross-entropy on the CPU (src/ops/cross_entropy.h),
 // chunked over tokens. Per chunk of up to chunk_rows supervised rows:
-//   gather hidden rows → logits = H·wᵀ (sgemm) → per row: max, Σ exp (in
-//   double), lse, loss = lse − logit[target], and in place the gradient
+//   gather hidden rows → logits = H·wᵀ (sgemm) → per row: max, Σ exp (f32
+//   runs summed in double), lse, loss = lse − logit[target], and in place the gradient
 //   grad_scale·(softmax − onehot) → dH = G·w, dw += Gᵀ·H (sgemms) → scatter dH.
 // Workspace layout: logits [chunk, vocab], H [chunk, dim], dH [chunk, dim],
 // row losses [chunk], row indices [chunk] (as i32).
@@ -24,16 +24,25 @@ struct Chunk {
   int32_t* rows;  // [chunk]
 };
 
-// Softmax statistics and (when grads) the scaled gradient of one logits row, in place.
+// Softmax statistics and (when grads) the scaled gradient of one logits row,
+// in place. One exp per logit: e_j = exp(l_j − max) is kept and rescaled.
 float row_loss(float* l, int64_t vocab, int32_t target, bool grads, float scale) {
   float m = -INFINITY;
   for (int64_t j = 0; j < vocab; ++j) m = std::max(m, l[j]);
+  const float target_logit = l[target];
   double sum = 0;
-  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(l[j] - m));
-  const float lse = m + float(std::log(sum));
-  const float loss = lse - l[target];
+  float part = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    const float e = std::exp(l[j] - m);
+    if (grads) l[j] = e;
+    part += e;
+    if ((j & 255) == 255) sum += part, part = 0;  // f32 runs of 256, summed in double
+  }
+  sum += part;
+  const float loss = m + float(std::log(sum)) - target_logit;
   if (grads) {
-    for (int64_t j = 0; j < vocab; ++j) l[j] = std::exp(l[j] - lse) * scale;
+    const float k = float(double(scale) / sum);
+    for (int64_t j = 0; j < vocab; ++j) l[j] *= k;
     l[target] -= scale;
   }
   return loss;
