@@ -1,5 +1,5 @@
 // sgemm split across threads (see gemm.h). The larger of m and n is cut into
-// one slab per thread (multiples of 16 rows or columns); each slab is an
+// slabs (about four per thread, at least 64 rows or columns); each slab is an
 // independent cblas_sgemm on its slices of A or B and C.
 #include "backends/cpu/gemm.h"
 
@@ -42,9 +42,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
   if (threads <= 1 || m * n * k < (int64_t{1} << 18)) return call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const bool split_m = m >= n;
   const int64_t len = split_m ? m : n;
-  const int64_t slab = std::max<int64_t>(16, (len / threads + 15) / 16 * 16);
+  // A few slabs per thread, handed out dynamically: a core slowed by a
+  // neighbour does not hold the others back.
+  const int64_t slab = std::max<int64_t>(64, (len / (4 * threads) + 15) / 16 * 16);
   const int64_t slabs = (len + slab - 1) / slab;
-#pragma omp parallel for num_threads(int(std::min(threads, slabs))) schedule(static)
+#pragma omp parallel for num_threads(int(std::min(threads, slabs))) schedule(dynamic, 1)
   for (int64_t s = 0; s < slabs; ++s) {
     const int64_t i0 = s * slab, cnt = std::min(slab, len - i0);
     if (split_m) {
