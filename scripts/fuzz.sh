@@ -51,7 +51,12 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 build_targets=()
 for t in "${targets[@]}"; do build_targets+=("${t}_fuzz"); done
-ninja -C "$BUILD_DIR" -j "${LATHE_BUILD_JOBS:-$(nproc)}" "${build_targets[@]}" >/dev/null
+mkdir -p "$BUILD_DIR/logs"
+if ! ninja -C "$BUILD_DIR" -j "${LATHE_BUILD_JOBS:-$(nproc)}" "${build_targets[@]}" >"$BUILD_DIR/logs/build.log" 2>&1; then
+  tail -n 40 "$BUILD_DIR/logs/build.log" >&2
+  echo "fuzz.sh: building the fuzz targets failed (full log: $BUILD_DIR/logs/build.log)" >&2
+  exit 1
+fi
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
