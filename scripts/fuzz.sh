@@ -64,7 +64,10 @@ failed=0
 for t in "${targets[@]}"; do
   bin="$BUILD_DIR/bin/${t}_fuzz"
   seeds="tests/fuzz/$t"
+  # Quick runs start from the seeds alone, so their cost does not grow with
+  # the corpus that long runs accumulate in $BUILD_DIR/corpus/.
   corpus="$BUILD_DIR/corpus/$t"
+  [ "$mode" = quick ] && corpus="$BUILD_DIR/corpus-quick/$t" && rm -rf "$corpus"
   artifacts="$BUILD_DIR/artifacts/$t/"
   log="$BUILD_DIR/logs/$t.log"
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
