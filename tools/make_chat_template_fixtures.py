@@ -26,7 +26,7 @@ import json
 import os
 
 from transformers import AutoTokenizer
-from transformers.utils.chat_template_utils import _compile_jinja_template
+from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "chat_templates")
@@ -129,6 +129,14 @@ def conversation_cases():
                 template = f.read()
         for gen in ([False, True] if gen_both else [True]):
             case = render(tok, template, messages, gen, extra or {})
+            if template and "{% generation" in template.replace("{%-", "{%") and "expected" in case:
+                # The text of each {% generation %} block, as transformers' assistant-mask tracker finds it.
+                kwargs = {**tok.special_tokens_map, **(extra or {})}
+                rendered, indices = render_jinja_template(
+                    conversations=[messages], chat_template=template, return_assistant_tokens_mask=True,
+                    add_generation_prompt=gen, **kwargs)
+                assert rendered[0] == case["expected"]
+                case["generation_texts"] = [rendered[0][b:e] for b, e in indices[0]]
             case["name"] = f"{name}/{'gen' if gen else 'nogen'}"
             case["tokenizer"] = tokenizer
             case["template_file"] = template_file
@@ -138,7 +146,7 @@ def conversation_cases():
     for conv_name, conv in CONVERSATIONS.items():
         add(f"llama3/{conv_name}", "llama3", None, conv)
         add(f"qwen3/{conv_name}", "qwen3", None, conv)
-        for f in ("chatml.jinja", "zephyr.jinja", "mistral_inst.jinja", "llama2_sys.jinja"):
+        for f in ("chatml.jinja", "zephyr.jinja", "mistral_inst.jinja", "llama2_sys.jinja", "chatml_generation.jinja"):
             add(f"{f}/{conv_name}", "mistral", f, conv)
         add(f"llama31_tools.jinja/{conv_name}", "llama3", "llama31_tools.jinja", conv,
             {"date_string": "26 Jul 2024"})

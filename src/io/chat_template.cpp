@@ -65,7 +65,8 @@ Result<Value> clean_message(const Value& m, size_t index) {
 
 Result<std::string> render_values(const ChatTemplateImpl& impl,
                                   const std::vector<std::pair<std::string, std::string>>& special,
-                                  const Value& messages, bool add_generation_prompt, const Value& extra) {
+                                  const Value& messages, bool add_generation_prompt, const Value& extra,
+                                  std::vector<std::pair<size_t, size_t>>* spans = nullptr) {
   if (!messages.is_list()) return invalid_argument("chat template: messages must be a list, got ", messages.type_name());
   if (messages.as_list().empty())
     return invalid_argument("chat template: cannot apply a chat template to an empty conversation");
@@ -84,7 +85,9 @@ Result<std::string> render_values(const ChatTemplateImpl& impl,
   vars.set("add_generation_prompt", Value::boolean(add_generation_prompt));
   const Value* tools = vars.find("tools");
   const jinja::Template& t = impl.tool_use && tools && !tools->is_none() ? *impl.tool_use : impl.main;
-  Result<std::string> out = jinja::render(t, vars);
+  jinja::RenderOptions opt;
+  opt.generation_spans = spans;
+  Result<std::string> out = jinja::render(t, vars, opt);
   if (!out.is_ok()) return out.status().with_context("chat template");
   return out;
 }
@@ -169,6 +172,16 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,
   if (!impl_) return invalid_argument("chat template: not loaded");
   return render_values(*impl_, special_tokens_, Value::from_json(messages), add_generation_prompt,
                        Value::from_json(extra));
+}
+
+Result<std::string> ChatTemplate::render_with_generation_spans(const nlohmann::ordered_json& messages,
+                                                               bool add_generation_prompt,
+                                                               const nlohmann::ordered_json& extra,
+                                                               std::vector<std::pair<size_t, size_t>>* spans) const {
+  if (!impl_) return invalid_argument("chat template: not loaded");
+  if (spans) spans->clear();
+  return render_values(*impl_, special_tokens_, Value::from_json(messages), add_generation_prompt,
+                       Value::from_json(extra), spans);
 }
 
 Result<std::string> ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,

@@ -46,6 +46,13 @@ class ChatTemplate {
   Result<std::string> render(const nlohmann::json& messages, bool add_generation_prompt,
                              const nlohmann::json& extra = nlohmann::json::object()) const;
 
+  // As render(), and also the [begin, end) byte offsets in the prompt of each
+  // {% generation %} block (the assistant text a template marks for
+  // training loss masks; empty when the template has none).
+  Result<std::string> render_with_generation_spans(const nlohmann::ordered_json& messages,
+                                                   bool add_generation_prompt, const nlohmann::ordered_json& extra,
+                                                   std::vector<std::pair<size_t, size_t>>* spans) const;
+
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   // Sets a variable every render sees (a special token such as "pad_token").

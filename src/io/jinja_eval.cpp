@@ -125,7 +125,12 @@ class Interpreter final : public Runtime {
       }
       case StmtKind::Break: break_ = true; return Status::ok();
       case StmtKind::Continue: continue_ = true; return Status::ok();
-      case StmtKind::Scope: return exec_body(s.body);
+      case StmtKind::Scope: {  // {% generation %}
+        size_t begin = out_.size();
+        LATHE_TRY(exec_body(s.body));
+        if (opt_.generation_spans && capture_depth_ == 0) opt_.generation_spans->emplace_back(begin, out_.size());
+        return Status::ok();
+      }
     }
     return Status::ok();
   }
@@ -133,7 +138,9 @@ class Interpreter final : public Runtime {
   Result<std::string> capture(const Body& body) {
     std::string saved = std::move(out_);
     out_.clear();
+    ++capture_depth_;
     Status st = exec_body(body);
+    --capture_depth_;
     std::string text = std::move(out_);
     out_ = std::move(saved);
     if (!st.is_ok()) return st;
@@ -463,6 +470,7 @@ class Interpreter final : public Runtime {
   std::string out_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  int capture_depth_ = 0;  // > 0 while rendering into a macro's or block's own buffer
   bool break_ = false;
   bool continue_ = false;
   std::vector<Value> namespaces_;  // cleared at the end of the render (cycles)

@@ -13,6 +13,8 @@
 #include <ctime>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "io/jinja_parser.h"
 
@@ -24,6 +26,10 @@ struct RenderOptions {
   int max_call_depth = 64;        // nested macro calls
   // Clock behind strftime_now(); null means the system clock.
   std::function<std::time_t()> now;
+  // When set, receives the [begin, end) byte offsets in the output of every
+  // {% generation %} block rendered at top level (not inside a macro or a
+  // captured block), as transformers' assistant-mask tracker records them.
+  std::vector<std::pair<size_t, size_t>>* generation_spans = nullptr;
 };
 
 // vars: the template's variables (messages, add_generation_prompt, ...).

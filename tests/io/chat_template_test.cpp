@@ -41,10 +41,18 @@ TEST(ChatTemplate, MatchesTransformersOnEveryConversation) {
     SCOPED_TRACE(c["name"].get<std::string>());
     Result<ChatTemplate> ct = template_for(c);
     ASSERT_TRUE(ct.is_ok()) << ct.status().message();
-    Result<std::string> out = ct->render(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"]);
+    std::vector<std::pair<size_t, size_t>> spans;
+    Result<std::string> out =
+        ct->render_with_generation_spans(c["messages"], c["add_generation_prompt"].get<bool>(), c["extra"], &spans);
     if (c.contains("expected")) {
       ASSERT_TRUE(out.is_ok()) << out.status().message();
       EXPECT_EQ(*out, c["expected"].get<std::string>());
+      // {% generation %} blocks: the same text as transformers' assistant-mask tracker.
+      std::vector<std::string> got;
+      for (auto [b, e] : spans) got.push_back(out->substr(b, e - b));
+      std::vector<std::string> want;
+      if (c.contains("generation_texts")) want = c["generation_texts"].get<std::vector<std::string>>();
+      EXPECT_EQ(got, want);
     } else {
       ++errors_seen;
       ASSERT_FALSE(out.is_ok()) << "transformers raised " << c["error"];
