@@ -17,11 +17,12 @@ loss is transformers' mean over supervised tokens) and saves:
                                    lengths [2] i64, loss [] f64, and the
                                    gradient of every lora_A / lora_B under the
                                    adapter's own key names
-  <out>/<family>/full_grads.safetensors   (qwen2, qwen3: full-parameter SFT)
+  <out>/<family>/full_grads.safetensors   (full-parameter SFT)
                                    the same batch and loss, and the gradients of
                                    the embedding, norms, projections (with a
                                    bias on qwen2, the q/k norm on qwen3) and
-                                   the LM head under transformers' names
+                                   the LM head (tied to the embedding on
+                                   llama) under transformers' names
 
 Usage: python3 tools/make_grad_fixtures.py [--models tests/data/models] [--out tests/data/grad]
 Needs torch, transformers, peft, safetensors. Deterministic for a given seed.
@@ -37,7 +38,9 @@ from safetensors.torch import save_file
 LENGTHS = (12, 9)
 PROMPT = (4, 3)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-FAMILIES = {"llama": dict(rslora=False, full=[]),
+FAMILIES = {"llama": dict(rslora=False, full=[  # tied: the embedding's gradient includes the LM head's
+                "model.embed_tokens.weight", "model.layers.0.self_attn.v_proj.weight",
+                "model.layers.1.mlp.up_proj.weight", "model.norm.weight"]),
             "qwen2": dict(rslora=False, full=[
                 "model.embed_tokens.weight", "model.layers.1.input_layernorm.weight",
                 "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",

@@ -96,7 +96,7 @@ void expect_matches_fixture(TrainableModel& m, const std::string& fixture) {
     EXPECT_LE(rel_error(m.grads().data() + p->offset, g.data<float>(), g.numel()), 1e-4) << e.name;
     ++checked;
   }
-  EXPECT_GE(checked, 6);
+  EXPECT_GE(checked, 4);
 }
 
 class LoraFixture : public ::testing::TestWithParam<const char*> {};
@@ -121,7 +121,7 @@ TEST_P(FullFixture, FullSftGradientsMatchTransformers) {
   expect_matches_fixture(*m, kGrad + family + "/full_grads.safetensors");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FullFixture, ::testing::Values("qwen2", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Families, FullFixture, ::testing::Values("llama", "qwen2", "qwen3"));
 
 TEST(TrainableModel, PackedBatchEqualsDocumentsAlone) {
   auto file = SafetensorsFile::open(kGrad + "llama/lora_grads.safetensors");
