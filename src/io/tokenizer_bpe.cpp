@@ -6,7 +6,8 @@
 #include "io/tokenizer_bpe.h"
 
 #include <algorithm>
-#include <queue>
+#include <array>
+#include <atomic>
 
 #include <nlohmann/json.hpp>
 
@@ -67,7 +68,23 @@ std::string opt_string(const json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // ▁
+
+bool ends_with(std::string_view s, std::string_view x) { return s.size() >= x.size() && s.substr(s.size() - x.size()) == x; }
+
 }  // namespace
+
+// True when ▁ is a token and no merge puts a non-▁ symbol before one that
+// starts with ▁: then no token can span such a boundary.
+static bool metaspace_split_is_exact(const BpeModel& m, const json& merges) {
+  if (m.vocab().find(kMetaspace) == m.vocab().end()) return false;
+  std::string a, b;
+  for (const json& mg : merges) {
+    if (!merge_parts(mg, a, b)) return false;
+    if (b.compare(0, kMetaspace.size(), kMetaspace) == 0 && !ends_with(a, kMetaspace)) return false;
+  }
+  return true;
+}
 
 Status BpeModel::build_merges(const json& merges) {
   merges_.reserve(merges.size());
@@ -120,35 +137,38 @@ Result<std::unique_ptr<BpeModel>> BpeModel::parse(const json& j, bool byte_level
   }
 
   const ByteLevelAlphabet& alpha = byte_level_alphabet();
+  m->model_keys_.reserve(m->vocab_.size());
   if (byte_level) {
     // Re-key by raw bytes; tokens outside the alphabet can never be formed
     // from byte-level input and are left out.
     std::string raw;
-    m->model_keys_.reserve(m->vocab_.size());
     for (const auto& [tok, id] : m->vocab_) {
-      if (alpha.to_bytes(tok, raw)) m->model_keys_.emplace(raw, id);
+      if (alpha.to_bytes(tok, raw)) m->model_keys_.insert(raw, id);
     }
     if (alpha.to_bytes(m->prefix_, raw)) m->prefix_ = raw;
     if (alpha.to_bytes(m->suffix_, raw)) m->suffix_ = raw;
+  } else {
+    for (const auto& [tok, id] : m->vocab_) m->model_keys_.insert(tok, id);
   }
   for (int b = 0; b < 256; ++b) {
     m->byte_ids_[b] = -1;
     if (byte_level) {
-      auto it = m->model_keys_.find(std::string(1, char(b)));
-      if (it != m->model_keys_.end()) m->byte_ids_[b] = it->second;
+      if (const int32_t* id = m->model_keys_.find(std::string(1, char(b)))) m->byte_ids_[b] = *id;
     }
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
     auto it = m->vocab_.find(std::string_view(name));
     m->fallback_ids_[b] = it == m->vocab_.end() ? -1 : it->second;
   }
+  m->split_metaspace_ = !byte_level && m->prefix_.empty() && m->suffix_.empty() && metaspace_split_is_exact(*m, *merges);
+  static std::atomic<uint64_t> next_serial{1};
+  m->serial_ = next_serial++;
   return m;
 }
 
 // Splits a word into its first symbols: characters (bytes when byte-level)
 // looked up in the vocabulary, with byte fallback and unk for the rest.
 void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids, std::vector<uint32_t>& lens) const {
-  const StringIdMap& keys = byte_level_ ? model_keys_ : vocab_;
   bool plain = prefix_.empty() && suffix_.empty();
   std::optional<std::pair<int32_t, uint32_t>> unk;  // pending (id, byte length)
   std::string key;
@@ -164,8 +184,8 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids,
     int32_t id = -1;
     if (byte_level_ && plain) {
       id = byte_ids_[uint8_t(s[0])];
-    } else if (auto it = keys.find(s); it != keys.end()) {
-      id = it->second;
+    } else if (const int32_t* found = model_keys_.find(s)) {
+      id = *found;
     }
     if (id >= 0) {
       if (unk) { ids.push_back(unk->first); lens.push_back(unk->second); unk.reset(); }
@@ -259,29 +279,57 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
   }
 }
 
-void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const {
-  if (word.empty()) return;
+namespace {
+// A thread's cache of merged words for one model, keyed by model serial.
+struct WordCache {
+  uint64_t owner = 0;
+  FlatStringMap<std::pair<uint32_t, uint32_t>> index;  // word -> (offset, count) in ids
+  std::vector<int32_t> ids;
+};
+}  // namespace
+
+void BpeModel::tokenize_chunk(std::string_view word, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    const StringIdMap& keys = byte_level_ ? model_keys_ : vocab_;
-    if (auto it = keys.find(word); it != keys.end()) {
-      out.push_back(it->second);
+    if (const int32_t* id = model_keys_.find(word)) {
+      out.push_back(*id);
       return;
     }
   }
-  bool cacheable = word.size() <= kCacheMaxWordBytes;
-  if (cacheable) {
-    std::shared_lock lock(cache_mu_);
-    if (auto it = cache_.find(word); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+  if (word.size() > kCacheMaxWordBytes) return merge_word(word, out);
+  // A few models per thread; a new one evicts round robin.
+  thread_local std::array<WordCache, 4> caches;
+  thread_local size_t next_victim = 0;
+  WordCache* cache = nullptr;
+  for (WordCache& c : caches) {
+    if (c.owner == serial_) cache = &c;
+  }
+  if (cache == nullptr) {
+    cache = &caches[next_victim++ % caches.size()];
+    *cache = WordCache{};
+    cache->owner = serial_;
+  }
+  if (const auto* hit = cache->index.find(word)) {
+    out.insert(out.end(), cache->ids.begin() + hit->first, cache->ids.begin() + hit->first + hit->second);
+    return;
   }
   size_t start = out.size();
   merge_word(word, out);
-  if (cacheable) {
-    std::unique_lock lock(cache_mu_);
-    if (cache_.size() < kCacheMaxWords) cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + start, out.end()));
+  if (cache->index.size() < kCacheMaxWords) {
+    cache->index.insert(word, {uint32_t(cache->ids.size()), uint32_t(out.size() - start)});
+    cache->ids.insert(cache->ids.end(), out.begin() + std::ptrdiff_t(start), out.end());
   }
+}
+
+void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (!split_metaspace_) return tokenize_chunk(word, out);
+  size_t start = 0;
+  for (size_t pos = word.find(kMetaspace, 1); pos != std::string_view::npos; pos = word.find(kMetaspace, pos + 1)) {
+    if (ends_with(word.substr(0, pos), kMetaspace)) continue;
+    tokenize_chunk(word.substr(start, pos - start), out);
+    start = pos;
+  }
+  tokenize_chunk(word.substr(start), out);
 }
 
 }  // namespace lathe::tok

@@ -3,14 +3,18 @@
 // its byte-level strings stand for, so no per-byte remapping happens at
 // encode time), unknown characters go to byte fallback or unk, and merges
 // are applied lowest rank first, leftmost first, with a min-heap over a
-// linked list of symbols. Results for short words are cached.
+// linked list of symbols. Results for short words are cached per thread
+// (no locks on the hot path).
+//
+// SentencePiece-style models run without a pre-tokenizer, so a whole text is
+// one "word". When no merge joins a non-▁ symbol to a following ▁ (checked at
+// load), merges can never cross the point before such a ▁, and the word is
+// cut there into independent, cacheable chunks with identical results.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -19,6 +23,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/status.h"
+#include "io/tokenizer_hash.h"
 
 namespace lathe::tok {
 
@@ -67,12 +72,13 @@ class BpeModel {
   const StringIdMap& vocab() const { return vocab_; }  // token string -> id
 
  private:
+  void tokenize_chunk(std::string_view word, std::vector<int32_t>& out) const;
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids, std::vector<uint32_t>& lens) const;
   Status build_merges(const nlohmann::json& merges);
 
   StringIdMap vocab_;       // as written in the file
-  StringIdMap model_keys_;  // what words are looked up by: raw bytes when byte_level_
+  FlatStringMap<int32_t> model_keys_;  // what words are looked up by: raw bytes when byte_level_
   PairMap merges_;
   bool byte_level_ = false;
   bool ignore_merges_ = false;
@@ -84,10 +90,11 @@ class BpeModel {
   int32_t byte_ids_[256];         // byte-level: id of each single byte, -1 if absent
   int32_t fallback_ids_[256];     // byte fallback: id of "<0xNN>", -1 if absent
 
-  static constexpr size_t kCacheMaxWords = 100'000;
+  bool split_metaspace_ = false;  // cut words before a ▁ that follows a non-▁
+  uint64_t serial_ = 0;           // identifies this model's per-thread caches
+
+  static constexpr size_t kCacheMaxWords = 65'536;
   static constexpr size_t kCacheMaxWordBytes = 256;
-  mutable std::shared_mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
 }  // namespace lathe::tok
