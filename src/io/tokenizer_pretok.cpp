@@ -142,7 +142,8 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
-    int rc = pcre2_match(code, subject, text.size(), pos, 0, st.md, st.mctx);
+    int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), pos, 0, st.md, st.mctx)
+                  : pcre2_match(code, subject, text.size(), pos, 0, st.md, st.mctx);
     if (rc < 0) break;  // no match, or a resource limit: the rest stays unsplit
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.md);
     size_t s = ov[0], e = ov[1];
@@ -480,7 +481,10 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
   void apply(std::vector<Piece>& pieces, PieceArena& arena) const override {
     if (add_prefix_space_) {
       for (Piece& p : pieces) {
-        if (p.text.empty() || p.text[0] != ' ') p.text = arena.keep(" " + std::string(p.text));
+        if (!p.text.empty() && p.text[0] == ' ') continue;
+        std::string s(1, ' ');
+        s.append(p.text);
+        p.text = arena.keep(std::move(s));
       }
     }
     if (split_) split_->apply(pieces, arena);
