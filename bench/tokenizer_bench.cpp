@@ -5,6 +5,7 @@
 //
 //   bench_tokenizer --tokenizer DIR --file TEXT [--repeat 3] [--ids-out F] [--add-special-tokens]
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -44,17 +45,24 @@ int main(int argc, char** argv) {
   ss << in.rdbuf();
   std::string text = ss.str();
 
-  double best_s = 1e30;
+  // Wall time is the figure; thread CPU time shows what a busy machine hides.
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+  };
+  double best_s = 1e30, best_cpu_s = 1e30;
   std::vector<int32_t> ids;
   for (int r = 0; r < repeat; ++r) {
     auto t0 = std::chrono::steady_clock::now();
+    double c0 = cpu_now();
     ids = tok->encode(text, special);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best_s = std::min(best_s, s);
+    best_cpu_s = std::min(best_cpu_s, cpu_now() - c0);
+    best_s = std::min(best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   double mb = double(text.size()) / 1e6;
-  std::printf("{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f, \"mb_per_s\": %.3f}\n", text.size(), ids.size(),
-              best_s, mb / best_s);
+  std::printf("{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f, \"mb_per_s\": %.3f, \"cpu_mb_per_s\": %.3f}\n",
+              text.size(), ids.size(), best_s, mb / best_s, mb / best_cpu_s);
   if (!ids_out.empty()) {
     std::ofstream out(ids_out);
     out << '[';

@@ -59,7 +59,7 @@ Status parse_added_tokens(const json& root, TokenizerImpl& t) {
 // Fills id_to_token / id_flags and the added-token matchers.
 Status index_tokens(TokenizerImpl& t) {
   int64_t max_id = -1;
-  for (const auto& [s, id] : t.model->vocab()) max_id = std::max<int64_t>(max_id, id);
+  t.model->vocab().for_each([&](std::string_view, int32_t id) { max_id = std::max<int64_t>(max_id, id); });
   for (const auto& a : t.added) max_id = std::max<int64_t>(max_id, a.id);
   size_t n_known = t.model->vocab().size() + t.added.size();
   if (max_id >= int64_t(4 * n_known + 1024)) {
@@ -67,10 +67,10 @@ Status index_tokens(TokenizerImpl& t) {
   }
   t.id_to_token.assign(size_t(max_id + 1), std::string());
   t.id_flags.assign(size_t(max_id + 1), 0);
-  for (const auto& [s, id] : t.model->vocab()) {
+  t.model->vocab().for_each([&](std::string_view s, int32_t id) {
     t.id_to_token[size_t(id)] = s;
     t.id_flags[size_t(id)] = TokenizerImpl::kKnown;
-  }
+  });
   std::vector<std::string> raw_patterns, norm_patterns;
   std::vector<const tok::AddedToken*> raw_tokens, norm_tokens;
   for (const auto& a : t.added) {
@@ -191,7 +191,7 @@ int32_t Tokenizer::vocab_size() const { return int32_t(impl_->id_to_token.size()
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
-  if (auto it = impl_->model->vocab().find(token); it != impl_->model->vocab().end()) return it->second;
+  if (const int32_t* id = impl_->model->vocab().find(token)) return *id;
   return std::nullopt;
 }
 

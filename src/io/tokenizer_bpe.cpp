@@ -77,7 +77,7 @@ bool ends_with(std::string_view s, std::string_view x) { return s.size() >= x.si
 // True when ▁ is a token and no merge puts a non-▁ symbol before one that
 // starts with ▁: then no token can span such a boundary.
 static bool metaspace_split_is_exact(const BpeModel& m, const json& merges) {
-  if (m.vocab().find(kMetaspace) == m.vocab().end()) return false;
+  if (m.vocab().find(kMetaspace) == nullptr) return false;
   std::string a, b;
   for (const json& mg : merges) {
     if (!merge_parts(mg, a, b)) return false;
@@ -92,12 +92,13 @@ Status BpeModel::build_merges(const json& merges) {
   for (size_t i = 0; i < merges.size(); ++i) {
     std::string where = "model.merges[" + std::to_string(i) + "]";
     if (!merge_parts(merges[i], a, b)) return invalid_argument(where, ": expected \"a b\" or [\"a\", \"b\"]");
-    auto ia = vocab_.find(a), ib = vocab_.find(b);
-    if (ia == vocab_.end() || ib == vocab_.end()) return invalid_argument(where, ": token not in the vocabulary");
+    const int32_t* ia = vocab_.find(a);
+    const int32_t* ib = vocab_.find(b);
+    if (ia == nullptr || ib == nullptr) return invalid_argument(where, ": token not in the vocabulary");
     if (b.size() < prefix_.size()) return invalid_argument(where, ": shorter than continuing_subword_prefix");
-    auto inew = vocab_.find(a + b.substr(prefix_.size()));
-    if (inew == vocab_.end()) return invalid_argument(where, ": merged token not in the vocabulary");
-    merges_.insert(ia->second, ib->second, {int32_t(i), inew->second});
+    const int32_t* inew = vocab_.find(a + b.substr(prefix_.size()));
+    if (inew == nullptr) return invalid_argument(where, ": merged token not in the vocabulary");
+    merges_.insert(*ia, *ib, {int32_t(i), *inew});
   }
   return Status::ok();
 }
@@ -125,30 +126,28 @@ Result<std::unique_ptr<BpeModel>> BpeModel::parse(const json& j, bool byte_level
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (1 << 30)) {
       return invalid_argument("model.vocab[\"", it.key(), "\"]: id must be a non-negative integer");
     }
-    m->vocab_[it.key()] = int32_t(it.value().get<int64_t>());
+    m->vocab_.insert(it.key(), int32_t(it.value().get<int64_t>()));
   }
   LATHE_TRY(m->build_merges(*merges));
 
   std::string unk = opt_string(j, "unk_token");
   if (!unk.empty()) {
-    auto it = m->vocab_.find(unk);
-    if (it == m->vocab_.end()) return invalid_argument("model.unk_token \"", unk, "\" is not in the vocabulary");
-    m->unk_id_ = it->second;
+    const int32_t* id = m->vocab_.find(unk);
+    if (id == nullptr) return invalid_argument("model.unk_token \"", unk, "\" is not in the vocabulary");
+    m->unk_id_ = *id;
   }
 
   const ByteLevelAlphabet& alpha = byte_level_alphabet();
-  m->model_keys_.reserve(m->vocab_.size());
   if (byte_level) {
     // Re-key by raw bytes; tokens outside the alphabet can never be formed
     // from byte-level input and are left out.
     std::string raw;
-    for (const auto& [tok, id] : m->vocab_) {
+    m->model_keys_.reserve(m->vocab_.size());
+    m->vocab_.for_each([&](std::string_view tok, int32_t id) {
       if (alpha.to_bytes(tok, raw)) m->model_keys_.insert(raw, id);
-    }
+    });
     if (alpha.to_bytes(m->prefix_, raw)) m->prefix_ = raw;
     if (alpha.to_bytes(m->suffix_, raw)) m->suffix_ = raw;
-  } else {
-    for (const auto& [tok, id] : m->vocab_) m->model_keys_.insert(tok, id);
   }
   for (int b = 0; b < 256; ++b) {
     m->byte_ids_[b] = -1;
@@ -157,8 +156,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::parse(const json& j, bool byte_level
     }
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    auto it = m->vocab_.find(std::string_view(name));
-    m->fallback_ids_[b] = it == m->vocab_.end() ? -1 : it->second;
+    const int32_t* id = m->vocab_.find(std::string_view(name));
+    m->fallback_ids_[b] = id == nullptr ? -1 : *id;
   }
   m->split_metaspace_ = !byte_level && m->prefix_.empty() && m->suffix_.empty() && metaspace_split_is_exact(*m, *merges);
   static std::atomic<uint64_t> next_serial{1};
@@ -184,7 +183,7 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids,
     int32_t id = -1;
     if (byte_level_ && plain) {
       id = byte_ids_[uint8_t(s[0])];
-    } else if (const int32_t* found = model_keys_.find(s)) {
+    } else if (const int32_t* found = keys().find(s)) {
       id = *found;
     }
     if (id >= 0) {
@@ -290,7 +289,7 @@ struct WordCache {
 
 void BpeModel::tokenize_chunk(std::string_view word, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    if (const int32_t* id = model_keys_.find(word)) {
+    if (const int32_t* id = keys().find(word)) {
       out.push_back(*id);
       return;
     }

@@ -69,7 +69,7 @@ class BpeModel {
   // Appends the ids of one pre-tokenized word. Thread-safe.
   void tokenize(std::string_view word, std::vector<int32_t>& out) const;
 
-  const StringIdMap& vocab() const { return vocab_; }  // token string -> id
+  const FlatStringMap<int32_t>& vocab() const { return vocab_; }  // token string -> id
 
  private:
   void tokenize_chunk(std::string_view word, std::vector<int32_t>& out) const;
@@ -77,8 +77,11 @@ class BpeModel {
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids, std::vector<uint32_t>& lens) const;
   Status build_merges(const nlohmann::json& merges);
 
-  StringIdMap vocab_;       // as written in the file
-  FlatStringMap<int32_t> model_keys_;  // what words are looked up by: raw bytes when byte_level_
+  // What words are looked up by: vocab_, or its raw-byte re-keying.
+  const FlatStringMap<int32_t>& keys() const { return byte_level_ ? model_keys_ : vocab_; }
+
+  FlatStringMap<int32_t> vocab_;       // as written in the file
+  FlatStringMap<int32_t> model_keys_;  // byte-level only: raw bytes -> id
   PairMap merges_;
   bool byte_level_ = false;
   bool ignore_merges_ = false;

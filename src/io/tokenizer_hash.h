@@ -73,6 +73,14 @@ class FlatStringMap {
     }
   }
 
+  // fn(std::string_view key, const V& value) for every entry, in slot order.
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    for (const Slot& s : slots_) {
+      if (s.used) fn(key_of(s), s.value);
+    }
+  }
+
   const V* find(std::string_view key) const {
     if (size_ == 0) return nullptr;
     uint64_t h = hash_bytes(key);

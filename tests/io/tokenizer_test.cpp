@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -48,11 +49,7 @@ const Tokenizer& tokenizer(const std::string& name) {
   return it->second;
 }
 
-class TokenizerFixture : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(TokenizerFixture, IdsMatchReference) {
-  const Tokenizer& tok = tokenizer(GetParam());
-  json fx = json::parse(slurp(kData + GetParam() + ".json"));
+void check_ids(const Tokenizer& tok, const json& fx) {
   std::vector<std::string> texts = corpus();
   ASSERT_EQ(fx["cases"].size(), texts.size()) << "fixtures are stale: rerun tools/make_tokenizer_fixtures.py";
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -62,9 +59,7 @@ TEST_P(TokenizerFixture, IdsMatchReference) {
   }
 }
 
-TEST_P(TokenizerFixture, DecodeMatchesReference) {
-  const Tokenizer& tok = tokenizer(GetParam());
-  json fx = json::parse(slurp(kData + GetParam() + ".json"));
+void check_decode(const Tokenizer& tok, const json& fx) {
   for (size_t i = 0; i < fx["cases"].size(); ++i) {
     const json& c = fx["cases"][i];
     auto ids = c["ids_special"].get<std::vector<int32_t>>();
@@ -81,8 +76,7 @@ TEST_P(TokenizerFixture, DecodeMatchesReference) {
 
 // Streaming the ids one at a time yields exactly the full decoding, and no
 // piece ever ends inside a UTF-8 character.
-TEST_P(TokenizerFixture, IncrementalDecodeEqualsFullDecode) {
-  const Tokenizer& tok = tokenizer(GetParam());
+void check_incremental(const Tokenizer& tok) {
   for (const std::string& text : corpus()) {
     std::vector<int32_t> ids = tok.encode(text, true);
     for (bool skip : {false, true}) {
@@ -100,6 +94,38 @@ TEST_P(TokenizerFixture, IncrementalDecodeEqualsFullDecode) {
       streamed += dec.flush();
       EXPECT_EQ(streamed, tok.decode(ids, skip)) << text;
     }
+  }
+}
+
+// Invalid UTF-8 is encoded without crashing and decodes back around it.
+void check_invalid_utf8(const Tokenizer& tok) {
+  std::string bad = "ok \xC3 \xE2\x82 \xFF\xFE x\xF0\x9F\x98 end \xED\xA0\x80";
+  std::vector<int32_t> ids = tok.encode(bad, true);
+  EXPECT_FALSE(ids.empty());
+  EXPECT_NE(tok.decode(ids, true).find("end"), std::string::npos);
+}
+
+class TokenizerFixture : public ::testing::TestWithParam<std::string> {};
+
+// One test per file so each test process loads one tokenizer once.
+TEST_P(TokenizerFixture, MatchesReference) {
+  const Tokenizer& tok = tokenizer(GetParam());
+  json fx = json::parse(slurp(kData + GetParam() + ".json"));
+  {
+    SCOPED_TRACE("ids");
+    check_ids(tok, fx);
+  }
+  {
+    SCOPED_TRACE("decode");
+    check_decode(tok, fx);
+  }
+  {
+    SCOPED_TRACE("incremental decode");
+    check_incremental(tok);
+  }
+  {
+    SCOPED_TRACE("invalid utf-8");
+    check_invalid_utf8(tok);
   }
 }
 
@@ -139,15 +165,23 @@ TEST(Tokenizer, ConfigTokensAndTemplate) {
   EXPECT_EQ(mistral.chat_template(), "");
 }
 
-TEST(Tokenizer, InvalidUtf8NeverCrashes) {
-  for (const char* name : {"llama3", "qwen3", "mistral", "gpt4o"}) {
-    const Tokenizer& tok = tokenizer(name);
-    std::string bad = "ok \xC3 \xE2\x82 \xFF\xFE x\xF0\x9F\x98 end \xED\xA0\x80";
-    std::vector<int32_t> ids = tok.encode(bad, true);
-    EXPECT_FALSE(ids.empty()) << name;
-    std::string text = tok.decode(ids, true);
-    EXPECT_NE(text.find("end"), std::string::npos) << name;
+// One Tokenizer shared by several threads gives each the single-thread ids.
+TEST(Tokenizer, ConcurrentEncodeMatchesSerial) {
+  const Tokenizer& tok = tokenizer("llama3");
+  std::vector<std::string> texts = corpus();
+  std::vector<std::vector<int32_t>> want;
+  for (const std::string& t : texts) want.push_back(tok.encode(t, true));
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) bad[size_t(k)] += tok.encode(texts[i], true) != want[i];
+      }
+    });
   }
+  for (auto& t : threads) t.join();
+  for (int b : bad) EXPECT_EQ(b, 0);
 }
 
 TEST(Tokenizer, MalformedFileErrorNamesIt) {
