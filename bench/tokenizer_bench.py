@@ -46,19 +46,23 @@ def catalog_texts():
 
 
 def hf_time(tok, text, repeat):
-    """Best time of the reference over two ways of calling it (one big string,
-    or a Python loop over lines), so the baseline is its faster one."""
+    """Best wall and thread-CPU times of the reference over two ways of calling
+    it (one big string, or a loop over lines): the baseline is its faster one."""
     lines = text.split("\n")
-    best, ids = 1e30, None
+    best, best_cpu, ids = 1e30, 1e30, None
+
+    def timed(fn):
+        nonlocal best, best_cpu
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, time.thread_time() - c0)
+        return out
+
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        ids = tok.encode(text, add_special_tokens=False).ids
-        best = min(best, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for line in lines:
-            tok.encode(line, add_special_tokens=False)
-        best = min(best, time.perf_counter() - t0)
-    return best, ids
+        ids = timed(lambda: tok.encode(text, add_special_tokens=False).ids)
+        timed(lambda: [tok.encode(line, add_special_tokens=False) for line in lines])
+    return best, best_cpu, ids
 
 
 def main():
@@ -68,7 +72,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--english")
     ap.add_argument("--korean")
-    ap.add_argument("--shared", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tokenizers"))
+    ap.add_argument("--shared", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "tokenizers"))
     args = ap.parse_args()
 
     en, ko = catalog_texts()
@@ -78,7 +82,8 @@ def main():
         ko = open(args.korean, encoding="utf-8").read()
     tmp = tempfile.mkdtemp()
     ok = True
-    print(f"{'tokenizer':10} {'text':8} {'MB':>6} {'lathe MB/s':>11} {'HF MB/s':>9} {'ratio':>7} ids")
+    print(f"{'tokenizer':10} {'text':8} {'MB':>6} {'lathe MB/s':>11} {'HF MB/s':>9} {'ratio':>7} "
+          f"{'lathe cpu':>10} {'HF cpu':>8} {'cpu ratio':>9} ids")
     for name in args.names.split(","):
         tdir = os.path.join(args.shared, name)
         ref = tokenizers.Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
@@ -90,13 +95,14 @@ def main():
             out = subprocess.run([args.bench_bin, "--tokenizer", tdir, "--file", path, "--repeat", str(args.repeat),
                                   "--ids-out", ids_path], check=True, capture_output=True, text=True).stdout
             lathe = json.loads(out)
-            hf_s, hf_ids = hf_time(ref, text, args.repeat)
+            hf_s, hf_cpu_s, hf_ids = hf_time(ref, text, args.repeat)
             same = json.load(open(ids_path)) == hf_ids
             ok &= same
             mb = len(text.encode("utf-8")) / 1e6
-            hf_mbs = mb / hf_s
+            hf_mbs, hf_cpu_mbs = mb / hf_s, mb / hf_cpu_s
             print(f"{name:10} {label:8} {mb:6.2f} {lathe['mb_per_s']:11.2f} {hf_mbs:9.2f} "
-                  f"{lathe['mb_per_s'] / hf_mbs:6.1f}x {'same' if same else 'DIFFERENT'}")
+                  f"{lathe['mb_per_s'] / hf_mbs:6.1f}x {lathe['cpu_mb_per_s']:10.2f} {hf_cpu_mbs:8.2f} "
+                  f"{lathe['cpu_mb_per_s'] / hf_cpu_mbs:8.1f}x {'same' if same else 'DIFFERENT'}")
     sys.exit(0 if ok else 1)
 
 

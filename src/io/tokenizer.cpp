@@ -4,9 +4,11 @@
 // malformed, comes back as a Status naming the file and the field.
 #include "io/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -56,8 +58,38 @@ Status parse_added_tokens(const json& root, TokenizerImpl& t) {
   return Status::ok();
 }
 
+// Gives added tokens their ids the way the reference does on load (the "id"
+// written in the file is not trusted): a content already added or in the
+// model's vocabulary keeps that id; a new one takes the next id after the
+// vocabulary and earlier added tokens. A repeated content keeps its id and
+// takes the later entry's flags.
+void assign_added_ids(TokenizerImpl& t) {
+  std::vector<tok::AddedToken> kept;
+  std::unordered_map<int32_t, size_t> index_of_id;  // into kept
+  int64_t max_added = -1;
+  auto vocab_size = int64_t(t.model->vocab().size());
+  for (tok::AddedToken& a : t.added) {
+    int64_t id;
+    if (auto it = t.added_ids.find(a.content); it != t.added_ids.end()) {
+      id = it->second;
+    } else if (const int32_t* model_id = t.model->vocab().find(a.content)) {
+      id = *model_id;
+    } else {
+      id = max_added >= vocab_size || vocab_size == 0 ? max_added + 1 : vocab_size;
+    }
+    a.id = int32_t(id);
+    max_added = std::max(max_added, id);
+    t.added_ids[a.content] = a.id;
+    auto [slot, fresh] = index_of_id.emplace(a.id, kept.size());
+    if (fresh) kept.push_back(a);
+    else kept[slot->second] = a;  // same content again: the later flags win
+  }
+  t.added = std::move(kept);
+}
+
 // Fills id_to_token / id_flags and the added-token matchers.
 Status index_tokens(TokenizerImpl& t) {
+  assign_added_ids(t);
   int64_t max_id = -1;
   t.model->vocab().for_each([&](std::string_view, int32_t id) { max_id = std::max<int64_t>(max_id, id); });
   for (const auto& a : t.added) max_id = std::max<int64_t>(max_id, a.id);
@@ -76,7 +108,6 @@ Status index_tokens(TokenizerImpl& t) {
   for (const auto& a : t.added) {
     t.id_to_token[size_t(a.id)] = a.content;
     t.id_flags[size_t(a.id)] = TokenizerImpl::kKnown | TokenizerImpl::kAdded | (a.special ? TokenizerImpl::kSpecial : 0);
-    t.added_ids[a.content] = a.id;
     if (a.normalized && t.normalizer) {
       std::string pattern = a.content;
       t.normalizer->apply(pattern);
