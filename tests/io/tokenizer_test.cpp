@@ -131,6 +131,28 @@ TEST_P(TokenizerFixture, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(RealFiles, TokenizerFixture, ::testing::Values("llama3", "qwen3", "mistral", "gpt4o"));
 
+// Small tokenizers cut from the real mistral and llama3 files, with added
+// tokens using every flag (single_word, lstrip, rstrip, normalized).
+TEST(Tokenizer, AddedTokenFlagsMatchReference) {
+  std::vector<std::string> texts;
+  std::ifstream in(kData + "flags_corpus.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) texts.push_back(json::parse(line).get<std::string>());
+  }
+  ASSERT_FALSE(texts.empty());
+  for (const char* base : {"mistral", "llama3"}) {
+    auto tok = Tokenizer::load(kData + "flags_" + base);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().message();
+    json fx = json::parse(slurp(kData + "flags_" + base + ".json"));
+    ASSERT_EQ(fx["cases"].size(), texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const json& c = fx["cases"][i];
+      EXPECT_EQ(tok->encode(texts[i], false), c["ids"].get<std::vector<int32_t>>()) << base << ": " << texts[i];
+      EXPECT_EQ(tok->encode(texts[i], true), c["ids_special"].get<std::vector<int32_t>>()) << base << ": " << texts[i];
+    }
+  }
+}
+
 TEST(Tokenizer, IncrementalHoldsBackSplitCharacter) {
   const Tokenizer& tok = tokenizer("mistral");
   // "가" = EA B0 80 as three byte-fallback tokens <0xEA> <0xB0> <0x80>.
