@@ -14,6 +14,7 @@ else()
 endif()
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+find_package(ICU REQUIRED COMPONENTS uc)  # Unicode normalization (NFC) for tokenizers
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_path(OPENBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /usr/include REQUIRED)

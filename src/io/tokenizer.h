@@ -28,10 +28,13 @@ class Tokenizer {
   // From tokenizer.json text (fuzzing, tests).
   static Result<Tokenizer> from_json(std::string_view json_text, const std::string& source_name);
 
+  // add_special_tokens: run the post-processor (e.g. prepend BOS). Special
+  // token strings in text are always recognised, as the reference does.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  // Unknown ids are skipped; invalid UTF-8 becomes U+FFFD.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
-  int32_t vocab_size() const;  // including added tokens
+  int32_t vocab_size() const;  // 1 + the largest id, added tokens included
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::string id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
@@ -50,7 +53,10 @@ class Tokenizer {
 };
 
 // Turns a stream of ids into text pieces, never emitting half a UTF-8
-// character: bytes are held back until they complete one.
+// character: bytes are held back until they complete one. Each push decodes
+// a short window (the previous emission's ids plus the new ones) and emits
+// what the new ids added, so decoders that treat the first token specially
+// stay consistent. Borrows tok; one stream per object, one thread at a time.
 class IncrementalDecoder {
  public:
   IncrementalDecoder(const Tokenizer& tok, bool skip_special_tokens);
@@ -60,8 +66,9 @@ class IncrementalDecoder {
  private:
   const Tokenizer* tok_;
   bool skip_special_;
-  std::vector<int32_t> ids_;
-  size_t emitted_bytes_ = 0;
+  std::vector<int32_t> ids_;   // context window: ids since the last emission but one
+  size_t prefix_index_ = 0;     // ids_[0, prefix_index_) were already emitted
+  size_t emitted_bytes_ = 0;    // size of decode(ids_[0, prefix_index_))
 };
 
 }  // namespace lathe
