@@ -70,8 +70,9 @@ double rel_error(const float* got, const float* want, int64_t n) {
   return ref > 0 ? diff / ref : diff;
 }
 
+// family: a directory under tests/data/models, or an absolute path.
 std::unique_ptr<TrainableModel> load(const std::string& family, TrainableModelOptions opts) {
-  auto m = TrainableModel::load(kModels + family, opts);
+  auto m = TrainableModel::load(family.front() == '/' ? family : kModels + family, opts);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   return m.is_ok() ? std::move(m).value() : nullptr;
 }
@@ -227,6 +228,20 @@ TEST(TrainableModel, AdapterRoundTripsThroughPeftFormat) {
     ASSERT_TRUE(b.is_ok()) << e.name;
     EXPECT_EQ(std::memcmp(a.raw(), b->raw(), size_t(a.nbytes())), 0) << e.name;
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainableModel, FullWeightsRoundTripThroughTransformersLayout) {
+  auto m = load("qwen2", {.full_sft = true});  // bf16 file: widened to f32
+  ASSERT_TRUE(m);
+  const std::string dir = ::testing::TempDir() + "lathe_full_roundtrip";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(m->save_full(dir).is_ok());
+  EXPECT_FALSE(m->save_adapter_peft(dir + "/x").is_ok());
+  auto back = load(dir, {.full_sft = true});
+  ASSERT_TRUE(back);
+  ASSERT_EQ(back->param_table().size(), m->param_table().size());
+  EXPECT_EQ(std::memcmp(back->params().data(), m->params().data(), m->params().size_bytes()), 0);
   std::filesystem::remove_all(dir);
 }
 
