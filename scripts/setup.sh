@@ -15,7 +15,7 @@ APT_PACKAGES=(
 # Small Python libraries the tests use to cross-check files (always installed).
 PIP_TEST=(numpy safetensors)
 # Reference libraries for making fixtures and running baselines (--tools).
-PIP_TOOLS=(torch transformers tokenizers jinja2)
+PIP_TOOLS=(torch transformers tokenizers jinja2 peft)
 
 want_tools=0
 for arg in "$@"; do

@@ -3,6 +3,7 @@
 // tensor, key) so a user can act on them. Invariants use LATHE_CHECK instead.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
