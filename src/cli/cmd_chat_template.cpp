@@ -37,11 +37,7 @@ Status run_chat_template(const ChatTemplateOpts& o) {
     std::ostringstream ss;
     ss << f.rdbuf();
     LATHE_ASSIGN_OR_RETURN(ct, ChatTemplate::parse(ss.str()));
-    if (!o.tokenizer.empty()) {
-      LATHE_ASSIGN_OR_RETURN(ChatTemplate from_cfg, ChatTemplate::from_tokenizer_config(o.tokenizer));
-      if (!from_cfg.bos_token().empty()) ct.set_special_token("bos_token", from_cfg.bos_token());
-      if (!from_cfg.eos_token().empty()) ct.set_special_token("eos_token", from_cfg.eos_token());
-    }
+    if (!o.tokenizer.empty()) LATHE_TRY(ct.set_special_tokens_from_config(o.tokenizer));
   } else {
     if (o.tokenizer.empty()) return invalid_argument("give --tokenizer DIR (or --template FILE)");
     LATHE_ASSIGN_OR_RETURN(ct, ChatTemplate::from_tokenizer_config(o.tokenizer));

@@ -114,13 +114,33 @@ void ChatTemplate::set_special_token(const std::string& name, const std::string&
   if (name == "eos_token") eos_token_ = value;
 }
 
-Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path) {
-  fs::path file = path;
+static Result<nlohmann::ordered_json> read_config(const std::string& path, fs::path* file) {
+  *file = path;
   std::error_code ec;
-  if (fs::is_directory(file, ec)) file /= "tokenizer_config.json";
-  LATHE_ASSIGN_OR_RETURN(std::string text, read_file(file));
+  if (fs::is_directory(*file, ec)) *file /= "tokenizer_config.json";
+  LATHE_ASSIGN_OR_RETURN(std::string text, read_file(*file));
   nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (cfg.is_discarded() || !cfg.is_object()) return invalid_argument(file.string(), ": not a JSON object");
+  if (cfg.is_discarded() || !cfg.is_object()) return invalid_argument(file->string(), ": not a JSON object");
+  return cfg;
+}
+
+Status ChatTemplate::set_special_tokens_from_config(const std::string& path) {
+  fs::path file;
+  LATHE_ASSIGN_OR_RETURN(nlohmann::ordered_json cfg, read_config(path, &file));
+  for (const char* key : kSpecialTokenKeys) {
+    auto tok = cfg.find(key);
+    if (tok == cfg.end()) continue;
+    if (tok->is_string()) set_special_token(key, tok->get<std::string>());
+    else if (tok->is_object() && tok->contains("content") && (*tok)["content"].is_string())
+      set_special_token(key, (*tok)["content"].get<std::string>());
+  }
+  return Status::ok();
+}
+
+Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path) {
+  fs::path file;
+  LATHE_ASSIGN_OR_RETURN(nlohmann::ordered_json cfg, read_config(path, &file));
+  std::error_code ec;
   auto impl = std::make_shared<ChatTemplateImpl>();
   const std::string where = file.string() + ": chat_template";
   auto it = cfg.find("chat_template");
@@ -157,13 +177,7 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path
   }
   ChatTemplate ct;
   ct.impl_ = std::move(impl);
-  for (const char* key : kSpecialTokenKeys) {
-    auto tok = cfg.find(key);
-    if (tok == cfg.end()) continue;
-    if (tok->is_string()) ct.set_special_token(key, tok->get<std::string>());
-    else if (tok->is_object() && tok->contains("content") && (*tok)["content"].is_string())
-      ct.set_special_token(key, (*tok)["content"].get<std::string>());
-  }
+  LATHE_TRY(ct.set_special_tokens_from_config(file.string()));
   return ct;
 }
 

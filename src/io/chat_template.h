@@ -57,6 +57,9 @@ class ChatTemplate {
   const std::string& eos_token() const { return eos_token_; }
   // Sets a variable every render sees (a special token such as "pad_token").
   void set_special_token(const std::string& name, const std::string& value);
+  // Sets bos_token, eos_token, unk_token, ... from a tokenizer_config.json
+  // (file or directory) that may have no template of its own.
+  Status set_special_tokens_from_config(const std::string& path);
 
  private:
   std::shared_ptr<const ChatTemplateImpl> impl_;  // shared: immutable after parse

@@ -19,6 +19,14 @@ if [ -d "$TOK/qwen3" ]; then
   cmp "$OUT/nogen.txt" "$DATA/cli_expected_qwen3_nogen.txt"
 fi
 
+# A template file with the special tokens of a tokenizer that has no template.
+if [ -d "$TOK/mistral" ]; then
+  printf '[{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]' >"$OUT/ok.json"
+  "$LATHE" chat-template --tokenizer "$TOK/mistral" --template "$DATA/mistral_inst.jinja" \
+    --messages "$OUT/ok.json" >"$OUT/inst.txt"
+  printf '<s>[INST] S\n\nU [/INST]' | cmp - "$OUT/inst.txt"
+fi
+
 # A template's raise_exception reaches the user with exit code 2.
 printf '[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]' >"$OUT/bad.json"
 set +e
