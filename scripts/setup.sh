@@ -8,7 +8,7 @@ set -euo pipefail
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3
-  libopenblas-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libyaml-cpp-dev
+  libopenblas-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libyaml-cpp-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
 )
