@@ -20,8 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kTokenizerMerges = 256;  // 256 bytes + 256 merges + 5 specials = 517 tokens
-
 struct InitModelFlags {
   std::string preset;
   std::string config;
@@ -81,7 +79,7 @@ Status write_text(const fs::path& path, const std::string& text) {
 Result<Tokenizer> write_tokenizer(const InitModelFlags& fl) {
   fs::path out(fl.out);
   if (fl.tokenizer_dir.empty()) {
-    LATHE_ASSIGN_OR_RETURN(BuiltTokenizer built, build_byte_level_tokenizer(kTokenizerMerges));
+    LATHE_ASSIGN_OR_RETURN(BuiltTokenizer built, build_byte_level_tokenizer(kDefaultTokenizerMerges));
     LATHE_TRY(write_text(out / "tokenizer.json", built.tokenizer_json));
     LATHE_TRY(write_text(out / "tokenizer_config.json", built.tokenizer_config_json));
   } else {

@@ -33,6 +33,9 @@ struct BuiltTokenizer {
 // to the smaller pair), so the result depends only on text and n_merges.
 Result<std::vector<std::pair<std::string, std::string>>> learn_bpe_merges(std::string_view text, int n_merges);
 
+// What init-model uses: 256 bytes + 256 merges + 5 special tokens = 517 tokens.
+constexpr int kDefaultTokenizerMerges = 256;
+
 // Builds the tokenizer files, learning n_merges merges (0: bytes only) from
 // the built-in text.
 Result<BuiltTokenizer> build_byte_level_tokenizer(int n_merges);
