@@ -36,20 +36,15 @@ c="$(gen --temperature 0.9 --seed 8 --json)"
 # Streamed text equals the JSON text; greedy ignores the seed.
 g="$(gen --temperature 0 --json)"
 [ "$g" = "$(gen --temperature 0 --seed 99 --json)" ] || fail "greedy depends on the seed"
-streamed="$(gen --temperature 0)"
-[ "\"$streamed\"" = "$(echo "$g" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["text"], ensure_ascii=False))')" ] \
-  || echo "$g" | python3 -c 'import json,sys; t=json.load(sys.stdin)["text"]; sys.exit(0 if sys.argv[1]==t else 1)' "$streamed" \
-  || fail "streamed text differs from --json text"
+gen --temperature 0 >"$TMP/streamed.txt"
+echo "$g" | python3 -c 'import json,sys; t=json.load(sys.stdin)["text"]; sys.exit(open(sys.argv[1], encoding="utf-8").read() != t + "\n")' \
+  "$TMP/streamed.txt" || fail "streamed text differs from the --json text"
 
 # A stop token id ends generation at once: the first greedy token.
 first="$(echo "$g" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token_ids"][0])')"
 s="$(gen --temperature 0 --json --stop-token-ids "$first")"
 [ "$(echo "$s" | json_field token_ids)" = "[$first]" ] || fail "--stop-token-ids $first: $s"
 [ "$(echo "$s" | json_field finish_reason)" = '"stop"' ] || fail "--stop-token-ids gave $s"
-
-# --prompt-ids gives what --prompt gives for the same ids.
-ids="$(echo "$g" | python3 -c 'import json,sys; print(json.load(sys.stdin)["prompt_tokens"])')"
-[ "$ids" -gt 0 ] || fail "prompt_tokens is $ids"
 
 # --chat renders the template (the prompt grows by the header tokens).
 chat="$("$LATHE" generate --model "$M" --prompt "hi" --chat --system "be brief" --max-new-tokens 2 --temperature 0 --json 2>/dev/null)"
@@ -79,7 +74,6 @@ expect_error "preset" init-model --out "$TMP/nope"
 
 # transformers loads the model and decodes greedily to the same tokens.
 if python3 -c "import torch, transformers" 2>/dev/null; then
-  prompt="$(echo "$g" | python3 -c 'import json,sys; print(json.load(sys.stdin)["prompt_tokens"])')"
   want="$("$LATHE" generate --model "$M" --prompt-ids 512,791,300,264 --max-new-tokens 12 --temperature 0 --stop-token-ids 0 --json 2>/dev/null | json_field token_ids)"
   got="$(python3 - "$M" <<'PY'
 import json, sys, torch
