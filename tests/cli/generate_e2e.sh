@@ -72,15 +72,15 @@ expect_error "preset" init-model --preset nope --out "$TMP/nope"
 expect_error "dtype" init-model --preset tiny --dtype f64 --out "$TMP/nope"
 expect_error "preset" init-model --out "$TMP/nope"
 
-# transformers loads the model and decodes greedily to the same tokens.
+# transformers loads the model and decodes greedily (with a repetition penalty) to the same tokens.
 if python3 -c "import torch, transformers" 2>/dev/null; then
-  want="$("$LATHE" generate --model "$M" --prompt-ids 512,791,300,264 --max-new-tokens 12 --temperature 0 --stop-token-ids 0 --json 2>/dev/null | json_field token_ids)"
-  got="$(python3 - "$M" <<'PY'
+  want="$("$LATHE" generate --model "$M" --prompt-ids 512,84,104,101 --max-new-tokens 12 --temperature 0 --repetition-penalty 1.3 --stop-token-ids 0 --json 2>/dev/null | json_field token_ids)"
+  got="$(python3 - "$M" 2>/dev/null <<'PY'
 import json, sys, torch
 from transformers import AutoModelForCausalLM
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
-out = m.generate(torch.tensor([[512, 791, 300, 264]]), max_new_tokens=12, do_sample=False, eos_token_id=0,
-                 pad_token_id=0, min_new_tokens=0)
+out = m.generate(torch.tensor([[512, 84, 104, 101]]), max_new_tokens=12, do_sample=False, eos_token_id=0,
+                 pad_token_id=0, repetition_penalty=1.3)
 print(json.dumps(out[0, 4:].tolist()))
 PY
 )"

@@ -47,14 +47,14 @@ struct ScriptedModel {
   }
 };
 
-struct Run {
+struct Outcome {
   GenerationResult result;
   std::vector<std::string> pieces;
 };
 
-Run run(ScriptedModel& m, SamplingOptions so, std::vector<int32_t> prompt = {1, 2, 3}) {
+Outcome run_script(ScriptedModel& m, SamplingOptions so, std::vector<int32_t> prompt = {1, 2, 3}) {
   so.temperature = 0.0f;
-  Run r;
+  Outcome r;
   GenerateArgs args{.prompt = prompt, .sampling = so};
   auto res = generate_with(m.step(), built().vocab_size, tokenizer(), args,
                            [&](std::string_view p) { r.pieces.emplace_back(p); });
@@ -71,7 +71,7 @@ std::string joined(const std::vector<std::string>& pieces) {
 
 TEST(Generator, PrefillsOnceThenFeedsOneTokenPerStep) {
   ScriptedModel m{.script = bytes_of("abcdef")};
-  Run r = run(m, {.max_new_tokens = 4});
+  Outcome r = run_script(m, {.max_new_tokens = 4});
   EXPECT_EQ(r.result.token_ids, bytes_of("abcd"));
   EXPECT_EQ(r.result.text, "abcd");
   EXPECT_EQ(r.result.finish_reason, "length");
@@ -87,7 +87,7 @@ TEST(Generator, PrefillsOnceThenFeedsOneTokenPerStep) {
 TEST(Generator, AStopTokenEndsWithItsIdButNotItsText) {
   ScriptedModel m{.script = bytes_of("hi!")};
   m.script.insert(m.script.begin() + 2, built().eos_id);
-  Run r = run(m, {.max_new_tokens = 10, .stop_token_ids = {built().eos_id}});
+  Outcome r = run_script(m, {.max_new_tokens = 10, .stop_token_ids = {built().eos_id}});
   EXPECT_EQ(r.result.token_ids, (std::vector<int32_t>{'h', 'i', built().eos_id}));
   EXPECT_EQ(r.result.text, "hi");
   EXPECT_EQ(r.result.finish_reason, "stop");
@@ -95,7 +95,7 @@ TEST(Generator, AStopTokenEndsWithItsIdButNotItsText) {
 
 TEST(Generator, AStopStringCutsTheTextAndNoPieceShowsPartOfIt) {
   ScriptedModel m{.script = bytes_of("one two ENthree ENDfour")};
-  Run r = run(m, {.max_new_tokens = 50, .stop_strings = {"END"}});
+  Outcome r = run_script(m, {.max_new_tokens = 50, .stop_strings = {"END"}});
   EXPECT_EQ(r.result.text, "one two ENthree ");
   EXPECT_EQ(r.result.finish_reason, "stop");
   EXPECT_EQ(r.result.token_ids, bytes_of("one two ENthree END"));  // the ids that made the stop string
@@ -105,7 +105,7 @@ TEST(Generator, AStopStringCutsTheTextAndNoPieceShowsPartOfIt) {
 
 TEST(Generator, TextHeldForAStopStringIsReleasedAtTheEnd) {
   ScriptedModel m{.script = bytes_of("abcE")};
-  Run r = run(m, {.max_new_tokens = 4, .stop_strings = {"END"}});
+  Outcome r = run_script(m, {.max_new_tokens = 4, .stop_strings = {"END"}});
   EXPECT_EQ(r.result.text, "abcE");
   EXPECT_EQ(r.result.finish_reason, "length");
   EXPECT_EQ(joined(r.pieces), "abcE");
@@ -113,7 +113,7 @@ TEST(Generator, TextHeldForAStopStringIsReleasedAtTheEnd) {
 
 TEST(Generator, PiecesNeverSplitAUtf8Character) {
   ScriptedModel m{.script = bytes_of("h\xC3\xA9llo \xE6\x97\xA5!")};  // "héllo 日!"
-  Run r = run(m, {.max_new_tokens = 11});
+  Outcome r = run_script(m, {.max_new_tokens = 11});
   EXPECT_EQ(r.result.text, "h\xC3\xA9llo \xE6\x97\xA5!");
   for (const auto& p : r.pieces) {
     ASSERT_FALSE(p.empty());
