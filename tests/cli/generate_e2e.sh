@@ -46,6 +46,32 @@ s="$(gen --temperature 0 --json --stop-token-ids "$first")"
 [ "$(echo "$s" | json_field token_ids)" = "[$first]" ] || fail "--stop-token-ids $first: $s"
 [ "$(echo "$s" | json_field finish_reason)" = '"stop"' ] || fail "--stop-token-ids gave $s"
 
+# Greedy equals the argmax of `lathe logits` over prompt + generated tokens.
+g2="$("$LATHE" generate --model "$M" --prompt-ids 512,84,104,101,32 --max-new-tokens 10 --temperature 0 --repetition-penalty 1.0 --stop-token-ids 0 --json 2>/dev/null)"
+echo "$g2" | python3 -c '
+import json, struct, sys
+ids = [512, 84, 104, 101, 32] + json.load(sys.stdin)["token_ids"][:-1]
+header = json.dumps({"input_ids": {"dtype": "I64", "shape": [1, len(ids)], "data_offsets": [0, 8 * len(ids)]}}).encode()
+header += b" " * (-len(header) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header + struct.pack("<%dq" % len(ids), *ids))
+' "$TMP/ids.safetensors"
+"$LATHE" logits --model "$M" --input-ids "$TMP/ids.safetensors" --out "$TMP/logits.safetensors" >/dev/null
+echo "$g2" | python3 -c '
+import array, json, struct, sys
+gen = json.load(sys.stdin)["token_ids"]
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+meta = json.loads(raw[8:8 + n])["logits"]
+assert meta["dtype"] == "F32", meta
+_, seq, vocab = meta["shape"]
+b, e = meta["data_offsets"]
+x = array.array("f", raw[8 + n + b:8 + n + e])
+argmax = [max(range(vocab), key=lambda v: x[r * vocab + v]) for r in range(seq)]
+want = argmax[4:]
+sys.exit(0 if want == gen else "greedy %s != logits argmax %s" % (gen, want))
+' "$TMP/logits.safetensors" || fail "greedy tokens are not the argmax of lathe logits"
+
 # --chat renders the template (the prompt grows by the header tokens).
 chat="$("$LATHE" generate --model "$M" --prompt "hi" --chat --system "be brief" --max-new-tokens 2 --temperature 0 --json 2>/dev/null)"
 plain="$("$LATHE" generate --model "$M" --prompt "hi" --max-new-tokens 2 --temperature 0 --json 2>/dev/null)"
