@@ -6,7 +6,7 @@
 // Every element comes from a counter-based generator keyed by (seed, tensor
 // name, element index), so the values do not depend on thread count, on the
 // order tensors are made in, or on which shard they land in. Only one shard
-// is in memory at a time: an 8B model in bf16 (16 GB) needs about 5 GB.
+// is in memory at a time: an 8B model in bf16 (16 GB) peaks at about 5.3 GB.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,7 @@ struct RandomInitOptions {
   uint64_t seed = 0;
   DType dtype = DType::F32;  // f32, bf16 or f16
   float initializer_range = 0.02f;
-  uint64_t max_shard_bytes = 5ull << 30;  // as save_pretrained's default max_shard_size
+  uint64_t max_shard_bytes = 5000000000;  // save_pretrained's default max_shard_size ("5GB")
 };
 
 // One tensor's values (deterministic in seed and spec.name).
