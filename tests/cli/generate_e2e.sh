@@ -111,5 +111,16 @@ print(json.dumps(out[0, 4:].tolist()))
 PY
 )"
   [ "$want" = "$got" ] || fail "greedy tokens differ from transformers: lathe $want, transformers $got"
+  # The chat prompt has as many tokens as transformers' apply_chat_template gives.
+  hf_chat="$(python3 - "$M" 2>/dev/null <<'PY'
+import sys
+from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained(sys.argv[1])
+msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+ids = t.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+print(len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
+PY
+)"
+  [ "$hf_chat" = "$(echo "$chat" | json_field prompt_tokens)" ] || fail "chat prompt: transformers $hf_chat tokens, lathe $chat"
 fi
 echo "generate e2e: ok"
