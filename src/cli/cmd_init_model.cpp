@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "io/tokenizer_builder.h"
 #include "models/random_init.h"
@@ -75,6 +76,34 @@ Status write_text(const fs::path& path, const std::string& text) {
   return Status::ok();
 }
 
+bool is_weight_file(const std::string& name) {
+  return name.starts_with("model") && (name.ends_with(".safetensors") || name == "model.safetensors.index.json");
+}
+
+// Removes the weights of an earlier init-model run in dir (stale shards would
+// otherwise shadow the new file). Weights init-model did not write are a real
+// model: they stay, and the command fails, unless force.
+Status clear_old_weights(const fs::path& dir, bool force) {
+  std::vector<fs::path> old;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (!is_weight_file(name)) continue;
+    if (!force && name.ends_with(".safetensors")) {
+      auto f = SafetensorsFile::open(e.path().string());
+      if (!f.is_ok() || f->metadata().count(kRandomInitMetadataKey) == 0)
+        return invalid_argument(dir.string(), " holds a model that init-model did not write (", name,
+                                "); pass --force to overwrite it");
+    }
+    old.push_back(e.path());
+  }
+  for (const fs::path& p : old) {
+    std::error_code ec;
+    fs::remove(p, ec);
+    if (ec) return io_error("cannot remove ", p.string(), ": ", ec.message());
+  }
+  return Status::ok();
+}
+
 // Writes the tokenizer files into out and returns the tokenizer as loaded back.
 Result<Tokenizer> write_tokenizer(const InitModelFlags& fl) {
   fs::path out(fl.out);
@@ -112,11 +141,10 @@ Status init_model(const InitModelFlags& fl) {
   if (!dtype || (*dtype != DType::F32 && *dtype != DType::BF16))
     return invalid_argument("--dtype must be f32 or bf16, got '", fl.dtype, "'");
   fs::path out(fl.out);
-  if (!fl.force && (fs::exists(out / "config.json") || fs::exists(out / "model.safetensors")))
-    return invalid_argument(fl.out, " already holds a model (pass --force to overwrite it)");
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) return io_error("cannot create ", fl.out, ": ", ec.message());
+  LATHE_TRY(clear_old_weights(out, fl.force));
 
   LATHE_ASSIGN_OR_RETURN(Tokenizer tok, write_tokenizer(fl));
   ModelConfig cfg;
@@ -165,7 +193,7 @@ void add_init_model(CLI::App& app, int* rc) {
   cmd->add_option("--tokenizer", fl->tokenizer_dir,
                   "Copy tokenizer.json and tokenizer_config.json from this directory instead of "
                   "generating a byte-level BPE tokenizer");
-  cmd->add_flag("--force", fl->force, "Overwrite a model already in --out");
+  cmd->add_flag("--force", fl->force, "Overwrite weights in --out that init-model did not write");
   cmd->callback([fl, rc] {
     if (fl->preset.empty() && fl->config.empty()) {
       *rc = report("init-model", invalid_argument("pass --preset NAME or --config config.json"));

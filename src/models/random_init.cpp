@@ -122,7 +122,8 @@ Status write_random_weights(const std::string& dir, const ModelConfig& cfg, cons
     shard_bytes += b;
     total_bytes += b;
   }
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                       {kRandomInitMetadataKey, "seed=" + std::to_string(opts.seed)}};
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     std::string file = shards.size() == 1 ? "model.safetensors" : shard_name(i, shards.size());

@@ -41,6 +41,10 @@ struct RandomInitOptions {
 // One tensor's values (deterministic in seed and spec.name).
 Tensor random_tensor(const TensorSpec& spec, const RandomInitOptions& opts);
 
+// Safetensors metadata key marking weights this file wrote (value "seed=N"),
+// so init-model can tell its own output, safe to overwrite, from a real model.
+constexpr const char* kRandomInitMetadataKey = "lathe_random_init";
+
 // Writes dir/model.safetensors, or model-0000i-of-0000n.safetensors plus
 // model.safetensors.index.json when the weights pass max_shard_bytes.
 // dir must exist. Holds one shard in memory at a time.

@@ -19,7 +19,16 @@ done
 cmp -s "$M/model.safetensors" "$TMP/same/model.safetensors" || fail "init-model is not deterministic for a seed"
 "$LATHE" init-model --preset tiny --out "$TMP/other" --seed 2 >/dev/null
 cmp -s "$M/model.safetensors" "$TMP/other/model.safetensors" && fail "seeds 1 and 2 wrote the same weights"
-"$LATHE" init-model --preset tiny --out "$M" 2>/dev/null && fail "init-model overwrote a model without --force"
+"$LATHE" init-model --preset tiny --out "$TMP/same" --seed 1 >/dev/null || fail "init-model did not rerun over its own output"
+cmp -s "$M/model.safetensors" "$TMP/same/model.safetensors" || fail "a rerun changed the weights"
+# Weights init-model did not write are kept unless --force.
+mkdir -p "$TMP/real"
+python3 -c '
+import json, struct, sys
+h = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode().ljust(64)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<f", 1.0))' "$TMP/real/model.safetensors"
+"$LATHE" init-model --preset tiny --out "$TMP/real" 2>/dev/null && fail "init-model overwrote a real model without --force"
+"$LATHE" init-model --preset tiny --out "$TMP/real" --force >/dev/null || fail "--force did not overwrite"
 "$LATHE" init-model --preset tiny --out "$TMP/bf16" --dtype bf16 >/dev/null
 "$LATHE" init-model --config "$M/config.json" --out "$TMP/fromcfg" >/dev/null
 cmp -s "$M/config.json" "$TMP/fromcfg/config.json" || fail "--config did not reproduce the config"
