@@ -199,9 +199,9 @@ Status load_file(const std::string& file, const DataOptions& opt, const PromptTe
 }  // namespace
 
 Result<Example> example_from_line(std::string_view line, const PromptTemplate& prompt, const TextCodec& codec) {
-  nlohmann::json record;
+  nlohmann::ordered_json record;
   try {
-    record = nlohmann::json::parse(line);
+    record = nlohmann::ordered_json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("invalid JSON: ", json_reason(e.what()));
   }

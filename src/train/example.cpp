@@ -75,7 +75,7 @@ Result<PromptTemplate> PromptTemplate::parse(const std::string& text, const std:
   return t;
 }
 
-Result<PromptTemplate::Rendered> PromptTemplate::render(const nlohmann::json& record) const {
+Result<PromptTemplate::Rendered> PromptTemplate::render(const nlohmann::ordered_json& record) const {
   Rendered out;
   std::string* dst = &out.prompt;
   for (size_t i = 0; i < pieces_.size(); ++i) {
@@ -117,11 +117,11 @@ Result<Example> build_prompt_example(const PromptTemplate::Rendered& text, const
 
 namespace {
 
-Status check_messages(const nlohmann::json& messages) {
+Status check_messages(const nlohmann::ordered_json& messages) {
   if (!messages.is_array()) return invalid_argument("\"messages\" must be an array, got ", messages.type_name());
   if (messages.empty()) return invalid_argument("\"messages\" is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
-    const nlohmann::json& m = messages[i];
+    const nlohmann::ordered_json& m = messages[i];
     if (!m.is_object()) return invalid_argument("messages[", i, "] must be an object, got ", m.type_name());
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) return invalid_argument("messages[", i, "] needs a string \"role\"");
@@ -129,8 +129,8 @@ Status check_messages(const nlohmann::json& messages) {
   return Status::ok();
 }
 
-nlohmann::json head(const nlohmann::json& messages, size_t n) {
-  nlohmann::json out = nlohmann::json::array();
+nlohmann::ordered_json head(const nlohmann::ordered_json& messages, size_t n) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (size_t i = 0; i < n; ++i) out.push_back(messages[i]);
   return out;
 }
@@ -147,7 +147,7 @@ std::string_view trim(std::string_view s) {
 // this turn. Normally upto is a prefix of full, or agrees with it past the
 // turn's start. Some templates render the last turn differently (Qwen3 adds a
 // reasoning block), so then the turn's content is looked up in full instead.
-size_t turn_end_bound(const nlohmann::json& msg, size_t start, const std::string& upto, const std::string& full) {
+size_t turn_end_bound(const nlohmann::ordered_json& msg, size_t start, const std::string& upto, const std::string& full) {
   size_t agree = common_char_prefix(upto, full);
   if (agree == upto.size() || agree > start) return agree;
   auto c = msg.find("content");
@@ -167,7 +167,7 @@ size_t turn_end_bound(const nlohmann::json& msg, size_t start, const std::string
 }
 
 // Marks the tokens of the assistant turn messages[i] in ex.
-Status mark_assistant_turn(const nlohmann::json& messages, size_t i, const std::string& full, const TextCodec& codec,
+Status mark_assistant_turn(const nlohmann::ordered_json& messages, size_t i, const std::string& full, const TextCodec& codec,
                            Example& ex) {
   LATHE_ASSIGN_OR_RETURN(std::string before, codec.render_chat(head(messages, i), true));
   if (full.compare(0, before.size(), before) != 0)
@@ -193,7 +193,7 @@ Status mark_assistant_turn(const nlohmann::json& messages, size_t i, const std::
 
 }  // namespace
 
-Result<Example> build_chat_example(const nlohmann::json& messages, const TextCodec& codec) {
+Result<Example> build_chat_example(const nlohmann::ordered_json& messages, const TextCodec& codec) {
   if (!codec.render_chat) return invalid_argument("record has \"messages\" but the tokenizer has no chat template");
   LATHE_TRY(check_messages(messages));
   LATHE_ASSIGN_OR_RETURN(std::string full, codec.render_chat(messages, false));
@@ -208,7 +208,7 @@ Result<Example> build_chat_example(const nlohmann::json& messages, const TextCod
   return ex;
 }
 
-Result<Example> build_pretokenized_example(const nlohmann::json& record, const TextCodec& codec) {
+Result<Example> build_pretokenized_example(const nlohmann::ordered_json& record, const TextCodec& codec) {
   auto ids = record.find("input_ids");
   auto mask = record.find("loss_mask");
   if (ids == record.end() || !ids->is_array()) return invalid_argument("\"input_ids\" must be an array of token ids");
@@ -220,7 +220,7 @@ Result<Example> build_pretokenized_example(const nlohmann::json& record, const T
   ex.input_ids.reserve(ids->size());
   ex.loss_mask.reserve(ids->size());
   for (size_t i = 0; i < ids->size(); ++i) {
-    const nlohmann::json& v = (*ids)[i];
+    const nlohmann::ordered_json& v = (*ids)[i];
     if (!v.is_number_integer()) return invalid_argument("input_ids[", i, "] must be an integer, got ", v.dump());
     int64_t id = v.get<int64_t>();
     if (id < 0 || id >= codec.vocab_size)
@@ -228,7 +228,7 @@ Result<Example> build_pretokenized_example(const nlohmann::json& record, const T
     ex.input_ids.push_back(static_cast<int32_t>(id));
   }
   for (size_t i = 0; i < mask->size(); ++i) {
-    const nlohmann::json& v = (*mask)[i];
+    const nlohmann::ordered_json& v = (*mask)[i];
     if (v.is_boolean()) {
       ex.loss_mask.push_back(v.get<bool>() ? 1 : 0);
     } else if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) {

@@ -39,7 +39,7 @@ struct TextCodec {
   // True for special tokens (end-of-turn markers such as <|eot_id|>, <|im_end|>, </s>).
   std::function<bool(int32_t id)> is_special;
   // Renders messages with the chat template; empty when there is none.
-  std::function<Result<std::string>(const nlohmann::json& messages, bool add_generation_prompt)> render_chat;
+  std::function<Result<std::string>(const nlohmann::ordered_json& messages, bool add_generation_prompt)> render_chat;
   std::optional<int32_t> eos_id;  // appended to {input, output} examples
   int32_t vocab_size = 0;         // ids of pre-tokenized records must lie in [0, vocab_size)
 };
@@ -57,7 +57,7 @@ class PromptTemplate {
     std::string full;    // prompt + label + whatever the template has after it
   };
   // Fills the placeholders from record; errors name the missing or non-string field.
-  Result<Rendered> render(const nlohmann::json& record) const;
+  Result<Rendered> render(const nlohmann::ordered_json& record) const;
 
   const std::string& label_key() const { return label_key_; }
   const std::string& text() const { return text_; }
@@ -91,12 +91,12 @@ Result<Example> build_prompt_example(const PromptTemplate::Rendered& text, const
 // whichever comes first. Templates that render a last turn differently from
 // an earlier one (Qwen3's reasoning block) are handled by finding the turn's
 // content in the whole conversation instead.
-Result<Example> build_chat_example(const nlohmann::json& messages, const TextCodec& codec);
+Result<Example> build_chat_example(const nlohmann::ordered_json& messages, const TextCodec& codec);
 
 // {input_ids: [...], loss_mask: [...]} records: ids checked against the
 // vocabulary, masks of 0/1 (or false/true) of the same length. A 1 at
 // position 0 is ignored (nothing precedes the first token).
-Result<Example> build_pretokenized_example(const nlohmann::json& record, const TextCodec& codec);
+Result<Example> build_pretokenized_example(const nlohmann::ordered_json& record, const TextCodec& codec);
 
 // Length of the longest common prefix of a and b.
 size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);

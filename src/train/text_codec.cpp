@@ -10,7 +10,7 @@ TextCodec make_text_codec(const Tokenizer& tok, const std::optional<ChatTemplate
   codec.encode = [tok](std::string_view text, bool add_special) { return tok.encode(text, add_special); };
   codec.is_special = [tok](int32_t id) { return tok.is_special(id); };
   if (chat) {
-    codec.render_chat = [tmpl = *chat](const nlohmann::json& messages, bool add_generation_prompt) {
+    codec.render_chat = [tmpl = *chat](const nlohmann::ordered_json& messages, bool add_generation_prompt) {
       return tmpl.render(messages, add_generation_prompt);
     };
   }

@@ -11,7 +11,7 @@ namespace {
 
 using testing::fake_codec;
 using testing::fake_encode;
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 int32_t ch(char c) { return 10 + static_cast<unsigned char>(c); }
 int32_t sp(char c) { return 300 + static_cast<unsigned char>(c); }  // " c"

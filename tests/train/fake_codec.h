@@ -51,7 +51,7 @@ inline std::vector<int32_t> fake_encode(std::string_view text, bool add_special)
 
 enum class ChatQuirk { kNone, kAlwaysGenPrompt, kThinkLast };
 
-inline Result<std::string> fake_render(const nlohmann::json& messages, bool add_generation_prompt,
+inline Result<std::string> fake_render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                        ChatQuirk quirk) {
   std::string out;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -69,7 +69,7 @@ inline TextCodec fake_codec(ChatQuirk quirk = ChatQuirk::kNone) {
   TextCodec c;
   c.encode = fake_encode;
   c.is_special = [](int32_t id) { return id >= 1 && id <= 6; };
-  c.render_chat = [quirk](const nlohmann::json& m, bool gen) { return fake_render(m, gen, quirk); };
+  c.render_chat = [quirk](const nlohmann::ordered_json& m, bool gen) { return fake_render(m, gen, quirk); };
   c.eos_id = 2;
   c.vocab_size = 600;
   return c;
