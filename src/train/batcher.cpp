@@ -199,8 +199,8 @@ GlobalBatch BatchIterator::next() {
   }
   size_t per_step = static_cast<size_t>(o.micro_batch_size) * static_cast<size_t>(o.dp_world_size);
   for (int32_t m = 0; m < o.grad_accum(); ++m) {
-    auto mine = batch_rows.subspan(static_cast<size_t>(m) * per_step + static_cast<size_t>(o.dp_rank * o.micro_batch_size),
-                                   static_cast<size_t>(o.micro_batch_size));
+    size_t offset = static_cast<size_t>(m) * per_step + static_cast<size_t>(o.dp_rank * o.micro_batch_size);
+    auto mine = batch_rows.subspan(offset, static_cast<size_t>(o.micro_batch_size));
     gb.micro_batches.push_back(make_micro_batch(examples_, rows_, mine, o));
   }
   ++index_;

@@ -49,7 +49,8 @@ Result<PromptTemplate> PromptTemplate::parse(const std::string& text, const std:
       ++i;
       continue;
     }
-    if (c == '}') return invalid_argument("prompt template: unmatched '}' at offset ", i, " (write '}}' for a literal brace)");
+    if (c == '}')
+      return invalid_argument("prompt template: unmatched '}' at offset ", i, " (write '}}' for a literal brace)");
     if (c != '{') {
       literal += c;
       continue;
@@ -147,7 +148,8 @@ std::string_view trim(std::string_view s) {
 // this turn. Normally upto is a prefix of full, or agrees with it past the
 // turn's start. Some templates render the last turn differently (Qwen3 adds a
 // reasoning block), so then the turn's content is looked up in full instead.
-size_t turn_end_bound(const nlohmann::ordered_json& msg, size_t start, const std::string& upto, const std::string& full) {
+size_t turn_end_bound(const nlohmann::ordered_json& msg, size_t start, const std::string& upto,
+                      const std::string& full) {
   size_t agree = common_char_prefix(upto, full);
   if (agree == upto.size() || agree > start) return agree;
   auto c = msg.find("content");
@@ -167,8 +169,8 @@ size_t turn_end_bound(const nlohmann::ordered_json& msg, size_t start, const std
 }
 
 // Marks the tokens of the assistant turn messages[i] in ex.
-Status mark_assistant_turn(const nlohmann::ordered_json& messages, size_t i, const std::string& full, const TextCodec& codec,
-                           Example& ex) {
+Status mark_assistant_turn(const nlohmann::ordered_json& messages, size_t i, const std::string& full,
+                           const TextCodec& codec, Example& ex) {
   LATHE_ASSIGN_OR_RETURN(std::string before, codec.render_chat(head(messages, i), true));
   if (full.compare(0, before.size(), before) != 0)
     return invalid_argument("messages[", i, "]: the chat template renders the conversation before this assistant ",

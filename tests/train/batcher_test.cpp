@@ -116,7 +116,8 @@ TEST(BatchIterator, EachEpochUsesDistinctRowsAndCountsTargets) {
       int64_t sum = 0;
       for (const MicroBatch& mb : gb.micro_batches) {
         sum += mb.n_supervised;
-        int64_t labelled = std::count_if(mb.labels.begin(), mb.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
+        int64_t labelled =
+            std::count_if(mb.labels.begin(), mb.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
         EXPECT_EQ(labelled, mb.n_supervised);
         for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d) {
           EXPECT_EQ(mb.position_ids[static_cast<size_t>(mb.cu_seqlens[d])], 0);
@@ -189,7 +190,8 @@ TEST(BatchIterator, ResumeGivesIdenticalBatches) {
 TEST(BatchIterator, RejectsBadOptionsAndStates) {
   auto ex = random_examples(10, 8, 1);
   auto rows = one_example_per_row(example_lengths(ex));
-  EXPECT_FALSE(BatchIterator::create(ex, rows, {.seq_length = 8, .micro_batch_size = 2, .global_batch_size = 3}).is_ok());
+  EXPECT_FALSE(
+      BatchIterator::create(ex, rows, {.seq_length = 8, .micro_batch_size = 2, .global_batch_size = 3}).is_ok());
   EXPECT_FALSE(BatchIterator::create(ex, rows, {.seq_length = 8, .global_batch_size = 11}).is_ok());
   EXPECT_FALSE(BatchIterator::create(ex, rows, {.seq_length = 4, .global_batch_size = 1}).is_ok());  // rows too long
   EXPECT_FALSE(BatchIterator::create(ex, rows, {.seq_length = 8, .dp_world_size = 2, .dp_rank = 2}).is_ok());
