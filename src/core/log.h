@@ -5,6 +5,8 @@
 #include <sstream>
 #include <string>
 
+#include "core/check.h"  // detail::concat
+
 namespace lathe {
 
 enum class LogLevel : uint8_t { kDebug, kInfo, kWarn, kError, kOff };
@@ -15,11 +17,10 @@ void log_message(LogLevel level, const std::string& msg);
 
 }  // namespace lathe
 
-#define LATHE_LOG(level, ...)                                       \
-  do {                                                              \
-    if (::lathe::LogLevel::level >= ::lathe::log_level()) {         \
-      std::ostringstream lathe_log_os_;                             \
-      (lathe_log_os_ << __VA_ARGS__);                               \
-      ::lathe::log_message(::lathe::LogLevel::level, lathe_log_os_.str()); \
-    }                                                               \
+// Every argument is streamed in order: LATHE_LOG(kInfo, "read ", n, " rows").
+#define LATHE_LOG(level, ...)                                                              \
+  do {                                                                                     \
+    if (::lathe::LogLevel::level >= ::lathe::log_level()) {                                \
+      ::lathe::log_message(::lathe::LogLevel::level, ::lathe::detail::concat(__VA_ARGS__)); \
+    }                                                                                      \
   } while (0)
