@@ -18,6 +18,7 @@ namespace {
 
 struct LogitsFlags {
   std::string model_dir;
+  std::string adapter_dir;
   std::string input_ids;
   std::string out;
   std::string reference;
@@ -66,7 +67,7 @@ Status compare(const std::string& path, const Tensor& logits, double tolerance) 
 }
 
 Status run_logits(const LogitsFlags& fl) {
-  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model_dir));
+  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model_dir, {.adapter_dir = fl.adapter_dir}));
   int64_t batch = 0, seq = 0;
   LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, read_ids(fl.input_ids, &batch, &seq));
   const int64_t vocab = model->config().vocab_size;
@@ -89,6 +90,7 @@ void add_logits(CLI::App& app, int* rc) {
   auto fl = std::make_shared<LogitsFlags>();  // shared: outlives this call, owned by the callback
   auto* cmd = app.add_subcommand("logits", "Compute the logits of token ids with a model (as transformers does)");
   cmd->add_option("--model", fl->model_dir, "Model directory (config.json + *.safetensors)")->required();
+  cmd->add_option("--adapter", fl->adapter_dir, "PEFT LoRA adapter directory, merged into the model at load");
   cmd->add_option("--input-ids", fl->input_ids, "safetensors file with `input_ids` [batch, seq] i64 or i32")
       ->required();
   cmd->add_option("--out", fl->out, "Output safetensors file; holds `logits` [batch, seq, vocab] f32")->required();

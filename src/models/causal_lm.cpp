@@ -2,13 +2,19 @@
 // Hugging Face names, every shape checked) and the forward pass
 //   h = embed(tokens); for each block: h = block(h); logits = lm_head(norm(h))
 // Weights stay as the file holds them (memory-mapped, bf16/f16 widened inside
-// the kernels) unless LoadOptions asks for f32 copies.
+// the kernels) unless LoadOptions asks for f32 copies. A LoRA adapter is
+// merged into the weights it targets as they are fetched (those become f32
+// copies), so the forward pass never knows there was one.
 #include "models/causal_lm.h"
 
 #include <algorithm>
 #include <set>
+#include <string>
+
+#include "core/parallel.h"
 
 #include "backends/cpu/cpu_ops.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "models/family.h"
 #include "nn/layers.h"
@@ -30,12 +36,56 @@ class CausalLmImpl {
 
 namespace {
 
-// Fetches tensors by name with their expected shapes; counts parameters.
+// W [out, in] f32 += scale · B [out, r] · A [r, in] (A, B in any float dtype).
+void merge_lora(Tensor& w, const LoraPair& p, float scale) {
+  const Tensor a = p.a.to_f32(), b = p.b.to_f32();
+  const int64_t out = w.size(0), in = w.size(1), r = a.size(0);
+  float* wp = w.data<float>();
+  const float* ap = a.data<float>();
+  const float* bp = b.data<float>();
+  parallel_for(out, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      float* row = wp + o * in;
+      for (int64_t k = 0; k < r; ++k) {
+        const float c = scale * bp[o * r + k];
+        const float* arow = ap + k * in;
+        for (int64_t i = 0; i < in; ++i) row[i] += c * arow[i];
+      }
+    }
+  });
+}
+
+// Fetches tensors by name with their expected shapes; counts parameters;
+// merges the adapter's factors into the linear weights it targets.
 struct Loader {
   const WeightStore& store;
   const LoadOptions& opts;
+  const PeftAdapter* adapter = nullptr;
   std::set<const void*> seen = {};
   int64_t n_params = 0;
+
+  Status apply_adapter(const std::string& module, Tensor* w) {
+    if (adapter == nullptr) return Status::ok();
+    auto it = adapter->modules.find(module);
+    if (it == adapter->modules.end()) {
+      if (adapter->config.targets(module))
+        return not_found(adapter->weights_path, ": no tensor 'base_model.model.", module,
+                         ".lora_A.weight', though target_modules of ", adapter->config_path, " names the module");
+      return Status::ok();
+    }
+    const LoraPair& p = it->second;
+    const int64_t out = w->size(0), in = w->size(1), r = adapter->config.r;
+    const std::string key = "base_model.model." + module;
+    if (!(p.a.shape() == Shape{r, in}))
+      return invalid_argument(adapter->weights_path, ": tensor '", key, ".lora_A.weight' has shape ", p.a.shape().str(),
+                              ", expected ", Shape{r, in}.str(), " (the base weight is ", w->shape().str(), ")");
+    if (!(p.b.shape() == Shape{out, r}))
+      return invalid_argument(adapter->weights_path, ": tensor '", key, ".lora_B.weight' has shape ", p.b.shape().str(),
+                              ", expected ", Shape{out, r}.str(), " (the base weight is ", w->shape().str(), ")");
+    *w = w->to_f32();  // a private copy: the file mapping is read-only
+    merge_lora(*w, p, adapter->config.scale());
+    return Status::ok();
+  }
 
   Result<Tensor> get(const std::string& name, const Shape& shape) {
     LATHE_ASSIGN_OR_RETURN(Tensor t, store.get(name, shape));
@@ -49,6 +99,7 @@ struct Loader {
   Result<Linear> linear(int layer, const char* leaf, int64_t out, int64_t in, bool bias) {
     std::string base = names::layer(layer, leaf);
     LATHE_ASSIGN_OR_RETURN(Tensor w, get(base + ".weight", {out, in}));
+    LATHE_TRY(apply_adapter(base, &w));
     Tensor b;
     if (bias) {
       LATHE_ASSIGN_OR_RETURN(b, get(base + ".bias", {out}));
@@ -87,9 +138,32 @@ Result<DecoderBlock> load_block(Loader& ld, const ModelConfig& c, const FamilyQu
                                                                                      std::move(down)));
 }
 
+// Every module of the adapter must be a projection of the model: one that is
+// not names a layer or projection the model lacks (checked before any merge).
+Status check_adapter_modules(const PeftAdapter& ad, const std::string& model_dir, int n_layer) {
+  static constexpr const char* kLeaves[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                            "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                            "mlp.down_proj"};
+  std::set<std::string> known;
+  for (int i = 0; i < n_layer; ++i)
+    for (const char* leaf : kLeaves) known.insert(names::layer(i, leaf));
+  for (const auto& [module, pair] : ad.modules)
+    if (!known.count(module))
+      return not_found(ad.weights_path, ": tensor 'base_model.model.", module, ".lora_A.weight' adapts '", module,
+                       "', which is not a linear layer of the model in ", model_dir, " (it has layers 0..",
+                       n_layer - 1, " with self_attn.{q,k,v,o}_proj and mlp.{gate,up,down}_proj)");
+  return Status::ok();
+}
+
 Status load_weights(CausalLmImpl& m, const WeightStore& store, const LoadOptions& opts) {
   const ModelConfig& c = m.cfg;
   Loader ld{store, opts};
+  PeftAdapter adapter;
+  if (!opts.adapter_dir.empty()) {
+    LATHE_ASSIGN_OR_RETURN(adapter, load_peft_adapter(opts.adapter_dir));
+    LATHE_TRY(check_adapter_modules(adapter, store.dir(), c.num_hidden_layers));
+    ld.adapter = &adapter;
+  }
   LATHE_ASSIGN_OR_RETURN(Tensor embed, ld.get(names::kEmbed, {c.vocab_size, c.hidden_size}));
   m.embed = Embedding(embed);
   for (int i = 0; i < c.num_hidden_layers; ++i) {

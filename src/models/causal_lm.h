@@ -26,6 +26,12 @@ struct LoadOptions {
   // Keep bf16/f16 weights in their file dtype (converted per use) instead of
   // upcasting to f32 at load.
   bool keep_half_weights = true;
+  // A PEFT LoRA adapter directory (adapter_config.json +
+  // adapter_model.safetensors) merged into the base weights at load:
+  // W' = W + scale·B·A in f32, the adapted weights held as f32 copies. Empty:
+  // none. Errors name the adapter file and tensor (a module or layer the model
+  // lacks, A/B shapes that do not fit the weight).
+  std::string adapter_dir;
 };
 
 // Keys and values for one sequence: [n_layer][max_seq, n_head_kv, head_dim],
