@@ -34,6 +34,7 @@ int run(int argc, char** argv) {
   add_init_model(app, &rc);
   add_generate(app, &rc);
   add_logits(app, &rc);
+  add_eval(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

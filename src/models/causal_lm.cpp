@@ -11,9 +11,8 @@
 #include <set>
 #include <string>
 
-#include "core/parallel.h"
-
 #include "backends/cpu/cpu_ops.h"
+#include "core/parallel.h"
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "models/family.h"
