@@ -66,12 +66,16 @@ json info_json(const ModelInfo& m) {
         {"total_bytes", m.total_bytes},
         {"tensors_by_dtype", m.tensors_by_dtype},
         {"bytes_by_dtype", m.bytes_by_dtype}}},
-      {"tokenizer", {{"tokenizer_json", m.has_tokenizer_json}, {"tokenizer_config", m.has_tokenizer_config}}},
+      {"tokenizer",
+       {{"tokenizer_json", m.has_tokenizer_json},
+        {"tokenizer_config", m.has_tokenizer_config},
+        {"vocab_size", m.tokenizer_vocab_size},
+        {"bos_token", m.bos_token},
+        {"eos_token", m.eos_token},
+        {"error", m.tokenizer_error.empty() ? json(nullptr) : json(m.tokenizer_error)}}},
       {"chat_template", m.chat_template_source.empty() ? json(nullptr) : json(m.chat_template_source)},
       {"generation_config", m.has_generation_config},
   };
-  // TODO(lead): once lathe::Tokenizer lands, add "vocab_size" under
-  // "tokenizer" from Tokenizer::load(dir).vocab_size() (and in the text form).
   return j;
 }
 
@@ -139,7 +143,14 @@ void print_text(const ModelInfo& m) {
     std::printf("total bytes      %llu (%s)\n", static_cast<unsigned long long>(m.total_bytes),
                 human_bytes(m.total_bytes).c_str());
   }
-  std::printf("tokenizer        %s\n", m.has_tokenizer_json ? "tokenizer.json present" : "none");
+  if (!m.has_tokenizer_json) {
+    std::printf("tokenizer        none\n");
+  } else if (!m.tokenizer_error.empty()) {
+    std::printf("tokenizer        tokenizer.json does not load: %s\n", m.tokenizer_error.c_str());
+  } else {
+    std::printf("tokenizer        %d tokens (bos %s, eos %s)\n", m.tokenizer_vocab_size,
+                m.bos_token.empty() ? "none" : m.bos_token.c_str(), m.eos_token.empty() ? "none" : m.eos_token.c_str());
+  }
   std::printf("chat template    %s\n", m.chat_template_source.empty() ? "none" : m.chat_template_source.c_str());
   std::printf("generation       %s\n", m.has_generation_config ? "generation_config.json present" : "defaults");
 }

@@ -1,6 +1,7 @@
 // Model directory summary. Only headers are read: WeightStore maps the files
 // but no tensor data is touched, so this is fast on any model size.
 #include "io/model_info.h"
+#include "io/tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
@@ -59,6 +60,16 @@ Result<ModelInfo> inspect_model_dir(const std::string& dir) {
     }
   }
   info.has_tokenizer_json = fs::exists(d / "tokenizer.json", ec);
+  if (info.has_tokenizer_json) {
+    Result<Tokenizer> tok = Tokenizer::load(dir);
+    if (tok.is_ok()) {
+      info.tokenizer_vocab_size = tok->vocab_size();
+      info.bos_token = tok->bos_token();
+      info.eos_token = tok->eos_token();
+    } else {
+      info.tokenizer_error = tok.status().message();
+    }
+  }
   info.has_tokenizer_config = fs::exists(d / "tokenizer_config.json", ec);
   LATHE_ASSIGN_OR_RETURN(info.chat_template_source, find_chat_template(d));
   return info;

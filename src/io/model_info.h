@@ -27,6 +27,9 @@ struct ModelInfo {
   std::map<std::string, int64_t> tensors_by_dtype;  // "bf16" → count
   std::map<std::string, uint64_t> bytes_by_dtype;
   bool has_tokenizer_json = false;
+  int32_t tokenizer_vocab_size = 0;  // tokens incl. added ones; 0 when absent
+  std::string tokenizer_error;       // why tokenizer.json did not load ("" when it did)
+  std::string bos_token, eos_token;  // from tokenizer_config.json
   bool has_tokenizer_config = false;
   std::string chat_template_source;  // "" none, "tokenizer_config.json" or "chat_template.jinja"
 };
