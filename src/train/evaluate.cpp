@@ -127,7 +127,7 @@ Result<EvalRecord> record_from_line(const std::string& line, const PromptTemplat
   LATHE_ASSIGN_OR_RETURN(Example ex, example_from_line(line, prompt, codec));
   EvalRecord rec;
   rec.example = std::move(ex);
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, false);
   if (!j.is_object() || j.contains("messages") || j.contains("input_ids")) return rec;
   auto label = j.find(prompt.label_key());
   if (label == j.end() || !label->is_string()) return rec;
