@@ -35,6 +35,7 @@ int run(int argc, char** argv) {
   add_generate(app, &rc);
   add_logits(app, &rc);
   add_eval(app, &rc);
+  add_finetune(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

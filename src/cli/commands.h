@@ -22,6 +22,7 @@ void add_init_model(CLI::App& app, int* rc);
 void add_generate(CLI::App& app, int* rc);
 void add_logits(CLI::App& app, int* rc);
 void add_eval(CLI::App& app, int* rc);
+void add_finetune(CLI::App& app, int* rc);
 
 // Entry point for main(): builds the app, parses, runs; returns the exit code.
 int run(int argc, char** argv);
