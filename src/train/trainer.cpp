@@ -244,7 +244,7 @@ Status TrainerImpl::finish(TrainSummary* s) {
 
 Trainer::Trainer(std::unique_ptr<TrainerImpl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
-const TrainableModel& Trainer::model() const { return *impl_->model; }
+TrainableModel& Trainer::model() { return *impl_->model; }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainerConfig& config, const TextCodec* codec) {
   auto impl = std::make_unique<TrainerImpl>();

@@ -90,7 +90,7 @@ class Trainer {
   Result<TrainSummary> run();
 
   // The model being trained (its params() are the trained weights after run()).
-  const TrainableModel& model() const;
+  TrainableModel& model();
 
  private:
   explicit Trainer(std::unique_ptr<TrainerImpl> impl);

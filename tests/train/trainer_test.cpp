@@ -137,7 +137,7 @@ TEST_F(TrainerTest, AdapterLoadsBackToTheTrainedParameters) {
 
   auto loaded = TrainableModel::load(kModel, {.adapter_dir = summary->output_dir});
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
-  const TrainableModel& trained = (*trainer)->model();
+  TrainableModel& trained = (*trainer)->model();
   ASSERT_EQ((*loaded)->param_table().size(), trained.param_table().size());
   EXPECT_EQ((*loaded)->lora_config().r, 8);
   for (const ParamInfo& p : trained.param_table()) {
