@@ -25,6 +25,7 @@ constexpr int kDefaultMaxNewTokens = 256;
 
 struct GenerateFlags {
   std::string model;
+  std::string adapter;  // PEFT LoRA adapter directory, merged at load
   std::optional<std::string> prompt;
   std::optional<std::string> prompt_ids;
   bool chat = false;
@@ -116,7 +117,7 @@ Status run_generate(const GenerateFlags& fl) {
   LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(fl.model));
   LATHE_ASSIGN_OR_RETURN(GenerationConfig gen, load_generation_config(fl.model));
   LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, prompt_tokens(fl, tok));
-  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model));
+  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model, {.adapter_dir = fl.adapter}));
 
   SamplingOptions opts = sampling_options(gen, fl);
   if (!fl.stop_token_ids.empty()) {
@@ -151,6 +152,7 @@ void add_generate(CLI::App& app, int* rc) {
   cmd->footer("Sampling defaults come from the model's generation_config.json; flags override them.\n"
               "--temperature 0 is greedy decoding.");
   cmd->add_option("--model", fl->model, "Model directory (config.json, safetensors, tokenizer files)")->required();
+  cmd->add_option("--adapter", fl->adapter, "PEFT LoRA adapter directory, merged into the model at load");
   auto* prompt = cmd->add_option("--prompt", fl->prompt, "Prompt text");
   auto* ids = cmd->add_option("--prompt-ids", fl->prompt_ids, "Prompt as token ids: 1,2,3");
   prompt->excludes(ids);
