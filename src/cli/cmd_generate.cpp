@@ -138,6 +138,7 @@ Status run_generate(const GenerateFlags& fl) {
   } else {
     std::printf("\n");
   }
+  std::fflush(stdout);  // the text ends its line before the summary on stderr
   std::fprintf(stderr, "prompt: %d tokens, prefill %.1f tokens/s; generated: %zu tokens, decode %.1f tokens/s; finish: %s\n",
                r.prompt_tokens, r.prefill_tokens_per_s(), r.token_ids.size(), r.decode_tokens_per_s(),
                r.finish_reason.c_str());
