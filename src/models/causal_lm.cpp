@@ -195,17 +195,10 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const L
   if (!opts.device.is_cpu())
     return unsupported("load ", dir, ": device ", opts.device.str(), " is not supported by CausalLM yet");
   auto impl = std::make_unique<CausalLmImpl>();
-  const std::string config_path = dir + "/config.json";
-  LATHE_ASSIGN_OR_RETURN(impl->cfg, load_model_config(config_path));
-  LATHE_TRY(impl->cfg.validate().with_context(config_path));
-  LATHE_ASSIGN_OR_RETURN(impl->quirks, family_quirks(impl->cfg, config_path));
-  const RopeScaling& rs = impl->cfg.rope_scaling;
-  RopeParams rope{.theta = impl->cfg.rope_theta, .type = rs.type, .factor = rs.factor,
-                  .low_freq_factor = rs.low_freq_factor, .high_freq_factor = rs.high_freq_factor,
-                  .original_max_position_embeddings = rs.original_max_position_embeddings};
-  auto inv_freq = ::lathe::rope_inv_freq(rope, impl->cfg.head_dim);
-  if (!inv_freq.is_ok()) return inv_freq.status().with_context(config_path);
-  impl->inv_freq = std::move(inv_freq).value();
+  LATHE_ASSIGN_OR_RETURN(ModelHeader header, load_model_header(dir));
+  impl->cfg = std::move(header.cfg);
+  impl->quirks = header.quirks;
+  impl->inv_freq = std::move(header.inv_freq);
   LATHE_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(dir));
   LATHE_TRY(load_weights(*impl, store, opts));
   return std::unique_ptr<CausalLM>(new CausalLM(std::move(impl)));

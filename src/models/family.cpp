@@ -1,6 +1,8 @@
 // Family detection and quirks (see family.h).
 #include "models/family.h"
 
+#include "ops/rope.h"
+
 namespace lathe {
 
 namespace {
@@ -48,6 +50,22 @@ Result<FamilyQuirks> family_quirks(const ModelConfig& cfg, const std::string& so
   // released models leave off; Mistral applies it to every layer.
   q.sliding_window = q.family == "mistral" ? cfg.sliding_window : 0;
   return q;
+}
+
+Result<ModelHeader> load_model_header(const std::string& dir) {
+  ModelHeader h;
+  const std::string config_path = dir + "/config.json";
+  LATHE_ASSIGN_OR_RETURN(h.cfg, load_model_config(config_path));
+  LATHE_TRY(h.cfg.validate().with_context(config_path));
+  LATHE_ASSIGN_OR_RETURN(h.quirks, family_quirks(h.cfg, config_path));
+  const RopeScaling& rs = h.cfg.rope_scaling;
+  RopeParams rope{.theta = h.cfg.rope_theta, .type = rs.type, .factor = rs.factor,
+                  .low_freq_factor = rs.low_freq_factor, .high_freq_factor = rs.high_freq_factor,
+                  .original_max_position_embeddings = rs.original_max_position_embeddings};
+  auto inv_freq = rope_inv_freq(rope, h.cfg.head_dim);
+  if (!inv_freq.is_ok()) return inv_freq.status().with_context(config_path);
+  h.inv_freq = std::move(inv_freq).value();
+  return h;
 }
 
 }  // namespace lathe

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "io/hf_config.h"
@@ -24,6 +25,16 @@ struct FamilyQuirks {
 // Picks the family from cfg.architecture / cfg.model_type. Unsupported ones
 // are an error naming source (the config file) and the architecture.
 Result<FamilyQuirks> family_quirks(const ModelConfig& cfg, const std::string& source);
+
+// What every loader reads before the weights: config.json (validated), the
+// family's quirks and the RoPE inverse frequencies [head_dim / 2].
+struct ModelHeader {
+  ModelConfig cfg;
+  FamilyQuirks quirks;
+  std::vector<float> inv_freq;
+};
+// Errors name dir/config.json.
+Result<ModelHeader> load_model_header(const std::string& dir);
 
 // Tensor names of the Hugging Face layout.
 namespace names {

@@ -243,17 +243,10 @@ Result<std::unique_ptr<TrainableModel>> TrainableModel::load(const std::string& 
   auto m = std::make_unique<TrainableModelImpl>();
   m->opts = options;
   m->model_dir = model_dir;
-  const std::string config_path = model_dir + "/config.json";
-  LATHE_ASSIGN_OR_RETURN(m->cfg, load_model_config(config_path));
-  LATHE_TRY(m->cfg.validate().with_context(config_path));
-  LATHE_ASSIGN_OR_RETURN(m->quirks, family_quirks(m->cfg, config_path));
-  const RopeScaling& rs = m->cfg.rope_scaling;
-  RopeParams rope{.theta = m->cfg.rope_theta, .type = rs.type, .factor = rs.factor,
-                  .low_freq_factor = rs.low_freq_factor, .high_freq_factor = rs.high_freq_factor,
-                  .original_max_position_embeddings = rs.original_max_position_embeddings};
-  auto inv_freq = rope_inv_freq(rope, m->cfg.head_dim);
-  if (!inv_freq.is_ok()) return inv_freq.status().with_context(config_path);
-  m->inv_freq = std::move(inv_freq).value();
+  LATHE_ASSIGN_OR_RETURN(ModelHeader header, load_model_header(model_dir));
+  m->cfg = std::move(header.cfg);
+  m->quirks = header.quirks;
+  m->inv_freq = std::move(header.inv_freq);
   LATHE_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(model_dir));
   LATHE_TRY(place_base(*m, store));
   if (!options.full_sft) LATHE_TRY(place_lora(*m));
