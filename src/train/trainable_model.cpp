@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "ops/rope.h"
 #include "train/trainable_impl.h"
@@ -132,59 +133,55 @@ uint64_t init_seed(uint64_t seed, int layer, int j) {
   return z ^ (z >> 29);
 }
 
-// Reads r, lora_alpha, use_rslora and target_modules of a PEFT adapter_config.json into cfg.
-Status read_adapter_config(const std::string& path, LoraConfig* cfg) {
-  std::ifstream f(path);
-  if (!f) return io_error("adapter: cannot open ", path);
-  std::stringstream text;
-  text << f.rdbuf();
-  try {
-    nlohmann::json j = nlohmann::json::parse(text.str());
-    if (j.value("peft_type", std::string("LORA")) != "LORA")
-      return unsupported(path, ": peft_type '", j["peft_type"].get<std::string>(), "' is not supported (LORA is)");
-    for (const char* off : {"use_dora", "fan_in_fan_out"})
-      if (j.contains(off) && j[off].is_boolean() && j[off].get<bool>()) return unsupported(path, ": ", off, " is not supported");
-    for (const char* empty : {"rank_pattern", "alpha_pattern"})
-      if (j.contains(empty) && !j[empty].is_null() && !j[empty].empty())
-        return unsupported(path, ": ", empty, " is not supported (one rank and alpha for all modules)");
-    if (j.contains("layers_to_transform") && !j["layers_to_transform"].is_null())
-      return unsupported(path, ": layers_to_transform is not supported");
-    cfg->r = j.at("r").get<int>();
-    cfg->alpha = j.at("lora_alpha").get<float>();
-    cfg->rslora = j.value("use_rslora", false);
-    const nlohmann::json& t = j.at("target_modules");
-    cfg->target_modules = t.is_string() ? std::vector<std::string>{t.get<std::string>()}
-                                        : t.get<std::vector<std::string>>();
-  } catch (const nlohmann::json::exception& e) {
-    return invalid_argument(path, ": ", e.what());
+// Takes r, lora_alpha and use_rslora from a PEFT adapter (read and checked by
+// io/peft_adapter); the targeted projections are those it holds factors for.
+Status adapter_lora_config(const PeftAdapter& ad, LoraConfig* cfg) {
+  cfg->r = ad.config.r;
+  cfg->alpha = ad.config.lora_alpha;
+  cfg->rslora = ad.config.use_rslora;
+  cfg->target_modules.clear();
+  for (const auto& [module, pair] : ad.modules) {
+    std::string leaf = module.substr(module.rfind('.') + 1);
+    if (std::find(cfg->target_modules.begin(), cfg->target_modules.end(), leaf) == cfg->target_modules.end())
+      cfg->target_modules.push_back(leaf);
   }
-  return cfg->validate().with_context(path);
+  return cfg->validate().with_context(ad.config_path);
 }
 
-Status load_adapter_tensors(TrainableModelImpl& m, const std::string& path) {
-  LATHE_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path));
+// Copies the adapter's factors into params(); every factor must be one lathe trains.
+Status load_adapter_tensors(TrainableModelImpl& m, const PeftAdapter& ad) {
+  const std::string kPrefix = "base_model.model.";
+  size_t used = 0;
   for (const ParamInfo& p : m.table) {
-    if (!file.find(p.name))
-      return not_found(path, ": tensor '", p.name, "' not found (the adapter's target_modules and layers must match)");
-    LATHE_ASSIGN_OR_RETURN(Tensor t, file.tensor(p.name));
+    // p.name: base_model.model.<module>.lora_{A,B}.weight
+    const size_t ab = p.name.rfind(".lora_");
+    const std::string module = p.name.substr(kPrefix.size(), ab - kPrefix.size());
+    auto it = ad.modules.find(module);
+    if (it == ad.modules.end())
+      return not_found(ad.weights_path, ": tensor '", p.name, "' not found (the adapter's target_modules and layers must match)");
+    const Tensor& t = p.name[ab + 6] == 'A' ? it->second.a : it->second.b;
     if (!(t.shape() == p.shape))
-      return invalid_argument(path, ": tensor '", p.name, "' has shape ", t.shape().str(), ", expected ", p.shape.str());
+      return invalid_argument(ad.weights_path, ": tensor '", p.name, "' has shape ", t.shape().str(), ", expected ", p.shape.str());
     if (t.dtype() != DType::F32 && t.dtype() != DType::BF16 && t.dtype() != DType::F16)
-      return invalid_argument(path, ": tensor '", p.name, "' has dtype ", dtype_name(t.dtype()), ", expected F32, BF16 or F16");
+      return invalid_argument(ad.weights_path, ": tensor '", p.name, "' has dtype ", dtype_name(t.dtype()), ", expected F32, BF16 or F16");
     convert_to_f32(t.raw(), t.dtype(), m.params.data<float>() + p.offset, t.numel());
+    ++used;
   }
-  if (file.entries().size() != m.table.size())
-    for (const SafetensorsEntry& e : file.entries()) {
+  if (used != 2 * ad.modules.size())
+    for (const auto& [module, pair] : ad.modules) {
       bool known = false;
-      for (const ParamInfo& p : m.table) known = known || p.name == e.name;
-      if (!known) return unsupported(path, ": tensor '", e.name, "' is not a LoRA weight lathe trains");
+      for (const ParamInfo& p : m.table) known = known || p.name.rfind(kPrefix + module + ".lora_", 0) == 0;
+      if (!known) return unsupported(ad.weights_path, ": module '", module, "' is not a LoRA target lathe trains");
     }
   return Status::ok();
 }
 
 Status place_lora(TrainableModelImpl& m) {
-  if (!m.opts.adapter_dir.empty())
-    LATHE_TRY(read_adapter_config(m.opts.adapter_dir + "/adapter_config.json", &m.opts.lora));
+  PeftAdapter adapter;
+  if (!m.opts.adapter_dir.empty()) {
+    LATHE_ASSIGN_OR_RETURN(adapter, load_peft_adapter(m.opts.adapter_dir));
+    LATHE_TRY(adapter_lora_config(adapter, &m.opts.lora));
+  }
   LATHE_TRY(m.opts.lora.validate());
   LATHE_ASSIGN_OR_RETURN(std::vector<std::string> leaves, lora_target_leaves(m.opts.lora.target_modules));
   const int64_t r = m.opts.lora.r;
@@ -214,7 +211,7 @@ Status place_lora(TrainableModelImpl& m) {
     for (int j = 0; j < kNumProj; ++j)
       if (int k = m.blocks[i].proj[size_t(j)].lora; k >= 0) lora_init_a(m.loras[size_t(k)].a, r, m.loras[size_t(k)].in, init_seed(m.opts.seed, int(i), j));
   if (!m.opts.adapter_dir.empty())
-    LATHE_TRY(load_adapter_tensors(m, m.opts.adapter_dir + "/adapter_model.safetensors"));
+    LATHE_TRY(load_adapter_tensors(m, adapter));
   return Status::ok();
 }
 
