@@ -13,9 +13,11 @@ if(NOT LATHE_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 90a 80)
     endif()
     enable_language(CUDA)
-    # CMake 3.25 does not know nvcc's C++20 switch: declare 17 and pass
-    # -std=c++20 after it on each CUDA target (the last -std wins).
-    set(CMAKE_CUDA_STANDARD 17)
+    # CMake 3.25 does not know nvcc's C++20 switch (and takes the CUDA
+    # standard from CXX_STANDARD = 20): teach it the flag.
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     find_package(CUDAToolkit REQUIRED)
     set(LATHE_HAVE_CUDA ON)
   elseif(LATHE_CUDA STREQUAL "ON")

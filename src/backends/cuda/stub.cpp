@@ -2,6 +2,7 @@
 // has no CUDA, so callers need no #ifdef.
 #include <utility>
 
+#include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/device.h"
 
 namespace lathe::cuda {
@@ -32,5 +33,49 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 DeviceBuffer::~DeviceBuffer() = default;
 Status DeviceBuffer::copy_from_host(const void*, size_t, const CudaStream*) { return no_cuda(); }
 Status DeviceBuffer::copy_to_host(void*, size_t, const CudaStream*) const { return no_cuda(); }
+
+struct CudaContext::Impl {};
+CudaContext::CudaContext() = default;
+CudaContext::CudaContext(CudaContext&&) noexcept = default;
+CudaContext& CudaContext::operator=(CudaContext&&) noexcept = default;
+CudaContext::~CudaContext() = default;
+Result<CudaContext> CudaContext::create(int, size_t) { return no_cuda(); }
+int CudaContext::device() const { return -1; }
+void* CudaContext::stream() const { return nullptr; }
+Status CudaContext::synchronize() const { return no_cuda(); }
+Status CudaContext::check_launch(const char*) const { return no_cuda(); }
+
+Status copy_to_device(CudaContext&, void*, const void*, size_t) { return no_cuda(); }
+Status copy_to_host(CudaContext&, void*, const void*, size_t) { return no_cuda(); }
+Status fill_zero(CudaContext&, void*, size_t) { return no_cuda(); }
+
+size_t ArenaPlan::add(size_t bytes) {
+  const size_t off = total_;
+  total_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  return off;
+}
+Result<DeviceArena> DeviceArena::create(int, size_t) { return no_cuda(); }
+Result<void*> DeviceArena::alloc(size_t, const char*) { return no_cuda(); }
+
+Status gemm(CudaContext&, const GemmArgs&) { return no_cuda(); }
+Status rms_norm_residual_forward(CudaContext&, const RmsNormResidualArgs&) { return no_cuda(); }
+Status rms_norm_residual_backward(CudaContext&, const RmsNormResidualBackwardArgs&) { return no_cuda(); }
+Status rope_tables(CudaContext&, const RopeTablesCudaArgs&) { return no_cuda(); }
+Status rope_apply(CudaContext&, const RopeCudaArgs&) { return no_cuda(); }
+Status swiglu_forward(CudaContext&, const SwigluCudaArgs&) { return no_cuda(); }
+Status swiglu_backward(CudaContext&, const SwigluBackwardCudaArgs&) { return no_cuda(); }
+Status embedding_forward(CudaContext&, const EmbeddingCudaArgs&) { return no_cuda(); }
+Status embedding_backward(CudaContext&, const EmbeddingBackwardCudaArgs&) { return no_cuda(); }
+size_t cross_entropy_workspace_bytes(int64_t, int64_t) { return 0; }
+Result<CrossEntropyStats> cross_entropy(CudaContext&, const CrossEntropyCudaArgs&) { return no_cuda(); }
+Result<CudaAdamW> CudaAdamW::create(CudaContext&, const CudaAdamWConfig&, std::vector<CudaAdamWParam>) {
+  return no_cuda();
+}
+Status CudaAdamW::step(CudaContext&, double) { return no_cuda(); }
+Status CudaAdamW::read_moments(CudaContext&, size_t, std::vector<float>*, std::vector<float>*) const {
+  return no_cuda();
+}
+Status bf16_to_f32(CudaContext&, const bf16_bits*, float*, int64_t) { return no_cuda(); }
+Status f32_to_bf16(CudaContext&, const float*, bf16_bits*, int64_t) { return no_cuda(); }
 
 }  // namespace lathe::cuda
