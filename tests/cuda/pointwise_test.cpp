@@ -1,0 +1,188 @@
+// RMSNorm (fused residual add), RoPE (default and Llama 3 scaling), SwiGLU and
+// embedding kernels against the naive double references of tests/ops,
+// forward and backward. Inputs are bf16 values; the references see the same
+// values in f32. Tolerances, as max|got − want| / max|want|: bf16 outputs
+// 8e-3 (one bf16 rounding, 2⁻⁹, after a few f32 ops); f32 outputs 1e-4 (f32
+// sums over at most a few thousand terms); bit-exact where the device only
+// moves or rounds the same value the host rounds.
+#include <gtest/gtest.h>
+
+#include "cuda/cuda_test_util.h"
+#include "ops/reference/reference.h"
+
+namespace lathe::cuda {
+namespace {
+
+using namespace lathe::cuda::testing;
+
+constexpr double kBf16Tol = 8e-3;
+constexpr double kF32Tol = 1e-4;
+
+std::vector<float> norm_weight(int64_t dim, uint32_t seed) {
+  std::vector<float> w = random_bf16(dim, seed, 0.3f);
+  for (float& x : w) x = round_bf16(1.0f + x);
+  return w;
+}
+
+void check_rms_norm_forward(int64_t rows, int64_t dim, bool with_residual, bool in_place) {
+  SCOPED_TRACE(::testing::Message() << rows << "x" << dim << " residual=" << with_residual << " in_place=" << in_place);
+  CudaContext ctx = make_context();
+  const float eps = 1e-5f;
+  std::vector<float> x = random_bf16(rows * dim, 11), r = random_bf16(rows * dim, 12), w = norm_weight(dim, 13);
+  std::vector<float> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = with_residual ? round_bf16(x[i] + r[i]) : x[i];
+  std::vector<float> y_ref(x.size()), rstd_ref(rows);
+  ref::rms_norm_forward({.x = view(h, {rows, dim}), .w = view(w, {dim}), .y = view(y_ref, {rows, dim}),
+                         .rstd = view(rstd_ref, {rows}), .eps = eps});
+
+  DeviceBuffer dx = upload_bf16(ctx, x), dr = upload_bf16(ctx, r), dw = upload_bf16(ctx, w);
+  DeviceBuffer dh = upload_bf16(ctx, std::vector<float>(x.size())), dy = upload_bf16(ctx, std::vector<float>(x.size()));
+  DeviceBuffer drstd = upload(ctx, std::vector<float>(rows));
+  RmsNormResidualArgs a{.x = dptr<bf16_bits>(dx), .residual = with_residual ? dptr<bf16_bits>(dr) : nullptr,
+                        .h_out = in_place ? dptr<bf16_bits>(dr) : dptr<bf16_bits>(dh), .w = dptr<bf16_bits>(dw),
+                        .y = dptr<bf16_bits>(dy), .rstd = dptr<float>(drstd), .rows = rows, .dim = dim, .eps = eps};
+  Status st = rms_norm_residual_forward(ctx, a);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::vector<float> h_got = download_bf16(ctx, in_place ? dr : dh, rows * dim);
+  for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(h_got[i], h[i]) << "h element " << i;
+  EXPECT_LE(rel_error(download_bf16(ctx, dy, rows * dim), y_ref), kBf16Tol);
+  EXPECT_LE(rel_error(download<float>(ctx, drstd, rows), rstd_ref), 1e-5);
+}
+
+TEST(CudaRmsNorm, ForwardWithResidualMatchesReference) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rms_norm_forward(19, 200, true, false);
+  check_rms_norm_forward(3, 4096, true, false);
+}
+
+TEST(CudaRmsNorm, ForwardResidualUpdatedInPlace) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rms_norm_forward(17, 333, true, true);
+}
+
+TEST(CudaRmsNorm, ForwardWithoutResidual) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rms_norm_forward(5, 1000, false, false);
+}
+
+TEST(CudaRmsNorm, BackwardAccumulatesIntoResidualGradAndWeightGrad) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t rows = 23, dim = 300;
+  std::vector<float> h = random_bf16(rows * dim, 21), w = norm_weight(dim, 22), dy = random_bf16(rows * dim, 23);
+  std::vector<float> rstd(rows), y(h.size());
+  ref::rms_norm_forward({.x = view(h, {rows, dim}), .w = view(w, {dim}), .y = view(y, {rows, dim}),
+                         .rstd = view(rstd, {rows}), .eps = 1e-6f});
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    std::vector<float> dh0 = random_bf16(rows * dim, 24), dw0 = random_bf16(dim, 25);
+    std::vector<float> dh_ref = dh0, dw_ref = dw0;
+    ref::rms_norm_backward({.x = view(h, {rows, dim}), .w = view(w, {dim}), .rstd = view(rstd, {rows}),
+                            .dy = view(dy, {rows, dim}), .dx = view(dh_ref, {rows, dim}), .dw = view(dw_ref, {dim}),
+                            .accumulate = accumulate});
+    DeviceBuffer d_h = upload_bf16(ctx, h), d_w = upload_bf16(ctx, w), d_rstd = upload(ctx, rstd);
+    DeviceBuffer d_dy = upload_bf16(ctx, dy), d_dh = upload(ctx, dh0), d_dw = upload(ctx, dw0);
+    Status st = rms_norm_residual_backward(
+        ctx, {.h = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w), .rstd = dptr<float>(d_rstd),
+              .dy = dptr<bf16_bits>(d_dy), .dh = dptr<float>(d_dh), .dw = dptr<float>(d_dw), .rows = rows,
+              .dim = dim, .accumulate = accumulate});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_LE(rel_error(download<float>(ctx, d_dh, rows * dim), dh_ref), kF32Tol);
+    EXPECT_LE(rel_error(download<float>(ctx, d_dw, dim), dw_ref), kF32Tol);
+  }
+}
+
+void check_rope(const RopeParams& p, int64_t head_dim) {
+  SCOPED_TRACE(::testing::Message() << "rope type '" << p.type << "' head_dim " << head_dim);
+  CudaContext ctx = make_context();
+  auto inv = rope_inv_freq(p, static_cast<int>(head_dim));
+  ASSERT_TRUE(inv.is_ok()) << inv.status().message();
+  std::vector<float> inv_freq = *inv;
+  const int64_t half = head_dim / 2, n_tok = 13, n_head = 5;
+  std::vector<int32_t> pos(n_tok);
+  for (int64_t t = 0; t < n_tok; ++t) pos[t] = static_cast<int32_t>(t * t * 97 % 20000);
+  pos[n_tok - 1] = 131071;
+  std::vector<float> cos_ref(n_tok * half), sin_ref(n_tok * half);
+  ref::rope_tables({.inv_freq = view(inv_freq, {half}), .positions = view_i32(pos, {n_tok}),
+                    .cos = view(cos_ref, {n_tok, half}), .sin = view(sin_ref, {n_tok, half})});
+  DeviceBuffer d_inv = upload(ctx, inv_freq), d_pos = upload(ctx, pos);
+  DeviceBuffer d_cos = upload(ctx, std::vector<float>(n_tok * half)), d_sin = upload(ctx, std::vector<float>(n_tok * half));
+  Status st = rope_tables(ctx, {.inv_freq = dptr<float>(d_inv), .positions = dptr<int32_t>(d_pos),
+                                .cos = dptr<float>(d_cos), .sin = dptr<float>(d_sin), .n_tokens = n_tok, .half = half});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::vector<float> cos_got = download<float>(ctx, d_cos, n_tok * half), sin_got = download<float>(ctx, d_sin, n_tok * half);
+  for (size_t i = 0; i < cos_ref.size(); ++i) {  // same f32 angle, cos/sin in double: at most one f32 ulp apart
+    ASSERT_NEAR(cos_got[i], cos_ref[i], 1.2e-7) << "cos element " << i;
+    ASSERT_NEAR(sin_got[i], sin_ref[i], 1.2e-7) << "sin element " << i;
+  }
+  for (bool inverse : {false, true}) {
+    std::vector<float> x = random_bf16(n_tok * n_head * head_dim, 31), x_ref = x;
+    ref::rope_forward({.x = view(x_ref, {n_tok, n_head, head_dim}), .cos = view(cos_ref, {n_tok, half}),
+                       .sin = view(sin_ref, {n_tok, half}), .inverse = inverse});
+    DeviceBuffer dx = upload_bf16(ctx, x);
+    st = rope_apply(ctx, {.x = dptr<bf16_bits>(dx), .cos = dptr<float>(d_cos), .sin = dptr<float>(d_sin),
+                          .n_tokens = n_tok, .n_head = n_head, .half = half, .inverse = inverse});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_LE(rel_error(download_bf16(ctx, dx, n_tok * n_head * head_dim), x_ref), kBf16Tol) << "inverse=" << inverse;
+  }
+}
+
+TEST(CudaRope, DefaultFrequenciesMatchReference) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rope(RopeParams{.theta = 10000.0f}, 64);
+}
+
+TEST(CudaRope, Llama3ScalingMatchesReference) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rope(RopeParams{.theta = 500000.0f, .type = "llama3", .factor = 8.0f, .low_freq_factor = 1.0f,
+                        .high_freq_factor = 4.0f, .original_max_position_embeddings = 8192},
+             128);
+}
+
+TEST(CudaSwiglu, ForwardAndBackwardMatchReference) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t rows = 7, ffn = 431, n = rows * ffn;
+  std::vector<float> g = random_bf16(n, 41, 2.0f), u = random_bf16(n, 42), d = random_bf16(n, 43);
+  std::vector<float> out_ref(n), dg_ref(n), du_ref(n);
+  ref::swiglu_forward({.gate = view(g, {rows, ffn}), .up = view(u, {rows, ffn}), .out = view(out_ref, {rows, ffn})});
+  ref::swiglu_backward({.gate = view(g, {rows, ffn}), .up = view(u, {rows, ffn}), .d_out = view(d, {rows, ffn}),
+                        .d_gate = view(dg_ref, {rows, ffn}), .d_up = view(du_ref, {rows, ffn})});
+  DeviceBuffer dg = upload_bf16(ctx, g), du = upload_bf16(ctx, u), dd = upload_bf16(ctx, d);
+  DeviceBuffer dout = upload_bf16(ctx, std::vector<float>(n));
+  Status st = swiglu_forward(ctx, {.gate = dptr<bf16_bits>(dg), .up = dptr<bf16_bits>(du), .out = dptr<bf16_bits>(dout), .n = n});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_LE(rel_error(download_bf16(ctx, dout, n), out_ref), kBf16Tol);
+  // In place, as a training step reuses the activations' memory.
+  st = swiglu_backward(ctx, {.gate = dptr<bf16_bits>(dg), .up = dptr<bf16_bits>(du), .d_out = dptr<bf16_bits>(dd),
+                             .d_gate = dptr<bf16_bits>(dg), .d_up = dptr<bf16_bits>(du), .n = n});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_LE(rel_error(download_bf16(ctx, dg, n), dg_ref), kBf16Tol);
+  EXPECT_LE(rel_error(download_bf16(ctx, du, n), du_ref), kBf16Tol);
+}
+
+TEST(CudaEmbedding, GatherIsExactAndBackwardAddsRepeatedIds) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t vocab = 50, dim = 130, n = 40;
+  std::vector<float> table = random_bf16(vocab * dim, 51), d_out = random_bf16(n * dim, 52);
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 7) % 13 + (i == n - 1 ? vocab - 14 : 0));
+  std::vector<float> out_ref(n * dim), dt0 = random_bf16(vocab * dim, 53), dt_ref = dt0;
+  ref::embedding_forward({.tokens = view_i32(ids, {n}), .table = view(table, {vocab, dim}), .out = view(out_ref, {n, dim})});
+  ref::embedding_backward({.tokens = view_i32(ids, {n}), .d_out = view(d_out, {n, dim}), .d_table = view(dt_ref, {vocab, dim})});
+  DeviceBuffer d_ids = upload(ctx, ids), d_table = upload_bf16(ctx, table), d_o = upload_bf16(ctx, std::vector<float>(n * dim));
+  DeviceBuffer d_dout = upload_bf16(ctx, d_out), d_dt = upload(ctx, dt0);
+  Status st = embedding_forward(ctx, {.tokens = dptr<int32_t>(d_ids), .table = dptr<bf16_bits>(d_table),
+                                      .out = dptr<bf16_bits>(d_o), .n = n, .vocab = vocab, .dim = dim});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::vector<float> out = download_bf16(ctx, d_o, n * dim);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], out_ref[i]) << "element " << i;
+  st = embedding_backward(ctx, {.tokens = dptr<int32_t>(d_ids), .d_out = dptr<bf16_bits>(d_dout),
+                                .d_table = dptr<float>(d_dt), .n = n, .vocab = vocab, .dim = dim});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_LE(rel_error(download<float>(ctx, d_dt, vocab * dim), dt_ref), 1e-6);
+}
+
+}  // namespace
+}  // namespace lathe::cuda
