@@ -1,0 +1,86 @@
+// Attention on the GPU: the flash-style kernels for training (packed
+// variable-length documents, forward and backward) and for generation (query
+// rows at positions pos0.. against a contiguous KV cache). The semantics are
+// those of ops/attention.h — causal, grouped-query (head h reads KV head
+// h / (n_head / n_head_kv)), optional sliding window, softmax in fp32 — with
+// bf16 tensors on the device and fp32 log-sum-exp. The [seq × seq] score
+// matrix is never stored: each block of 64 query rows walks its visible keys
+// 64 at a time with a running max and sum.
+//
+// Arguments are raw device pointers plus sizes (the kernels borrow, never
+// allocate); `stream` is a cudaStream_t (nullptr: the legacy stream). Only
+// head_dim 64 and 128 are compiled; other sizes are refused. In a build
+// without CUDA every call returns "no CUDA" (attention_stub.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace lathe::cuda {
+
+// Training forward over packed documents: document d holds token rows
+// [cu_seqlens[d], cu_seqlens[d + 1]) of q, k, v, out and lse.
+struct AttentionVarlenFwdArgs {
+  const void* q = nullptr;              // bf16 [n_tokens, n_head, head_dim]
+  const void* k = nullptr;              // bf16 [n_tokens, n_head_kv, head_dim]
+  const void* v = nullptr;              // bf16 [n_tokens, n_head_kv, head_dim]
+  void* out = nullptr;                  // bf16 [n_tokens, n_head, head_dim]
+  float* lse = nullptr;                 // f32 [n_tokens, n_head]; may be null when not training
+  const int32_t* cu_seqlens = nullptr;  // device i32 [n_docs + 1]: 0, ..., n_tokens
+  int n_docs = 0;
+  int max_seqlen = 0;  // >= the longest document (sizes the launch grid)
+  int n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  int window = 0;  // sliding window in tokens; 0: none
+  float scale = 1.0f;
+  void* stream = nullptr;
+};
+Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
+
+// Backward: d_q, d_k, d_v are overwritten. d_k/d_v of a KV head sum over the
+// query heads sharing it inside one thread block (no atomics), so the result
+// is deterministic. workspace holds D = rowsum(d_out ⊙ out) per row and head.
+struct AttentionVarlenBwdArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;    // bf16, from the forward
+  const float* lse = nullptr;   // f32, from the forward
+  const void* d_out = nullptr;  // bf16 [n_tokens, n_head, head_dim]
+  void* d_q = nullptr;          // bf16 [n_tokens, n_head, head_dim]
+  void* d_k = nullptr;          // bf16 [n_tokens, n_head_kv, head_dim]
+  void* d_v = nullptr;          // bf16 [n_tokens, n_head_kv, head_dim]
+  const int32_t* cu_seqlens = nullptr;
+  void* workspace = nullptr;  // >= attention_varlen_backward_workspace_bytes() bytes
+  int n_docs = 0, max_seqlen = 0;
+  int n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  int window = 0;
+  float scale = 1.0f;
+  void* stream = nullptr;
+};
+size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head);
+Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);
+
+// Generation: query row i sits at position pos0 + i and sees cache rows
+// 0 .. pos0 + i (and only j > pos − window with a window). One token is
+// split over the context in chunks whose partial results are merged by a
+// second kernel; several tokens (prefill into the cache) take the tensor-core
+// kernel of the training forward.
+struct AttentionDecodeArgs {
+  const void* q = nullptr;        // bf16 [n_tokens, n_head, head_dim]
+  const void* k_cache = nullptr;  // bf16 [n_ctx, n_head_kv, head_dim], rows 0 .. pos0 + n_tokens − 1 written
+  const void* v_cache = nullptr;  // bf16 [n_ctx, n_head_kv, head_dim]
+  void* out = nullptr;            // bf16 [n_tokens, n_head, head_dim]
+  float* lse = nullptr;           // f32 [n_tokens, n_head]; may be null
+  void* workspace = nullptr;      // >= attention_decode_workspace_bytes() bytes
+  int n_tokens = 0, n_ctx = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  int pos0 = 0;
+  int window = 0;
+  float scale = 1.0f;
+  void* stream = nullptr;
+};
+size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim);
+Status attention_decode(const AttentionDecodeArgs& a);
+
+}  // namespace lathe::cuda

@@ -1,0 +1,131 @@
+// Shared pieces of the attention kernels: the m16n8k16 bf16 tensor-core
+// instruction and the fragment loads from shared memory it needs, written
+// once so the forward, backward and decode kernels agree on the layouts.
+//
+// Fragment layout of mma.sync.m16n8k16 (g = lane / 4, c = lane % 4):
+//   A (16×16, row-major): a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..)
+//   B (16×8, k × n):      b0 (k 2c..2c+1, n g), b1 (k 2c+8..2c+9, n g)
+//   C (16×8, f32):        c0,c1 (g, 2c..2c+1), c2,c3 (g+8, 2c..2c+1)
+// The lower 16 bits of a packed register hold the element of smaller index.
+// Shared tiles are row-major bf16 with a row stride of head_dim + 8 elements
+// so the 8 rows a fragment load touches fall in different banks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace lathe::cuda::attn {
+
+constexpr int kBlockRows = 64;  // query rows (or keys) per thread block
+constexpr int kThreads = 128;   // four warps of 16 rows each
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo (low half)
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_raw(bf16 lo, bf16 hi) {
+  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
+}
+
+// A fragment of the 16×16 block at (row0, col0) of a row-major tile.
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16* s, int stride, int row0, int col0) {
+  const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const bf16* p = s + (row0 + g) * stride + col0 + 2 * c;
+  a[0] = *reinterpret_cast<const uint32_t*>(p);
+  a[1] = *reinterpret_cast<const uint32_t*>(p + 8 * stride);
+  a[2] = *reinterpret_cast<const uint32_t*>(p + 8);
+  a[3] = *reinterpret_cast<const uint32_t*>(p + 8 * stride + 8);
+}
+
+// B fragment where B[k][n] = M[n0 + n][k0 + k] (M row-major, its rows are
+// the n index: the K of Q·Kᵀ): two contiguous pairs.
+__device__ __forceinline__ void load_b_rows(uint32_t b[2], const bf16* s, int stride, int n0, int k0) {
+  const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const bf16* p = s + (n0 + g) * stride + k0 + 2 * c;
+  b[0] = *reinterpret_cast<const uint32_t*>(p);
+  b[1] = *reinterpret_cast<const uint32_t*>(p + 8);
+}
+
+// B fragment where B[k][n] = M[k0 + k][n0 + n] (the V of P·V): pairs down a
+// column, gathered element by element.
+__device__ __forceinline__ void load_b_cols(uint32_t b[2], const bf16* s, int stride, int k0, int n0) {
+  const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const bf16* p = s + (k0 + 2 * c) * stride + n0 + g;
+  b[0] = pack_raw(p[0], p[stride]);
+  b[1] = pack_raw(p[8 * stride], p[9 * stride]);
+}
+
+// The A fragment for keys kc*16 .. kc*16+15 built from C fragments of the
+// 8-column tiles 2kc and 2kc+1 (a score tile feeding the next product).
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*s)[4], int kc) {
+  a[0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+  a[1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+  a[2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+  a[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+
+// Copies rows [row0, row0 + 64) of a [rows, heads, D] tensor's head `h` into
+// a shared tile; rows at or past `n_rows` become zero. 16-byte accesses.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t base_row, int row0, int n_rows, int heads,
+                                          int h) {
+  constexpr int kVec = D / 8;  // uint4 per row
+  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kThreads) {
+    const int r = i / kVec, c = i % kVec;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row0 + r < n_rows) v = *reinterpret_cast<const uint4*>(g + ((base_row + row0 + r) * heads + h) * D + c * 8);
+    *reinterpret_cast<uint4*>(s + r * (D + 8) + c * 8) = v;
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Key j of a sequence is visible to the query at position `pos`.
+__device__ __forceinline__ bool visible(int j, int pos, int n_k, int window) {
+  return j <= pos && j < n_k && (window <= 0 || j > pos - window);
+}
+
+// Forward launch shared by training and prefill-into-cache (attention_fwd.cu).
+// With cu_seqlens null there is one sequence: n_q query rows at positions
+// q_pos0.., keys 0 .. q_pos0 + n_q − 1 from k/v (which may have other strides
+// of rows than q: both are [rows, heads, D]).
+struct FwdParams {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  bf16* out;
+  float* lse;
+  const int32_t* cu;
+  int n_docs, max_q, n_q, q_pos0;
+  int n_head, n_head_kv, head_dim, window;
+  float scale;
+};
+Status launch_flash_forward(const FwdParams& p, void* stream);
+
+Status cuda_check(cudaError_t err, const char* what);
+
+}  // namespace lathe::cuda::attn

@@ -1,0 +1,171 @@
+// Attention for generation against a contiguous KV cache. One new token is
+// memory-bound: its context is split into chunks (split-K), one thread block
+// per (chunk, head) streams its K/V rows with 16-byte loads — head_dim / 8
+// lanes per key, so a warp reads 2 or 4 keys at once — keeping a running
+// max, sum and fp32 output per key group; the groups merge in shared memory
+// and a second kernel merges the chunks (log-sum-exp weights). Several new
+// tokens (prefill) go to the tensor-core forward kernel with the queries
+// offset by pos0.
+#include "backends/cuda/attention.h"
+#include "backends/cuda/attention_common.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lathe::cuda {
+namespace attn {
+namespace {
+
+constexpr int kMaxSplits = 64;
+constexpr int kMinChunk = 128;  // keys per split at least
+
+struct DecodeParams {
+  const bf16 *q, *k, *v;
+  bf16* out;
+  float* lse;
+  float* part;  // [n_tokens, n_head, kMaxSplits, D + 2]: o[D], m, l (m in log2 units)
+  int n_head, n_head_kv, pos0, window, chunk, n_splits;
+  float scale;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) {
+  constexpr int kLanes = D / 8, kGroups = kThreads / kLanes;  // lanes per key, key groups per block
+  __shared__ float s_o[kGroups][D];
+  __shared__ float s_m[kGroups], s_l[kGroups];
+  const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z, hk = h / (p.n_head / p.n_head_kv);
+  const int pos = p.pos0 + t;
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int j_begin = lo + split * p.chunk, j_end = min(pos + 1, j_begin + p.chunk);
+  const int grp = threadIdx.x / kLanes, d0 = threadIdx.x % kLanes * 8;
+
+  float q[8], o[8] = {};
+  {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p.q + (int64_t(t) * p.n_head + h) * D + d0);
+    const bf16* e = reinterpret_cast<const bf16*>(&raw);
+    for (int i = 0; i < 8; ++i) q[i] = __bfloat162float(e[i]) * p.scale * kLog2e;
+  }
+  float m = -INFINITY, l = 0.f;
+  // The trip count is the same for every thread so the shuffles stay converged.
+  for (int jb = j_begin; jb < j_end; jb += kGroups) {
+    const int j = jb + grp;
+    const bool valid = j < j_end;
+    uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
+    if (valid) {
+      const int64_t off = (int64_t(j) * p.n_head_kv + hk) * D + d0;
+      kr = *reinterpret_cast<const uint4*>(p.k + off);
+      vr = *reinterpret_cast<const uint4*>(p.v + off);
+    }
+    const bf16* ke = reinterpret_cast<const bf16*>(&kr);
+    const bf16* ve = reinterpret_cast<const bf16*>(&vr);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += q[i] * __bfloat162float(ke[i]);
+#pragma unroll
+    for (int off2 = kLanes / 2; off2 > 0; off2 /= 2) s += __shfl_xor_sync(0xffffffffu, s, off2);
+    if (!valid) continue;
+    if (s > m) {
+      const float alpha = exp2f(m - s);
+      l *= alpha;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] *= alpha;
+      m = s;
+    }
+    const float pr = exp2f(s - m);
+    l += pr;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] += pr * __bfloat162float(ve[i]);
+  }
+  for (int i = 0; i < 8; ++i) s_o[grp][d0 + i] = o[i];
+  if (threadIdx.x % kLanes == 0) s_m[grp] = m, s_l[grp] = l;
+  __syncthreads();
+
+  float* dst = p.part + ((int64_t(t) * p.n_head + h) * kMaxSplits + split) * (D + 2);
+  float mx = -INFINITY;
+  for (int gi = 0; gi < kGroups; ++gi) mx = fmaxf(mx, s_m[gi]);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    float acc = 0.f;
+    for (int gi = 0; gi < kGroups; ++gi) acc += s_o[gi][d] * exp2f(s_m[gi] - base);
+    dst[d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int gi = 0; gi < kGroups; ++gi) sum += s_l[gi] * exp2f(s_m[gi] - base);
+    dst[D] = mx;
+    dst[D + 1] = sum;
+  }
+}
+
+// One block of D threads per (head, token) merges the splits.
+template <int D>
+__global__ void decode_merge_kernel(DecodeParams p) {
+  const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+  const float* src = p.part + (int64_t(t) * p.n_head + h) * kMaxSplits * (D + 2);
+  float mx = -INFINITY;
+  for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, src[s * (D + 2) + D]);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  float acc = 0.f, sum = 0.f;
+  for (int s = 0; s < p.n_splits; ++s) {
+    const float w = exp2f(src[s * (D + 2) + D] - base);
+    acc += src[s * (D + 2) + d] * w;
+    sum += src[s * (D + 2) + D + 1] * w;
+  }
+  const int64_t row = int64_t(t) * p.n_head + h;
+  p.out[row * D + d] = __float2bfloat16(sum > 0.f ? acc / sum : 0.f);
+  if (p.lse && d == 0) p.lse[row] = sum > 0.f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
+}
+
+template <int D>
+Status launch_decode(const DecodeParams& p, int n_tokens, cudaStream_t st) {
+  decode_split_kernel<D><<<dim3(p.n_splits, p.n_head, n_tokens), kThreads, 0, st>>>(p);
+  LATHE_TRY(cuda_check(cudaGetLastError(), "attention decode launch"));
+  decode_merge_kernel<D><<<dim3(p.n_head, n_tokens), D, 0, st>>>(p);
+  return cuda_check(cudaGetLastError(), "attention decode merge launch");
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+}  // namespace
+}  // namespace attn
+
+size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim) {
+  if (n_tokens <= 0 || n_head <= 0 || head_dim <= 0) return 0;
+  return size_t(n_tokens) * size_t(n_head) * attn::kMaxSplits * size_t(head_dim + 2) * sizeof(float);
+}
+
+Status attention_decode(const AttentionDecodeArgs& a) {
+  const char* kName = "attention_decode: ";
+  if (a.head_dim != 64 && a.head_dim != 128)
+    return unsupported(kName, "head_dim ", a.head_dim, " is not compiled (64 and 128 are)");
+  if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
+    return invalid_argument(kName, "n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
+  if (a.n_tokens < 0 || a.pos0 < 0 || a.window < 0)
+    return invalid_argument(kName, "negative n_tokens, pos0 or window");
+  if (int64_t(a.pos0) + a.n_tokens > a.n_ctx)
+    return invalid_argument(kName, "pos0 ", a.pos0, " + n_tokens ", a.n_tokens, " exceeds the cache's n_ctx ", a.n_ctx);
+  if (a.n_tokens == 0) return Status::ok();
+  if (!a.q || !a.k_cache || !a.v_cache || !a.out) return invalid_argument(kName, "q, k_cache, v_cache, out must be set");
+  if (!attn::aligned16(a.q) || !attn::aligned16(a.k_cache) || !attn::aligned16(a.v_cache) || !attn::aligned16(a.out))
+    return invalid_argument(kName, "q, k_cache, v_cache and out must be 16-byte aligned");
+  using attn::bf16;
+  if (a.n_tokens > 1) {
+    attn::FwdParams p{static_cast<const bf16*>(a.q), static_cast<const bf16*>(a.k_cache),
+                      static_cast<const bf16*>(a.v_cache), static_cast<bf16*>(a.out), a.lse, nullptr, 1, a.n_tokens,
+                      a.n_tokens, a.pos0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale};
+    return attn::launch_flash_forward(p, a.stream);
+  }
+  if (!a.workspace) return invalid_argument(kName, "workspace must be set (attention_decode_workspace_bytes)");
+  const int len = a.window > 0 ? std::min(a.window, a.pos0 + 1) : a.pos0 + 1;  // keys of the one token
+  int n_splits = std::min(attn::kMaxSplits, (len + attn::kMinChunk - 1) / attn::kMinChunk);
+  const int chunk = (len + n_splits - 1) / n_splits;
+  n_splits = (len + chunk - 1) / chunk;
+  attn::DecodeParams p{static_cast<const bf16*>(a.q), static_cast<const bf16*>(a.k_cache),
+                       static_cast<const bf16*>(a.v_cache), static_cast<bf16*>(a.out), a.lse,
+                       static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, a.pos0, a.window, chunk, n_splits,
+                       a.scale};
+  auto st = static_cast<cudaStream_t>(a.stream);
+  return a.head_dim == 64 ? attn::launch_decode<64>(p, 1, st) : attn::launch_decode<128>(p, 1, st);
+}
+
+}  // namespace lathe::cuda

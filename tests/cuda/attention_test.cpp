@@ -1,0 +1,231 @@
+// CUDA attention against the naive double references of tests/ops/reference:
+// packed training forward (out, lse) and backward (d_q, d_k, d_v), and
+// generation against a KV cache (one token through the split-K kernel,
+// several through the tensor-core prefill). Inputs are rounded to bf16 once;
+// the reference sees exactly the values the GPU sees. Tolerances, as
+// max|got − want| / max|want| over a whole tensor: out 1e-2 (bf16 output
+// and bf16 probabilities in P·V), lse 1e-3 (fp32 throughout), gradients
+// 2e-2 (P and dS rounded to bf16 before their products). Without a GPU the
+// kernel tests skip themselves.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/attention.h"
+#include "backends/cuda/device.h"
+#include "ops/op_test_util.h"
+#include "ops/reference/reference.h"
+
+namespace lathe {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA in this build)"
+
+// A bf16 device copy of a host tensor plus its bf16-rounded f32 twin.
+struct Bf16Input {
+  Tensor host;  // f32, already rounded to bf16
+  cuda::DeviceBuffer dev;
+};
+
+Bf16Input upload(Shape shape, uint32_t seed) {
+  Tensor b = testing::random_tensor(DType::BF16, shape, seed);
+  Bf16Input in{b.to_f32(), {}};
+  auto buf = cuda::DeviceBuffer::alloc(0, size_t(b.nbytes()));
+  EXPECT_TRUE(buf.is_ok()) << buf.status().message();
+  in.dev = std::move(buf.value());
+  EXPECT_TRUE(in.dev.copy_from_host(b.raw(), size_t(b.nbytes())).is_ok());
+  return in;
+}
+
+cuda::DeviceBuffer device_zeros(size_t bytes) {
+  auto buf = cuda::DeviceBuffer::alloc(0, bytes);
+  EXPECT_TRUE(buf.is_ok()) << buf.status().message();
+  std::vector<unsigned char> zeros(bytes, 0);
+  EXPECT_TRUE(buf.value().copy_from_host(zeros.data(), bytes).is_ok());
+  return std::move(buf.value());
+}
+
+// Device bf16 (or f32) buffer back to an f32 host tensor.
+Tensor download(const cuda::DeviceBuffer& buf, DType dt, Shape shape) {
+  Tensor t = Tensor::empty(dt, shape);
+  EXPECT_TRUE(buf.copy_to_host(t.raw(), size_t(t.nbytes())).is_ok());
+  return dt == DType::F32 ? t : t.to_f32();
+}
+
+struct VarlenCase {
+  std::vector<int32_t> lengths;
+  int n_head, n_head_kv, head_dim, window;
+};
+
+const VarlenCase kVarlenCases[] = {
+    {{1}, 8, 2, 64, 0},              // one row
+    {{100, 1, 37}, 8, 2, 128, 0},    // uneven documents, one longer than a tile
+    {{130}, 4, 4, 64, 0},            // MHA, three tiles
+    {{70, 150, 5}, 8, 2, 128, 50},   // sliding window spanning tiles
+    {{200}, 4, 1, 64, 17},           // narrow window, all heads on one KV head
+    {{64, 64, 65}, 2, 1, 128, 0},    // exact tile edges
+};
+
+struct VarlenData {
+  int64_t n = 0;
+  Tensor cu_host;
+  cuda::DeviceBuffer cu;
+  Bf16Input q, k, v;
+};
+
+VarlenData make_varlen(const VarlenCase& c, uint32_t seed) {
+  VarlenData d;
+  std::vector<int32_t> cu{0};
+  for (int32_t len : c.lengths) cu.push_back(cu.back() + len);
+  d.n = cu.back();
+  d.cu_host = Tensor::empty(DType::I32, {int64_t(cu.size())});
+  std::copy(cu.begin(), cu.end(), d.cu_host.data<int32_t>());
+  d.cu = device_zeros(cu.size() * sizeof(int32_t));
+  EXPECT_TRUE(d.cu.copy_from_host(cu.data(), cu.size() * sizeof(int32_t)).is_ok());
+  d.q = upload({d.n, c.n_head, c.head_dim}, seed);
+  d.k = upload({d.n, c.n_head_kv, c.head_dim}, seed + 1);
+  d.v = upload({d.n, c.n_head_kv, c.head_dim}, seed + 2);
+  return d;
+}
+
+int max_len(const VarlenCase& c) {
+  int m = 0;
+  for (int32_t len : c.lengths) m = std::max(m, int(len));
+  return m;
+}
+
+TEST(CudaAttention, VarlenForwardMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 500;
+  for (const VarlenCase& c : kVarlenCases) {
+    SCOPED_TRACE(::testing::Message() << "docs=" << c.lengths.size() << " heads=" << c.n_head << "/" << c.n_head_kv
+                                      << " d=" << c.head_dim << " window=" << c.window);
+    VarlenData d = make_varlen(c, seed += 3);
+    cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
+    cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                   static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
+                                   int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
+                                   c.window, scale, nullptr};
+    Status st = cuda::attention_varlen_forward(a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    Tensor got = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
+    Tensor got_lse = download(lse, DType::F32, {d.n, c.n_head});
+
+    Tensor want = Tensor::zeros(DType::F32, {d.n, c.n_head, c.head_dim});
+    Tensor want_lse = Tensor::zeros(DType::F32, {d.n, c.n_head});
+    AttentionVarlenArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .out = want, .lse = want_lse,
+                          .cu_seqlens = d.cu_host, .window = c.window, .scale = scale};
+    ref::attention_varlen_forward(r);
+    EXPECT_LE(testing::rel_error(got, want), 1e-2);
+    EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
+  }
+}
+
+TEST(CudaAttention, VarlenBackwardMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 900;
+  for (const VarlenCase& c : kVarlenCases) {
+    SCOPED_TRACE(::testing::Message() << "docs=" << c.lengths.size() << " heads=" << c.n_head << "/" << c.n_head_kv
+                                      << " d=" << c.head_dim << " window=" << c.window);
+    VarlenData d = make_varlen(c, seed += 4);
+    const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2), kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
+    Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, seed + 3);
+    cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
+    cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);
+    cuda::DeviceBuffer ws = device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head));
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const auto* cu = static_cast<const int32_t*>(d.cu.data());
+    const int n_docs = int(c.lengths.size());
+    cuda::AttentionVarlenFwdArgs f{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                   static_cast<float*>(lse.data()), cu, n_docs, max_len(c), int(d.n), c.n_head,
+                                   c.n_head_kv, c.head_dim, c.window, scale, nullptr};
+    Status st = cuda::attention_varlen_forward(f);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    cuda::AttentionVarlenBwdArgs b{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                   static_cast<const float*>(lse.data()), d_out.dev.data(), dq.data(), dk.data(),
+                                   dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
+                                   c.head_dim, c.window, scale, nullptr};
+    st = cuda::attention_varlen_backward(b);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    Tensor got_dq = download(dq, DType::BF16, {d.n, c.n_head, c.head_dim});
+    Tensor got_dk = download(dk, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
+    Tensor got_dv = download(dv, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
+
+    Tensor want_dq = Tensor::zeros(DType::F32, {d.n, c.n_head, c.head_dim});
+    Tensor want_dk = Tensor::zeros(DType::F32, {d.n, c.n_head_kv, c.head_dim}), want_dv = want_dk.clone();
+    AttentionVarlenBackwardArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .cu_seqlens = d.cu_host,
+                                  .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
+                                  .window = c.window, .scale = scale};
+    ref::attention_varlen_backward(r);
+    EXPECT_LE(testing::rel_error(got_dq, want_dq), 2e-2);
+    EXPECT_LE(testing::rel_error(got_dk, want_dk), 2e-2);
+    EXPECT_LE(testing::rel_error(got_dv, want_dv), 2e-2);
+  }
+}
+
+struct DecodeCase {
+  int n, pos0, n_head, n_head_kv, head_dim, window;
+};
+
+const DecodeCase kDecodeCases[] = {
+    {1, 0, 8, 2, 64, 0},      // first token: one key
+    {1, 300, 8, 2, 128, 0},   // three splits
+    {1, 5000, 8, 2, 64, 0},   // many splits
+    {1, 1000, 4, 1, 128, 100},  // window shorter than the context
+    {5, 130, 4, 2, 64, 0},    // prefill through the tensor-core kernel
+    {70, 10, 8, 2, 128, 33},  // prefill longer than a tile, with a window
+};
+
+TEST(CudaAttention, DecodeMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 1300;
+  for (const DecodeCase& c : kDecodeCases) {
+    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " pos0=" << c.pos0 << " heads=" << c.n_head << "/"
+                                      << c.n_head_kv << " d=" << c.head_dim << " window=" << c.window);
+    const int64_t n_ctx = c.pos0 + c.n + 3;  // spare cache rows must be ignored
+    Bf16Input q = upload({c.n, c.n_head, c.head_dim}, seed++);
+    Bf16Input k = upload({n_ctx, c.n_head_kv, c.head_dim}, seed++);
+    Bf16Input v = upload({n_ctx, c.n_head_kv, c.head_dim}, seed++);
+    cuda::DeviceBuffer out = device_zeros(size_t(c.n * c.n_head * c.head_dim * 2));
+    cuda::DeviceBuffer lse = device_zeros(size_t(c.n * c.n_head * 4));
+    cuda::DeviceBuffer ws = device_zeros(cuda::attention_decode_workspace_bytes(c.n, c.n_head, c.head_dim));
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    cuda::AttentionDecodeArgs a{q.dev.data(), k.dev.data(), v.dev.data(), out.data(), static_cast<float*>(lse.data()),
+                                ws.data(), c.n, int(n_ctx), c.n_head, c.n_head_kv, c.head_dim, c.pos0, c.window,
+                                scale, nullptr};
+    Status st = cuda::attention_decode(a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    Tensor got = download(out, DType::BF16, {c.n, c.n_head, c.head_dim});
+    Tensor got_lse = download(lse, DType::F32, {c.n, c.n_head});
+
+    Tensor want = Tensor::zeros(DType::F32, {c.n, c.n_head, c.head_dim});
+    Tensor want_lse = Tensor::zeros(DType::F32, {c.n, c.n_head});
+    AttentionArgs r{.q = q.host, .k = k.host, .v = v.host, .out = want, .lse = want_lse, .pos0 = c.pos0,
+                    .window = c.window, .scale = scale};
+    ref::attention_forward(r);
+    EXPECT_LE(testing::rel_error(got, want), 1e-2);
+    EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
+  }
+}
+
+// Refusals come before any device work, so they hold in every build.
+TEST(CudaAttention, RejectsUncompiledHeadDimAndBadGroups) {
+  cuda::AttentionVarlenFwdArgs f;
+  f.n_tokens = 4, f.n_docs = 1, f.max_seqlen = 4, f.n_head = 4, f.n_head_kv = 2, f.head_dim = 96;
+  EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
+  f.head_dim = 64, f.n_head_kv = 3;
+  EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
+  cuda::AttentionDecodeArgs d;
+  d.n_tokens = 1, d.n_ctx = 4, d.pos0 = 4, d.n_head = 2, d.n_head_kv = 1, d.head_dim = 64;
+  EXPECT_FALSE(cuda::attention_decode(d).is_ok());  // pos0 + n_tokens > n_ctx
+  cuda::AttentionVarlenBwdArgs b;
+  b.n_tokens = 4, b.n_docs = 1, b.max_seqlen = 4, b.n_head = 4, b.n_head_kv = 2, b.head_dim = 80;
+  EXPECT_FALSE(cuda::attention_varlen_backward(b).is_ok());
+}
+
+}  // namespace
+}  // namespace lathe
