@@ -6,7 +6,8 @@
 // max|got − want| / max|want| over a whole tensor: out 1e-2 (bf16 output
 // and bf16 probabilities in P·V), lse 1e-3 (fp32 throughout), gradients
 // 2e-2 (P and dS rounded to bf16 before their products). Without a GPU the
-// kernel tests skip themselves.
+// kernel tests skip themselves. The forward runs both kernels (pipelined
+// and simple).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -103,26 +104,50 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
     SCOPED_TRACE(::testing::Message() << "docs=" << c.lengths.size() << " heads=" << c.n_head << "/" << c.n_head_kv
                                       << " d=" << c.head_dim << " window=" << c.window);
     VarlenData d = make_varlen(c, seed += 3);
-    cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
-    cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
-                                   static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
-                                   int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                   c.window, scale, nullptr};
-    Status st = cuda::attention_varlen_forward(a);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    Tensor got = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
-    Tensor got_lse = download(lse, DType::F32, {d.n, c.n_head});
-
     Tensor want = Tensor::zeros(DType::F32, {d.n, c.n_head, c.head_dim});
     Tensor want_lse = Tensor::zeros(DType::F32, {d.n, c.n_head});
     AttentionVarlenArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .out = want, .lse = want_lse,
                           .cu_seqlens = d.cu_host, .window = c.window, .scale = scale};
     ref::attention_varlen_forward(r);
-    EXPECT_LE(testing::rel_error(got, want), 1e-2);
-    EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
+    for (bool simple : {false, true}) {
+      SCOPED_TRACE(simple ? "simple kernel" : "pipelined kernel");
+      cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
+      cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
+      cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                     static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
+                                     int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
+                                     c.window, scale, nullptr, simple};
+      Status st = cuda::attention_varlen_forward(a);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      EXPECT_LE(testing::rel_error(download(out, DType::BF16, {d.n, c.n_head, c.head_dim}), want), 1e-2);
+      EXPECT_LE(testing::rel_error(download(lse, DType::F32, {d.n, c.n_head}), want_lse), 1e-3);
+    }
   }
+}
+
+// At training length, where the double reference would be slow, the
+// pipelined kernel must agree with the simple one: the same arithmetic in
+// the same order, so at most a rare bf16 rounding flip apart.
+TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
+  SKIP_WITHOUT_GPU();
+  const VarlenCase c{{1500, 700, 1}, 8, 2, 128, 0};
+  VarlenData d = make_varlen(c, 4242);
+  Tensor outs[2], lses[2];
+  for (int simple = 0; simple < 2; ++simple) {
+    cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
+    cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
+    cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                   static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()), 3,
+                                   max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim, 0,
+                                   1.0f / std::sqrt(128.0f), nullptr, simple == 1};
+    Status st = cuda::attention_varlen_forward(a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    outs[simple] = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
+    lses[simple] = download(lse, DType::F32, {d.n, c.n_head});
+  }
+  EXPECT_LE(testing::rel_error(outs[0], outs[1]), 5e-3);
+  EXPECT_LE(testing::rel_error(lses[0], lses[1]), 1e-6);
 }
 
 TEST(CudaAttention, VarlenBackwardMatchesReference) {

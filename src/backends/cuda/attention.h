@@ -35,6 +35,7 @@ struct AttentionVarlenFwdArgs {
   int window = 0;  // sliding window in tokens; 0: none
   float scale = 1.0f;
   void* stream = nullptr;
+  bool simple = false;  // the plain single-buffered kernel, kept as an oracle for the pipelined one
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 

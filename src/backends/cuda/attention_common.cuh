@@ -123,6 +123,7 @@ struct FwdParams {
   int n_docs, max_q, n_q, q_pos0;
   int n_head, n_head_kv, head_dim, window;
   float scale;
+  bool simple = false;  // the unpipelined kernel
 };
 Status launch_flash_forward(const FwdParams& p, void* stream);
 

@@ -21,13 +21,102 @@ Status cuda_check(cudaError_t err, const char* what) {
 
 namespace {
 
+// One K/V tile of 64 keys starting at key kt: S = Q·Kᵀ, mask, online
+// softmax update of (m, l, o), O += P·V. All arrays stay in registers.
 template <int D>
+__device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[4], float m[2], float l[2],
+                                            const bf16* sK, const bf16* sV, int kt, int pos_a, int pos_b, int n_k,
+                                            int window, float sl2) {
+  constexpr int kS = D + 8;
+  const int c = threadIdx.x % 4;
+  float s[8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      uint32_t b[2];
+      load_b_rows(b, sK, kS, n * 8, kk * 16);
+      mma_bf16(s[n], qf[kk], b);
+    }
+
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = kt + n * 8 + 2 * c + (e & 1);
+      const bool vis = visible(j, e < 2 ? pos_a : pos_b, n_k, window);
+      s[n][e] = vis ? s[n][e] * sl2 : -INFINITY;
+      mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+    }
+  float alpha[2], base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(m[r], quad_max(mx[r]));
+    base[r] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[r] = exp2f(m[r] - base[r]);  // 0 when m was -inf
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = exp2f(s[n][e] - base[e / 2]);
+      l[e / 2] += s[n][e];
+    }
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn) {
+    o[dn][0] *= alpha[0];
+    o[dn][1] *= alpha[0];
+    o[dn][2] *= alpha[1];
+    o[dn][3] *= alpha[1];
+  }
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    uint32_t a[4];
+    c_to_a(a, s, kc);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      uint32_t b[2];
+      load_b_cols(b, sV, kS, kc * 16, dn * 8);
+      mma_bf16(o[dn], a, b);
+    }
+  }
+}
+
+// 16-byte global → shared copy that bypasses registers; rows past the end
+// are zero-filled (source size 0) from a valid address.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// load_tile through cp.async (the caller commits and waits).
+template <int D>
+__device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t base_row, int row0, int n_rows,
+                                                int heads, int h) {
+  constexpr int kVec = D / 8;
+  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kThreads) {
+    const int r = i / kVec, c = i % kVec;
+    const bool valid = row0 + r < n_rows;
+    const bf16* src = valid ? g + ((base_row + row0 + r) * heads + h) * D + c * 8 : g;
+    cp_async16(s + r * (D + 8) + c * 8, src, valid);
+  }
+}
+
+// kPipelined: K/V tiles double-buffered through cp.async, the next tile in
+// flight while this one is computed. Otherwise one buffer, plain loads (the
+// simple version, kept as an on-device oracle for the fast one).
+template <int D, bool kPipelined>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
-  constexpr int kS = D + 8;  // shared row stride
+  constexpr int kS = D + 8, kTile = kBlockRows * kS;  // shared row stride, elements per tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sK = sQ + kBlockRows * kS;
-  bf16* sV = sK + kBlockRows * kS;
+  bf16* sK = sQ + kTile;                       // kPipelined: two K tiles, then two V tiles
+  bf16* sV = sK + (kPipelined ? 2 : 1) * kTile;
 
   const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   int64_t q_base = 0, k_base = 0;
@@ -56,65 +145,28 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  for (int kt = k_first; kt <= k_last; kt += kBlockRows) {
-    __syncthreads();  // everyone is done with the previous K/V tile
-    load_tile<D>(sK, p.k, k_base, kt, k_last + 1, p.n_head_kv, hk);
-    load_tile<D>(sV, p.v, k_base, kt, k_last + 1, p.n_head_kv, hk);
-    __syncthreads();
-
-    float s[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t b[2];
-        load_b_rows(b, sK, kS, n * 8, kk * 16);
-        mma_bf16(s[n], qf[kk], b);
+  if constexpr (kPipelined) {
+    load_tile_async<D>(sK, p.k, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+    load_tile_async<D>(sV, p.v, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+    cp_async_commit();
+    for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
+      if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
+        load_tile_async<D>(sK + (buf ^ 1) * kTile, p.k, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+        load_tile_async<D>(sV + (buf ^ 1) * kTile, p.v, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
       }
-
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = kt + n * 8 + 2 * c + (e & 1);
-        const bool vis = visible(j, e < 2 ? pos_a : pos_b, n_k, p.window);
-        s[n][e] = vis ? s[n][e] * sl2 : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-      }
-    float alpha[2], base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(mx[r]));
-      base[r] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[r] = exp2f(m[r] - base[r]);  // 0 when m was -inf
-      m[r] = m_new;
-      l[r] *= alpha[r];
+      cp_async_commit();   // possibly empty: keeps "all but the newest group" meaning this tile
+      cp_async_wait_one();
+      __syncthreads();     // this tile's copies from every thread are visible
+      attend_tile<D>(qf, o, m, l, sK + buf * kTile, sV + buf * kTile, kt, pos_a, pos_b, n_k, p.window, sl2);
+      __syncthreads();     // everyone is done with this buffer before it is refilled
     }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - base[e / 2]);
-        l[e / 2] += s[n][e];
-      }
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      o[dn][0] *= alpha[0];
-      o[dn][1] *= alpha[0];
-      o[dn][2] *= alpha[1];
-      o[dn][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      uint32_t a[4];
-      c_to_a(a, s, kc);
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        uint32_t b[2];
-        load_b_cols(b, sV, kS, kc * 16, dn * 8);
-        mma_bf16(o[dn], a, b);
-      }
+  } else {
+    for (int kt = k_first; kt <= k_last; kt += kBlockRows) {
+      __syncthreads();  // everyone is done with the previous K/V tile
+      load_tile<D>(sK, p.k, k_base, kt, k_last + 1, p.n_head_kv, hk);
+      load_tile<D>(sV, p.v, k_base, kt, k_last + 1, p.n_head_kv, hk);
+      __syncthreads();
+      attend_tile<D>(qf, o, m, l, sK, sV, kt, pos_a, pos_b, n_k, p.window, sl2);
     }
   }
 
@@ -133,13 +185,14 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
   }
 }
 
-template <int D>
+template <int D, bool kPipelined>
 Status launch(const FwdParams& p, void* stream) {
-  const int smem = 3 * kBlockRows * (D + 8) * int(sizeof(bf16));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+  const int smem = (kPipelined ? 5 : 3) * kBlockRows * (D + 8) * int(sizeof(bf16));
+  auto* kernel = flash_forward_kernel<D, kPipelined>;
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "cudaFuncSetAttribute(flash_forward)"));
   const dim3 grid((p.max_q + kBlockRows - 1) / kBlockRows, p.n_head, p.cu ? p.n_docs : 1);
-  flash_forward_kernel<D><<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   return cuda_check(cudaGetLastError(), "flash_forward launch");
 }
 
@@ -147,7 +200,8 @@ Status launch(const FwdParams& p, void* stream) {
 
 Status launch_flash_forward(const FwdParams& p, void* stream) {
   if (p.max_q <= 0) return Status::ok();
-  return p.head_dim == 64 ? launch<64>(p, stream) : launch<128>(p, stream);
+  if (p.simple) return p.head_dim == 64 ? launch<64, false>(p, stream) : launch<128, false>(p, stream);
+  return p.head_dim == 64 ? launch<64, true>(p, stream) : launch<128, true>(p, stream);
 }
 
 }  // namespace attn
@@ -171,7 +225,7 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
     return invalid_argument("attention_varlen_forward: q, k, v and out must be 16-byte aligned");
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
-                    a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale};
+                    a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple};
   return attn::launch_flash_forward(p, a.stream);
 }
 

@@ -1,0 +1,109 @@
+// CUDA attention kernels beside their floors. Training: forward and backward
+// over packed documents of 2048 tokens, 32 query heads on 8 KV heads, head
+// dim 128, causal, in TFLOP/s of the causal attention FLOPs (forward 2 matmuls,
+// backward counted as 2.5× forward, the usual convention; the kernels do more
+// because the backward recomputes the scores). Decode: one token against a
+// KV cache of n_ctx rows, in GB/s of K and V read (the floor is the device's
+// copy bandwidth). Inputs are random bf16; timings are the median of runs
+// after a warm-up, synchronizing the stream around each.
+// Usage: bench_attention_cuda [documents, default 8] [decode n_ctx, default 8192]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/attention.h"
+#include "backends/cuda/device.h"
+#include "core/dtype.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using lathe::Status;
+namespace cuda = lathe::cuda;
+
+constexpr int kSeq = 2048, kHeads = 32, kKvHeads = 8, kDim = 128;
+
+cuda::DeviceBuffer random_bf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<uint16_t> h(n);
+  for (uint16_t& x : h) x = lathe::f32_to_bf16(dist(rng));
+  cuda::DeviceBuffer b = std::move(cuda::DeviceBuffer::alloc(0, n * 2).value());
+  (void)b.copy_from_host(h.data(), n * 2);
+  return b;
+}
+
+// Median seconds of fn over `reps` runs after two warm-ups.
+double time_it(const cuda::CudaStream& s, const std::function<Status()>& fn, int reps = 10) {
+  std::vector<double> t;
+  for (int i = 0; i < reps + 2; ++i) {
+    const auto t0 = Clock::now();
+    Status st = fn();
+    if (st.is_ok()) st = s.synchronize();
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "bench_attention_cuda: %s\n", st.message().c_str());
+      std::exit(1);
+    }
+    if (i >= 2) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (cuda::device_count() == 0) {
+    std::printf("bench_attention_cuda: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  const int docs = argc > 1 ? std::atoi(argv[1]) : 8;
+  const int n_ctx = argc > 2 ? std::atoi(argv[2]) : 8192;
+  cuda::CudaStream s = std::move(cuda::CudaStream::create(0).value());
+  const int n = docs * kSeq;
+  const size_t nq = size_t(n) * kHeads * kDim, nkv = size_t(n) * kKvHeads * kDim;
+  cuda::DeviceBuffer q = random_bf16(nq, 1), k = random_bf16(nkv, 2), v = random_bf16(nkv, 3);
+  cuda::DeviceBuffer d_out = random_bf16(nq, 4), out = random_bf16(nq, 5);
+  cuda::DeviceBuffer dq = random_bf16(nq, 6), dk = random_bf16(nkv, 7), dv = random_bf16(nkv, 8);
+  cuda::DeviceBuffer lse = std::move(cuda::DeviceBuffer::alloc(0, size_t(n) * kHeads * 4).value());
+  cuda::DeviceBuffer ws =
+      std::move(cuda::DeviceBuffer::alloc(0, cuda::attention_varlen_backward_workspace_bytes(n, kHeads)).value());
+  std::vector<int32_t> cu(size_t(docs) + 1);
+  for (int d = 0; d <= docs; ++d) cu[size_t(d)] = d * kSeq;
+  cuda::DeviceBuffer cu_dev = std::move(cuda::DeviceBuffer::alloc(0, cu.size() * 4).value());
+  (void)cu_dev.copy_from_host(cu.data(), cu.size() * 4);
+  const auto* cu_ptr = static_cast<const int32_t*>(cu_dev.data());
+  const float scale = 0.08838834764831845f;  // 1/sqrt(128)
+
+  cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()), cu_ptr,
+                                 docs, kSeq, n, kHeads, kKvHeads, kDim, 0, scale, s.handle()};
+  cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
+                                 d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
+                                 kHeads, kKvHeads, kDim, 0, scale, s.handle()};
+  const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+  const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
+  // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
+  const double fwd_flops = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * kDim;
+  std::printf("attention training  docs=%d seq=%d heads=%d/%d d=%d causal\n", docs, kSeq, kHeads, kKvHeads, kDim);
+  std::printf("  forward   %8.3f ms  %7.1f TFLOP/s\n", t_fwd * 1e3, fwd_flops / t_fwd * 1e-12);
+  std::printf("  backward  %8.3f ms  %7.1f TFLOP/s (2.5x forward FLOPs)\n", t_bwd * 1e3,
+              2.5 * fwd_flops / t_bwd * 1e-12);
+
+  const size_t ncache = size_t(n_ctx) * kKvHeads * kDim;
+  cuda::DeviceBuffer kc = random_bf16(ncache, 9), vc = random_bf16(ncache, 10), q1 = random_bf16(kHeads * kDim, 11);
+  cuda::DeviceBuffer o1 = random_bf16(kHeads * kDim, 12);
+  cuda::DeviceBuffer dws =
+      std::move(cuda::DeviceBuffer::alloc(0, cuda::attention_decode_workspace_bytes(1, kHeads, kDim)).value());
+  cuda::AttentionDecodeArgs d{q1.data(), kc.data(), vc.data(), o1.data(), nullptr, dws.data(), 1, n_ctx, kHeads,
+                              kKvHeads, kDim, n_ctx - 1, 0, scale, s.handle()};
+  const double t_dec = time_it(s, [&] { return cuda::attention_decode(d); }, 50);
+  const double bytes = 2.0 * double(ncache) * 2.0;
+  std::printf("attention decode    n_ctx=%d heads=%d/%d d=%d\n", n_ctx, kHeads, kKvHeads, kDim);
+  std::printf("  one token %8.3f us  %7.1f GB/s of K+V (includes launch and sync)\n", t_dec * 1e6,
+              bytes / t_dec * 1e-9);
+  return 0;
+}
