@@ -128,7 +128,8 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
 
 // At training length, where the double reference would be slow, the
 // pipelined kernel must agree with the simple one: the same arithmetic in
-// the same order, so at most a rare bf16 rounding flip apart.
+// the same order, so at most a rare bf16 rounding flip (or an fp32 ulp of
+// lse, should the compiler contract differently) apart.
 TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   SKIP_WITHOUT_GPU();
   const VarlenCase c{{1500, 700, 1}, 8, 2, 128, 0};
@@ -147,7 +148,7 @@ TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
     lses[simple] = download(lse, DType::F32, {d.n, c.n_head});
   }
   EXPECT_LE(testing::rel_error(outs[0], outs[1]), 5e-3);
-  EXPECT_LE(testing::rel_error(lses[0], lses[1]), 1e-6);
+  EXPECT_LE(testing::rel_error(lses[0], lses[1]), 1e-5);
 }
 
 TEST(CudaAttention, VarlenBackwardMatchesReference) {
@@ -157,7 +158,8 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
     SCOPED_TRACE(::testing::Message() << "docs=" << c.lengths.size() << " heads=" << c.n_head << "/" << c.n_head_kv
                                       << " d=" << c.head_dim << " window=" << c.window);
     VarlenData d = make_varlen(c, seed += 4);
-    const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2), kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
+    const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
+    const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, seed + 3);
     cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
     cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);

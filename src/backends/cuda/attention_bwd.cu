@@ -59,8 +59,12 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(BwdParams p) {
   const int k_first = p.window > 0 ? max(0, i0 - p.window + 1) : 0;
   const float sl2 = p.scale * kLog2e;
   float lse2[2] = {0.f, 0.f}, dlt[2] = {0.f, 0.f};
-  if (row_a < n) lse2[0] = p.lse[(base + row_a) * p.n_head + h] * kLog2e, dlt[0] = p.delta[(base + row_a) * p.n_head + h];
-  if (row_b < n) lse2[1] = p.lse[(base + row_b) * p.n_head + h] * kLog2e, dlt[1] = p.delta[(base + row_b) * p.n_head + h];
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    if (row >= n) continue;
+    lse2[r] = p.lse[(base + row) * p.n_head + h] * kLog2e;
+    dlt[r] = p.delta[(base + row) * p.n_head + h];
+  }
 
   load_tile<D>(sQ, p.q, base, i0, n, p.n_head, h);
   load_tile<D>(sO, p.d_out, base, i0, n, p.n_head, h);
@@ -253,7 +257,8 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   if (int64_t(a.n_tokens) * a.n_head > INT32_MAX) return invalid_argument(kName, "n_tokens × n_head exceeds 2^31");
   const void* all[] = {a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, a.d_k, a.d_v, a.cu_seqlens, a.workspace};
   for (const void* ptr : all)
-    if (!ptr) return invalid_argument(kName, "q, k, v, out, lse, d_out, d_q, d_k, d_v, cu_seqlens, workspace must be set");
+    if (!ptr)
+      return invalid_argument(kName, "q, k, v, out, lse, d_out, d_q, d_k, d_v, cu_seqlens and workspace must be set");
   const void* bf16_tensors[] = {a.q, a.k, a.v, a.d_out, a.d_q, a.d_k, a.d_v};
   for (const void* ptr : bf16_tensors)
     if (!attn::aligned16(ptr)) return invalid_argument(kName, "bf16 tensors must be 16-byte aligned");

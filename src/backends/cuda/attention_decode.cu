@@ -145,7 +145,8 @@ Status attention_decode(const AttentionDecodeArgs& a) {
   if (int64_t(a.pos0) + a.n_tokens > a.n_ctx)
     return invalid_argument(kName, "pos0 ", a.pos0, " + n_tokens ", a.n_tokens, " exceeds the cache's n_ctx ", a.n_ctx);
   if (a.n_tokens == 0) return Status::ok();
-  if (!a.q || !a.k_cache || !a.v_cache || !a.out) return invalid_argument(kName, "q, k_cache, v_cache, out must be set");
+  if (!a.q || !a.k_cache || !a.v_cache || !a.out)
+    return invalid_argument(kName, "q, k_cache, v_cache and out must be set");
   if (!attn::aligned16(a.q) || !attn::aligned16(a.k_cache) || !attn::aligned16(a.v_cache) || !attn::aligned16(a.out))
     return invalid_argument(kName, "q, k_cache, v_cache and out must be 16-byte aligned");
   using attn::bf16;
