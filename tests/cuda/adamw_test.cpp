@@ -4,7 +4,8 @@
 // learning rate, and maximize. Both sides apply the same fp32 formula; they
 // may differ by fused multiply-adds, so masters and moments are compared to
 // 1e-6 of their largest magnitude. The bf16 working copy must be exactly
-// the rounding of the device's master.
+// the rounding of the device's master. Gradient clipping: the device sums
+// in f32 per chunk and in double across chunks, so the norm is within 1e-5.
 //
 // test_cuda links the backends only, so the CPU optimizer is compiled into
 // this test from its source.
@@ -83,6 +84,37 @@ TEST(CudaAdamW, MatchesCpuOptimizer) {
 TEST(CudaAdamW, MatchesCpuOptimizerWhenMaximizing) {
   LATHE_SKIP_WITHOUT_GPU();
   run_adamw(true);
+}
+
+TEST(CudaAdamW, ClipGradNormMatchesCpu) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const std::vector<int64_t> sizes = {3, 50000, 777};
+  std::vector<std::vector<float>> g_cpu;
+  std::vector<DeviceBuffer> p_dev, g_dev;
+  std::vector<CudaAdamWParam> params;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    g_cpu.push_back(random_bf16(sizes[t], 90 + uint32_t(t), 0.2f));
+    p_dev.push_back(upload(ctx, std::vector<float>(size_t(sizes[t]))));
+    g_dev.push_back(upload(ctx, g_cpu[t]));
+    params.push_back({"t" + std::to_string(t), dptr<float>(p_dev[t]), dptr<float>(g_dev[t]), nullptr, sizes[t], true});
+  }
+  auto gpu = CudaAdamW::create(ctx, {}, params);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+  std::vector<std::span<float>> spans;
+  for (auto& g : g_cpu) spans.emplace_back(g);
+  // Measuring only (max_norm 0) leaves the gradients alone.
+  auto measured = gpu->clip_grad_norm(ctx, 0.0);
+  ASSERT_TRUE(measured.is_ok()) << measured.status().message();
+  const double want_norm = lathe::clip_grad_norm(spans, 1.0);  // clips the host copy
+  ASSERT_GT(want_norm, 1.0);
+  EXPECT_NEAR(*measured, want_norm, 1e-5 * want_norm);
+  auto clipped = gpu->clip_grad_norm(ctx, 1.0);
+  ASSERT_TRUE(clipped.is_ok()) << clipped.status().message();
+  EXPECT_NEAR(*clipped, want_norm, 1e-5 * want_norm);
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    EXPECT_LE(rel_error(download<float>(ctx, g_dev[t], sizes[t]), g_cpu[t]), 1e-5) << "tensor " << t;
+  }
 }
 
 TEST(CudaAdamW, RejectsBadConfigAndMissingBuffers) {

@@ -4,7 +4,7 @@
 // tensors and a table of fixed-size chunks are uploaded once at create; each
 // step is a single launch with one block per chunk, so hundreds of small
 // LoRA tensors cost one launch. The bf16 working copy is written from the
-// updated master in the same pass.
+// updated master in the same pass. Gradient clipping uses the same tables.
 #include <cmath>
 #include <set>
 
@@ -18,7 +18,7 @@ constexpr int64_t kChunkElems = 16384;
 
 struct TensorDesc {
   float* p;
-  const float* g;
+  float* g;
   bf16_bits* w;
   float* m;
   float* v;
@@ -60,6 +60,23 @@ __global__ void adamw_kernel(const TensorDesc* tensors, const ChunkDesc* chunks,
   }
 }
 
+// Σ g² over the chunk, added into one double.
+__global__ void sum_squares_kernel(const TensorDesc* tensors, const ChunkDesc* chunks, double* total) {
+  __shared__ float scratch[32];
+  const ChunkDesc c = chunks[blockIdx.x];
+  const float* g = tensors[c.tensor].g;
+  float acc = 0.0f;
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) acc += g[i] * g[i];
+  acc = dev::block_sum(acc, scratch);
+  if (threadIdx.x == 0) atomicAdd(total, static_cast<double>(acc));
+}
+
+__global__ void scale_kernel(const TensorDesc* tensors, const ChunkDesc* chunks, float coef) {
+  const ChunkDesc c = chunks[blockIdx.x];
+  float* g = tensors[c.tensor].g;
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) g[i] *= coef;
+}
+
 }  // namespace
 
 Result<CudaAdamW> CudaAdamW::create(CudaContext& ctx, const CudaAdamWConfig& c, std::vector<CudaAdamWParam> params) {
@@ -99,7 +116,7 @@ Result<CudaAdamW> CudaAdamW::create(CudaContext& ctx, const CudaAdamWConfig& c, 
     tensors.push_back({p.param, p.grad, p.working, m + opt.offset_[i], v + opt.offset_[i], p.decay ? 1 : 0});
   }
   const size_t tb = tensors.size() * sizeof(TensorDesc), cb = chunks.size() * sizeof(ChunkDesc);
-  LATHE_ASSIGN_OR_RETURN(opt.tables_, DeviceBuffer::alloc(dev, tb + cb));
+  LATHE_ASSIGN_OR_RETURN(opt.tables_, DeviceBuffer::alloc(dev, tb + cb + sizeof(double)));
   LATHE_TRY(copy_to_device(ctx, opt.tables_.data(), tensors.data(), tb));
   LATHE_TRY(copy_to_device(ctx, static_cast<char*>(opt.tables_.data()) + tb, chunks.data(), cb));
   LATHE_TRY(ctx.synchronize());  // the host vectors go out of scope
@@ -132,6 +149,27 @@ Status CudaAdamW::step(CudaContext& ctx, double lr) {
                                                           params_.size() * sizeof(TensorDesc));
   adamw_kernel<<<static_cast<unsigned>(n_chunks_), kThreads, 0, stream_of(ctx)>>>(tensors, chunks, s);
   return ctx.check_launch("adamw");
+}
+
+Result<double> CudaAdamW::clip_grad_norm(CudaContext& ctx, double max_norm) {
+  if (n_chunks_ == 0) return 0.0;
+  const size_t tb = params_.size() * sizeof(TensorDesc);
+  const auto* tensors = static_cast<const TensorDesc*>(tables_.data());
+  const auto* chunks = reinterpret_cast<const ChunkDesc*>(static_cast<const char*>(tables_.data()) + tb);
+  auto* total = reinterpret_cast<double*>(static_cast<char*>(tables_.data()) + tb + n_chunks_ * sizeof(ChunkDesc));
+  LATHE_TRY(fill_zero(ctx, total, sizeof(double)));
+  sum_squares_kernel<<<static_cast<unsigned>(n_chunks_), kThreads, 0, stream_of(ctx)>>>(tensors, chunks, total);
+  LATHE_TRY(ctx.check_launch("adamw sum_squares"));
+  double sum = 0;
+  LATHE_TRY(copy_to_host(ctx, &sum, total, sizeof(double)));
+  const double norm = std::sqrt(sum);
+  if (max_norm <= 0.0 || !std::isfinite(norm)) return norm;
+  const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
+  if (coef < 1.0f) {
+    scale_kernel<<<static_cast<unsigned>(n_chunks_), kThreads, 0, stream_of(ctx)>>>(tensors, chunks, coef);
+    LATHE_TRY(ctx.check_launch("adamw scale"));
+  }
+  return norm;
 }
 
 Status CudaAdamW::read_moments(CudaContext& ctx, size_t i, std::vector<float>* m, std::vector<float>* v) const {

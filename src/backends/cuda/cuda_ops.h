@@ -239,7 +239,7 @@ Result<CrossEntropyStats> cross_entropy(CudaContext& ctx, const CrossEntropyCuda
 struct CudaAdamWParam {
   std::string name;
   float* param = nullptr;
-  const float* grad = nullptr;
+  float* grad = nullptr;  // scaled in place by clip_grad_norm
   bf16_bits* working = nullptr;  // may be null
   int64_t n = 0;
   bool decay = true;
@@ -263,6 +263,12 @@ class CudaAdamW {
  public:
   static Result<CudaAdamW> create(CudaContext& ctx, const CudaAdamWConfig& config, std::vector<CudaAdamWParam> params);
   Status step(CudaContext& ctx, double lr);
+  // torch.nn.utils.clip_grad_norm_ over every registered gradient, as
+  // train/adamw.h: total = sqrt(Σ g²) (accumulated in double), and when
+  // max_norm > 0 and total is finite the gradients are scaled by
+  // min(1, max_norm / (total + 1e-6)). Returns the pre-clip total; waits for
+  // the stream to read it back.
+  Result<double> clip_grad_norm(CudaContext& ctx, double max_norm);
   int64_t steps_taken() const { return step_; }
   // Copies moments of parameter i to the host (tests, checkpoints).
   Status read_moments(CudaContext& ctx, size_t i, std::vector<float>* m, std::vector<float>* v) const;
@@ -274,7 +280,7 @@ class CudaAdamW {
   int64_t total_ = 0;
   int64_t n_chunks_ = 0;
   DeviceBuffer state_;   // [m | v] f32
-  DeviceBuffer tables_;  // tensor and chunk descriptors
+  DeviceBuffer tables_;  // tensor and chunk descriptors, then one double for the norm
   int64_t step_ = 0;
 };
 

@@ -72,6 +72,7 @@ Result<CudaAdamW> CudaAdamW::create(CudaContext&, const CudaAdamWConfig&, std::v
   return no_cuda();
 }
 Status CudaAdamW::step(CudaContext&, double) { return no_cuda(); }
+Result<double> CudaAdamW::clip_grad_norm(CudaContext&, double) { return no_cuda(); }
 Status CudaAdamW::read_moments(CudaContext&, size_t, std::vector<float>*, std::vector<float>*) const {
   return no_cuda();
 }
