@@ -65,10 +65,9 @@ TEST(CudaRmsNorm, ForwardWithoutResidual) {
   check_rms_norm_forward(5, 1000, false, false);
 }
 
-TEST(CudaRmsNorm, BackwardAccumulatesIntoResidualGradAndWeightGrad) {
-  LATHE_SKIP_WITHOUT_GPU();
+void check_rms_norm_backward(int64_t rows, int64_t dim) {
+  SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
   CudaContext ctx = make_context();
-  const int64_t rows = 23, dim = 300;
   std::vector<float> h = random_bf16(rows * dim, 21), w = norm_weight(dim, 22), dy = random_bf16(rows * dim, 23);
   std::vector<float> rstd(rows), y(h.size());
   ref::rms_norm_forward({.x = view(h, {rows, dim}), .w = view(w, {dim}), .y = view(y, {rows, dim}),
@@ -90,6 +89,12 @@ TEST(CudaRmsNorm, BackwardAccumulatesIntoResidualGradAndWeightGrad) {
     EXPECT_LE(rel_error(download<float>(ctx, d_dh, rows * dim), dh_ref), kF32Tol);
     EXPECT_LE(rel_error(download<float>(ctx, d_dw, dim), dw_ref), kF32Tol);
   }
+}
+
+TEST(CudaRmsNorm, BackwardAccumulatesIntoResidualGradAndWeightGrad) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rms_norm_backward(23, 300);
+  check_rms_norm_backward(1500, 64);  // more rows than blocks: blocks stride over rows
 }
 
 void check_rope(const RopeParams& p, int64_t head_dim) {
