@@ -1,13 +1,13 @@
 // CUDA attention against the naive double references of tests/ops/reference:
 // packed training forward (out, lse) and backward (d_q, d_k, d_v), and
 // generation against a KV cache (one token through the split-K kernel,
-// several through the tensor-core prefill). Inputs are rounded to bf16 once;
-// the reference sees exactly the values the GPU sees. Tolerances, as
-// max|got − want| / max|want| over a whole tensor: out 1e-2 (bf16 output
-// and bf16 probabilities in P·V), lse 1e-3 (fp32 throughout), gradients
-// 2e-2 (P and dS rounded to bf16 before their products). Without a GPU the
-// kernel tests skip themselves. The forward runs both kernels (pipelined
-// and simple).
+// several through the tensor-core prefill, a batch of caches at once).
+// Inputs are rounded to bf16 once; the reference sees exactly the values the
+// GPU sees. Tolerances, as max|got − want| / max|want| over a whole tensor:
+// out 1e-2 (bf16 output and bf16 probabilities in P·V), lse 1e-3 (fp32
+// throughout), gradients 2e-2 (P and dS rounded to bf16 before their
+// products). The forward runs both kernels (pipelined and simple). Without a
+// GPU the kernel tests skip themselves.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -234,6 +234,64 @@ TEST(CudaAttention, DecodeMatchesReference) {
     AttentionArgs r{.q = q.host, .k = k.host, .v = v.host, .out = want, .lse = want_lse, .pos0 = c.pos0,
                     .window = c.window, .scale = scale};
     ref::attention_forward(r);
+    EXPECT_LE(testing::rel_error(got, want), 1e-2);
+    EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
+  }
+}
+
+// A batch of sequences, each with its own cache and position, in one launch.
+TEST(CudaAttention, DecodeBatchMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int n_head = 8, n_head_kv = 2, d = 128;
+  const std::vector<int32_t> pos{0, 77, 700, 5};
+  const int n = int(pos.size()), max_ctx = 701;
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int window : {0, 50}) {
+    SCOPED_TRACE(::testing::Message() << "window=" << window);
+    uint32_t seed = 1700 + uint32_t(window);
+    Bf16Input q = upload({n, n_head, d}, seed++);
+    std::vector<Bf16Input> k, v;
+    std::vector<const void*> k_ptrs, v_ptrs;
+    for (int s = 0; s < n; ++s) {
+      k.push_back(upload({pos[size_t(s)] + 2, n_head_kv, d}, seed++));
+      v.push_back(upload({pos[size_t(s)] + 2, n_head_kv, d}, seed++));
+      k_ptrs.push_back(k.back().dev.data());
+      v_ptrs.push_back(v.back().dev.data());
+    }
+    cuda::DeviceBuffer k_dev = device_zeros(k_ptrs.size() * sizeof(void*));
+    cuda::DeviceBuffer v_dev = device_zeros(v_ptrs.size() * sizeof(void*));
+    cuda::DeviceBuffer pos_dev = device_zeros(pos.size() * sizeof(int32_t));
+    ASSERT_TRUE(k_dev.copy_from_host(k_ptrs.data(), k_ptrs.size() * sizeof(void*)).is_ok());
+    ASSERT_TRUE(v_dev.copy_from_host(v_ptrs.data(), v_ptrs.size() * sizeof(void*)).is_ok());
+    ASSERT_TRUE(pos_dev.copy_from_host(pos.data(), pos.size() * sizeof(int32_t)).is_ok());
+    cuda::DeviceBuffer out = device_zeros(size_t(n * n_head * d * 2)), lse = device_zeros(size_t(n * n_head * 4));
+    cuda::DeviceBuffer ws = device_zeros(cuda::attention_decode_workspace_bytes(n, n_head, d));
+    cuda::AttentionDecodeBatchArgs a{q.dev.data(),
+                                     static_cast<const void* const*>(k_dev.data()),
+                                     static_cast<const void* const*>(v_dev.data()),
+                                     static_cast<const int32_t*>(pos_dev.data()),
+                                     out.data(),
+                                     static_cast<float*>(lse.data()),
+                                     ws.data(),
+                                     n,
+                                     max_ctx,
+                                     n_head,
+                                     n_head_kv,
+                                     d,
+                                     window,
+                                     scale,
+                                     nullptr};
+    Status st = cuda::attention_decode_batch(a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    Tensor got = download(out, DType::BF16, {n, n_head, d});
+    Tensor got_lse = download(lse, DType::F32, {n, n_head});
+    Tensor want = Tensor::zeros(DType::F32, {n, n_head, d}), want_lse = Tensor::zeros(DType::F32, {n, n_head});
+    for (int s = 0; s < n; ++s) {
+      AttentionArgs r{.q = q.host.view().slice_rows(s, s + 1), .k = k[size_t(s)].host, .v = v[size_t(s)].host,
+                      .out = want.view().slice_rows(s, s + 1), .lse = want_lse.view().slice_rows(s, s + 1),
+                      .pos0 = pos[size_t(s)], .window = window, .scale = scale};
+      ref::attention_forward(r);
+    }
     EXPECT_LE(testing::rel_error(got, want), 1e-2);
     EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
   }

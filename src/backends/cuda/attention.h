@@ -84,4 +84,24 @@ struct AttentionDecodeArgs {
 size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim);
 Status attention_decode(const AttentionDecodeArgs& a);
 
+// One new token for each of n_seqs sequences, each with its own cache (as
+// above) and position; everything the kernels read lies on the device, so
+// a captured CUDA graph replays for any positions up to max_ctx. Sequence s
+// attends with query row s of q to rows 0 .. pos[s] of its cache.
+// Workspace: attention_decode_workspace_bytes(n_seqs, n_head, head_dim).
+struct AttentionDecodeBatchArgs {
+  const void* q = nullptr;                // bf16 [n_seqs, n_head, head_dim]
+  const void* const* k_caches = nullptr;  // device array of n_seqs device pointers, 16-byte aligned
+  const void* const* v_caches = nullptr;  // device array of n_seqs device pointers
+  const int32_t* pos = nullptr;           // device i32 [n_seqs]: 0 <= pos[s] < max_ctx
+  void* out = nullptr;                    // bf16 [n_seqs, n_head, head_dim]
+  float* lse = nullptr;                   // f32 [n_seqs, n_head]; may be null
+  void* workspace = nullptr;
+  int n_seqs = 0, max_ctx = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  int window = 0;
+  float scale = 1.0f;
+  void* stream = nullptr;
+};
+Status attention_decode_batch(const AttentionDecodeBatchArgs& a);
+
 }  // namespace lathe::cuda

@@ -26,6 +26,10 @@ struct DecodeParams {
   float* part;  // [n_tokens, n_head, kMaxSplits, D + 2]: o[D], m, l (m in log2 units)
   int n_head, n_head_kv, pos0, window, chunk, n_splits;
   float scale;
+  // Batched: blockIdx.z is a sequence with its own cache and position (device arrays).
+  const bf16* const* k_seq = nullptr;
+  const bf16* const* v_seq = nullptr;
+  const int32_t* pos_seq = nullptr;
 };
 
 template <int D>
@@ -34,7 +38,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
   __shared__ float s_o[kGroups][D];
   __shared__ float s_m[kGroups], s_l[kGroups];
   const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z, hk = h / (p.n_head / p.n_head_kv);
-  const int pos = p.pos0 + t;
+  const int pos = p.pos_seq ? p.pos_seq[t] : p.pos0 + t;
+  const bf16* k_rows = p.k_seq ? p.k_seq[t] : p.k;
+  const bf16* v_rows = p.v_seq ? p.v_seq[t] : p.v;
   const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int j_begin = lo + split * p.chunk, j_end = min(pos + 1, j_begin + p.chunk);
   const int grp = threadIdx.x / kLanes, d0 = threadIdx.x % kLanes * 8;
@@ -53,8 +59,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
     uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
     if (valid) {
       const int64_t off = (int64_t(j) * p.n_head_kv + hk) * D + d0;
-      kr = *reinterpret_cast<const uint4*>(p.k + off);
-      vr = *reinterpret_cast<const uint4*>(p.v + off);
+      kr = *reinterpret_cast<const uint4*>(k_rows + off);
+      vr = *reinterpret_cast<const uint4*>(v_rows + off);
     }
     const bf16* ke = reinterpret_cast<const bf16*>(&kr);
     const bf16* ve = reinterpret_cast<const bf16*>(&vr);
@@ -126,6 +132,22 @@ Status launch_decode(const DecodeParams& p, int n_tokens, cudaStream_t st) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
+// Chunks of at least kMinChunk keys, at most kMaxSplits of them, for `len` keys.
+void plan_splits(int len, int* chunk, int* n_splits) {
+  int n = std::min(kMaxSplits, std::max(1, (len + kMinChunk - 1) / kMinChunk));
+  *chunk = std::max(1, (len + n - 1) / n);
+  *n_splits = std::max(1, (len + *chunk - 1) / *chunk);
+}
+
+Status check_shape(const char* name, int head_dim, int n_head, int n_head_kv, int window) {
+  if (head_dim != 64 && head_dim != 128)
+    return unsupported(name, "head_dim ", head_dim, " is not compiled (64 and 128 are)");
+  if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0)
+    return invalid_argument(name, "n_head ", n_head, " is not a multiple of n_head_kv ", n_head_kv);
+  if (window < 0) return invalid_argument(name, "negative window");
+  return Status::ok();
+}
+
 }  // namespace
 }  // namespace attn
 
@@ -136,12 +158,8 @@ size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim) 
 
 Status attention_decode(const AttentionDecodeArgs& a) {
   const char* kName = "attention_decode: ";
-  if (a.head_dim != 64 && a.head_dim != 128)
-    return unsupported(kName, "head_dim ", a.head_dim, " is not compiled (64 and 128 are)");
-  if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
-    return invalid_argument(kName, "n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
-  if (a.n_tokens < 0 || a.pos0 < 0 || a.window < 0)
-    return invalid_argument(kName, "negative n_tokens, pos0 or window");
+  LATHE_TRY(attn::check_shape(kName, a.head_dim, a.n_head, a.n_head_kv, a.window));
+  if (a.n_tokens < 0 || a.pos0 < 0) return invalid_argument(kName, "negative n_tokens or pos0");
   if (int64_t(a.pos0) + a.n_tokens > a.n_ctx)
     return invalid_argument(kName, "pos0 ", a.pos0, " + n_tokens ", a.n_tokens, " exceeds the cache's n_ctx ", a.n_ctx);
   if (a.n_tokens == 0) return Status::ok();
@@ -158,15 +176,35 @@ Status attention_decode(const AttentionDecodeArgs& a) {
   }
   if (!a.workspace) return invalid_argument(kName, "workspace must be set (attention_decode_workspace_bytes)");
   const int len = a.window > 0 ? std::min(a.window, a.pos0 + 1) : a.pos0 + 1;  // keys of the one token
-  int n_splits = std::min(attn::kMaxSplits, (len + attn::kMinChunk - 1) / attn::kMinChunk);
-  const int chunk = (len + n_splits - 1) / n_splits;
-  n_splits = (len + chunk - 1) / chunk;
+  int chunk = 0, n_splits = 0;
+  attn::plan_splits(len, &chunk, &n_splits);
   attn::DecodeParams p{static_cast<const bf16*>(a.q), static_cast<const bf16*>(a.k_cache),
                        static_cast<const bf16*>(a.v_cache), static_cast<bf16*>(a.out), a.lse,
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, a.pos0, a.window, chunk, n_splits,
                        a.scale};
   auto st = static_cast<cudaStream_t>(a.stream);
   return a.head_dim == 64 ? attn::launch_decode<64>(p, 1, st) : attn::launch_decode<128>(p, 1, st);
+}
+
+Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
+  const char* kName = "attention_decode_batch: ";
+  LATHE_TRY(attn::check_shape(kName, a.head_dim, a.n_head, a.n_head_kv, a.window));
+  if (a.n_seqs < 0 || a.max_ctx < 0) return invalid_argument(kName, "negative n_seqs or max_ctx");
+  if (a.n_seqs == 0) return Status::ok();
+  if (!a.q || !a.k_caches || !a.v_caches || !a.pos || !a.out || !a.workspace)
+    return invalid_argument(kName, "q, k_caches, v_caches, pos, out and workspace must be set");
+  if (!attn::aligned16(a.q) || !attn::aligned16(a.out))
+    return invalid_argument(kName, "q and out must be 16-byte aligned");
+  using attn::bf16;
+  const int len = a.window > 0 ? std::min(a.window, std::max(1, a.max_ctx)) : std::max(1, a.max_ctx);
+  int chunk = 0, n_splits = 0;
+  attn::plan_splits(len, &chunk, &n_splits);
+  attn::DecodeParams p{static_cast<const bf16*>(a.q), nullptr, nullptr, static_cast<bf16*>(a.out), a.lse,
+                       static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, 0, a.window, chunk, n_splits,
+                       a.scale, reinterpret_cast<const bf16* const*>(a.k_caches),
+                       reinterpret_cast<const bf16* const*>(a.v_caches), a.pos};
+  auto st = static_cast<cudaStream_t>(a.stream);
+  return a.head_dim == 64 ? attn::launch_decode<64>(p, a.n_seqs, st) : attn::launch_decode<128>(p, a.n_seqs, st);
 }
 
 }  // namespace lathe::cuda

@@ -18,5 +18,6 @@ size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim) 
   return size_t(n_tokens) * size_t(n_head) * 64 * size_t(head_dim + 2) * sizeof(float);
 }
 Status attention_decode(const AttentionDecodeArgs&) { return no_cuda(); }
+Status attention_decode_batch(const AttentionDecodeBatchArgs&) { return no_cuda(); }
 
 }  // namespace lathe::cuda
