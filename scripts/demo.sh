@@ -15,9 +15,9 @@ $LATHE init-model --preset tiny --out "$OUT/model" --seed 1
 echo "== lathe finetune --model $OUT/model --data data/sample --recipe recipes/tiny_lora.yaml --run-dir $OUT/run"
 rm -rf "$OUT/run"
 $LATHE finetune --model "$OUT/model" --data data/sample --recipe recipes/tiny_lora.yaml --run-dir "$OUT/run"
-# The prompt is what the recipe's template "{input} {output}" renders before
-# the answer: the question and one space.
-for q in "What is the daily ATM withdrawal limit? " "지점 영업시간은 어떻게 되나요? "; do
+# The prompt is the bare question: the space the recipe's template
+# "{input} {output}" puts before the answer is trained as part of the answer.
+for q in "What is the daily ATM withdrawal limit?" "지점 영업시간은 어떻게 되나요?"; do
   echo "== lathe generate --model $OUT/model --adapter $OUT/run/adapter --prompt '$q'"
   $LATHE generate --model "$OUT/model" --adapter "$OUT/run/adapter" --prompt "$q" --temperature 0 --max-new-tokens 160
   echo

@@ -17,7 +17,8 @@ small {input, output} test set, and what evaluation must report.
 
 The supervised tokens follow lathe's rule for the "{input} {output}" template:
 the whole text with BOS plus EOS, targets after its longest common prefix with
-the prompt's tokens. Exact match and F1 use the normalization `lathe eval
+the tokens of the prompt trimmed of trailing whitespace (so the separator
+space is a target and generation starts from the bare input). Exact match and F1 use the normalization `lathe eval
 --help` states (lowercase, punctuation and whitespace out), written here again
 with Python's unicodedata.
 
@@ -84,7 +85,7 @@ def f1(pred, ref):
 def example(tok, rec):
     prompt = rec["input"] + " "
     full = tok.encode(prompt + rec["output"]).ids + [2]
-    p = tok.encode(prompt).ids
+    p = tok.encode(prompt.rstrip(" \t\r\n\f\v")).ids
     k = 0
     while k < min(len(p), len(full)) and p[k] == full[k]:
         k += 1

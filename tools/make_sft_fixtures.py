@@ -12,11 +12,11 @@ The ids come from Hugging Face `tokenizers` (encode) and the chat text from
 transformers' apply_chat_template. The masks are computed here from the
 rules of src/train/example.h:
   {input, output}: the targets are the tokens after the longest common prefix
-    of the prompt's ids and the whole text's ids, and the appended EOS. The
-    script cross-checks this against the tokenizer's character offsets (a
-    token carrying an output character is a target) and prints where the two
-    differ (SentencePiece's lone "\u2581" of an empty input before a
-    space-led output: the prefix rule makes it a target, offsets do not).
+    of the ids of the prompt with its trailing whitespace trimmed and the
+    whole text's ids, and the appended EOS; so the template's separator space
+    is a target. The script cross-checks this against the tokenizer's
+    character offsets (a token carrying a character past the trimmed prompt
+    is a target) and prints where the two differ.
   {messages}, by character offsets (a different route from lathe's, which
     compares tokenizations of prefixes): each assistant turn spans from the
     end of the conversation before it rendered with add_generation_prompt=True to where the conversation
@@ -51,6 +51,8 @@ CHATS = [
 
 EXTRA_PROMPTS = [
     {"input": "Two lines?", "output": "\nYes:\nlike this."},
+    {"input": "How much?", "output": "100 won"},
+    {"input": "Padded input  ", "output": "  indented"},
     {"input": "", "output": "empty input"},
     {"input": "Nothing to say", "output": ""},
 ]
@@ -63,10 +65,13 @@ def prompt_example(tok, eos_id, record):
     ids = list(enc.ids)
     # lathe's rule: targets follow the longest common prefix of the prompt's
     # and the whole text's ids.
-    boundary = common_prefix(tok.encode(prompt, add_special_tokens=True).ids, ids)
+    # The prompt is trimmed of trailing whitespace: the separator is trained.
+    trimmed = prompt.rstrip(" \t\r\n\f\v")
+    boundary = common_prefix(tok.encode(trimmed, add_special_tokens=True).ids, ids)
     mask = [1 if k >= boundary else 0 for k in range(len(ids))]
-    # Cross-check: a token carrying an output character (offsets) is a target.
-    by_offsets = [1 if end > len(prompt) else 0 for (_, end) in enc.offsets]
+    # Cross-check: a token carrying a character past the trimmed prompt
+    # (offsets) is a target.
+    by_offsets = [1 if end > len(trimmed) else 0 for (_, end) in enc.offsets]
     if by_offsets[1:] != mask[1:]:
         print(f"  note: offsets mark {by_offsets}, prefix rule {mask} for {record!r}: "
               f"{enc.tokens}")

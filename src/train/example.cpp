@@ -27,6 +27,11 @@ bool is_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
+std::string_view trim_right(std::string_view s) {
+  size_t e = s.find_last_not_of(" \t\r\n\f\v");
+  return e == std::string_view::npos ? std::string_view() : s.substr(0, e + 1);
+}
+
 size_t common_char_prefix(std::string_view a, std::string_view b) {
   size_t n = std::min(a.size(), b.size());
   size_t i = 0;
@@ -101,7 +106,9 @@ Result<Example> build_prompt_example(const PromptTemplate::Rendered& text, const
   if (!codec.eos_id) return invalid_argument("the tokenizer has no EOS token to end {input, output} examples with");
   Example ex;
   ex.input_ids = codec.encode(text.full, true);
-  std::vector<int32_t> prompt_ids = codec.encode(text.prompt, true);
+  // The template's separator (the space of "{input} {output}", a newline)
+  // belongs to the answer: a user's prompt at generation time ends before it.
+  std::vector<int32_t> prompt_ids = codec.encode(trim_right(text.prompt), true);
   size_t boundary = common_prefix(prompt_ids, ex.input_ids);
   ex.loss_mask.assign(ex.input_ids.size(), 0);
   for (size_t i = boundary; i < ex.input_ids.size(); ++i) ex.loss_mask[i] = 1;

@@ -74,11 +74,14 @@ class PromptTemplate {
 };
 
 // {input, output} records. The whole text is tokenized once (with special
-// tokens, so BOS comes from the post-processor) and the prompt alone once; the
-// targets are the tokens after the longest common prefix of the two. Where a
-// token straddles the boundary (the default template's " " before {output}
-// merges into the output's first word), that token is a target: it carries
-// output characters. EOS is appended and is a target.
+// tokens, so BOS comes from the post-processor) and the prompt, with its
+// trailing whitespace trimmed, once; the targets are the tokens after the
+// longest common prefix of the two. So the template's separator (the " " of
+// "{input} {output}", a "\n") is always a target, whether it merges into the
+// output's first word or is a token of its own, and generation from the bare
+// input (no trailing space) reproduces a trained answer. A token straddling
+// the boundary is a target: it carries output characters. EOS is appended and
+// is a target.
 Result<Example> build_prompt_example(const PromptTemplate::Rendered& text, const TextCodec& codec);
 
 // {messages: [...]} records, rendered with the chat template and tokenized

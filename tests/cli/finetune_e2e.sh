@@ -89,7 +89,9 @@ save_file(w, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 EOF
   GEN=(--model "$TMP/merged")
 fi
-# The prompt is the recipe's template up to {output}: "{input} " (NeMo's way).
+# The prompt is the bare question, no trailing space: the template's separator
+# ("{input} {output}") is trained as the answer's first character, so the
+# model generates it and the reply starts with one space.
 check_answer() {  # $1: the question, as in data/sample/training.jsonl
   local want got
   want=$(python3 -c 'import json,sys
@@ -97,7 +99,8 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     if r["input"] == sys.argv[2]: print(r["output"])' "$SRC/data/sample/training.jsonl" "$1")
   [ -n "$want" ] || fail "no training record asks '$1'"
-  got=$("$LATHE" generate "${GEN[@]}" --prompt "$1 " --temperature 0 --max-new-tokens 160)
+  got=$("$LATHE" generate "${GEN[@]}" --prompt "$1" --temperature 0 --max-new-tokens 160)
+  [ "${got:0:1}" = " " ] || fail "for '$1' the reply does not start with the trained separator space: '$got'"
   got="${got# }"
   [ "$got" = "$want" ] || fail "for '$1' generated '$got', trained '$want'"
   echo "ok: $1 -> $got"

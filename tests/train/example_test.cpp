@@ -58,15 +58,33 @@ TEST(PromptExample, TargetsAreOutputAndEos) {
   EXPECT_EQ(ex->n_targets(), 3);
 }
 
-TEST(PromptExample, ExactBoundaryAndEmptyOutput) {
+TEST(PromptExample, SeparatorTokenIsATargetAndEmptyOutput) {
+  // The "\n" separator is a token of its own: it is the first target, so the
+  // bare input is the context generation starts from.
   auto t = PromptTemplate::parse("{input}\n{output}");
   auto ex = build_prompt_example(*t->render(json{{"input", "a"}, {"output", "bc"}}), fake_codec());
   ASSERT_TRUE(ex.is_ok());
   EXPECT_EQ(ex->input_ids, (std::vector<int32_t>{1, ch('a'), ch('\n'), ch('b'), ch('c'), 2}));
-  EXPECT_EQ(ex->loss_mask, (std::vector<uint8_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(ex->loss_mask, (std::vector<uint8_t>{0, 0, 1, 1, 1, 1}));
   auto empty = build_prompt_example(*t->render(json{{"input", "a"}, {"output", ""}}), fake_codec());
   ASSERT_TRUE(empty.is_ok());
-  EXPECT_EQ(empty->loss_mask, (std::vector<uint8_t>{0, 0, 0, 1}));  // EOS only
+  EXPECT_EQ(empty->loss_mask, (std::vector<uint8_t>{0, 0, 1, 1}));  // the separator and EOS
+}
+
+TEST(PromptExample, SpaceSeparatorOfItsOwnIsATarget) {
+  // "a  x": the template's space comes before the output's own " x", so it
+  // does not merge and is a token of its own; it is still a target.
+  auto t = PromptTemplate::parse("{input} {output}");
+  auto ex = build_prompt_example(*t->render(json{{"input", "a"}, {"output", " x"}}), fake_codec());
+  ASSERT_TRUE(ex.is_ok());
+  EXPECT_EQ(ex->input_ids, (std::vector<int32_t>{1, ch('a'), ch(' '), sp('x'), 2}));
+  EXPECT_EQ(ex->loss_mask, (std::vector<uint8_t>{0, 0, 1, 1, 1}));
+  // Whitespace inside the prompt stays in it; the whole trailing run (here
+  // the input's own "\n" too) is trimmed.
+  auto inner = build_prompt_example(*t->render(json{{"input", "a b\n"}, {"output", "c"}}), fake_codec());
+  ASSERT_TRUE(inner.is_ok());
+  EXPECT_EQ(inner->input_ids, (std::vector<int32_t>{1, ch('a'), sp('b'), ch('\n'), sp('c'), 2}));
+  EXPECT_EQ(inner->loss_mask, (std::vector<uint8_t>{0, 0, 0, 1, 1, 1}));
 }
 
 TEST(PromptExample, NeedsEos) {
