@@ -7,6 +7,10 @@ no-op), saves the adapter with save_pretrained under
 tests/data/adapters/<name>/, and records the logits of the PEFT model itself
 (adapter unmerged, eval mode, float32, eager attention) for fixed input ids:
   reference.safetensors  input_ids [1, 10] i64, logits [1, 10, vocab] f32
+  greedy.json            {"prompt": the same ids, "continuation": 12 tokens
+                         of greedy decoding (argmax each step, EOS ignored),
+                         "min_top2_gap": the smallest gap between the two best
+                         logits over those steps}
 
 Variants:
   llama-lora    r 4, alpha 8, target_modules a list of all seven projections
@@ -18,6 +22,7 @@ Usage: python3 tools/make_peft_fixtures.py [--model tests/data/models/llama]
 Needs torch, transformers, peft, safetensors. Deterministic for a given seed.
 """
 import argparse
+import json
 import os
 
 import peft
@@ -33,6 +38,7 @@ VARIANTS = {
                          target_modules=r".*\.(q_proj|v_proj|down_proj)"),
 }
 INPUT_IDS = [[1, 17, 250, 33, 99, 4, 381, 120, 64, 7]]
+GREEDY_TOKENS = 12
 
 
 def make(model_dir, out_dir, name, kwargs, seed):
@@ -55,6 +61,16 @@ def make(model_dir, out_dir, name, kwargs, seed):
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float().contiguous()
     save_file({"input_ids": ids, "logits": logits}, os.path.join(dest, "reference.safetensors"))
+    seq, gap = ids, float("inf")
+    with torch.no_grad():
+        for _ in range(GREEDY_TOKENS):
+            last = model(input_ids=seq).logits[0, -1].float()
+            top2 = torch.topk(last, 2).values
+            gap = min(gap, float(top2[0] - top2[1]))
+            seq = torch.cat([seq, last.argmax().view(1, 1)], dim=1)
+    with open(os.path.join(dest, "greedy.json"), "w") as f:
+        json.dump({"prompt": INPUT_IDS[0], "continuation": seq[0, ids.shape[1]:].tolist(), "min_top2_gap": gap}, f)
+        f.write("\n")
     print(f"{dest}: logits {tuple(logits.shape)}")
 
 
