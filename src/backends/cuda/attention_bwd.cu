@@ -253,7 +253,8 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
     return invalid_argument(kName, "n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
   if (a.n_docs < 0 || a.max_seqlen < 0 || a.n_tokens < 0 || a.window < 0)
     return invalid_argument(kName, "negative n_docs, max_seqlen, n_tokens or window");
-  if (a.n_tokens == 0 || a.n_docs == 0 || a.max_seqlen == 0) return Status::ok();
+  if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
+  if (a.max_seqlen == 0) return invalid_argument(kName, "max_seqlen is 0 with ", a.n_tokens, " tokens");
   if (int64_t(a.n_tokens) * a.n_head > INT32_MAX) return invalid_argument(kName, "n_tokens × n_head exceeds 2^31");
   const void* all[] = {a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, a.d_k, a.d_v, a.cu_seqlens, a.workspace};
   for (const void* ptr : all)

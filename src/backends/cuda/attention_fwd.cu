@@ -220,6 +220,8 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
   if (a.n_docs < 0 || a.max_seqlen < 0 || a.n_tokens < 0 || a.window < 0)
     return invalid_argument("attention_varlen_forward: negative n_docs, max_seqlen, n_tokens or window");
   if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
+  if (a.max_seqlen == 0)
+    return invalid_argument("attention_varlen_forward: max_seqlen is 0 with ", a.n_tokens, " tokens");
   if (!a.q || !a.k || !a.v || !a.out || !a.cu_seqlens)
     return invalid_argument("attention_varlen_forward: q, k, v, out and cu_seqlens must be set");
   if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.out))
