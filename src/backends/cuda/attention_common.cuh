@@ -72,6 +72,43 @@ __device__ __forceinline__ void load_b_cols(uint32_t b[2], const bf16* s, int st
   b[1] = pack_raw(p[8 * stride], p[9 * stride]);
 }
 
+// ldmatrix: the same fragments in one instruction for two 8-wide n tiles.
+// Lanes 8i..8i+7 give the row addresses of 8×8 matrix i; each lane receives
+// (row g, columns 2c..2c+1) of every matrix, or with .trans (rows 2c..2c+1,
+// column g). Row addresses must be 16-byte aligned (the padded stride is).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// load_b_rows for the n tiles n0 and n0 + 8 at once: matrices (n0, k0),
+// (n0, k0+8), (n0+8, k0), (n0+8, k0+8).
+__device__ __forceinline__ void load_b_rows_x2(uint32_t b0[2], uint32_t b1[2], const bf16* s, int stride, int n0,
+                                               int k0) {
+  const int lane = threadIdx.x % 32, mi = lane / 8;
+  uint32_t r[4];
+  ldmatrix_x4(r, s + (n0 + (mi / 2) * 8 + lane % 8) * stride + k0 + (mi % 2) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+
+// load_b_cols for the n tiles n0 and n0 + 8 at once: transposed matrices
+// (k0, n0), (k0+8, n0), (k0, n0+8), (k0+8, n0+8).
+__device__ __forceinline__ void load_b_cols_x2(uint32_t b0[2], uint32_t b1[2], const bf16* s, int stride, int k0,
+                                               int n0) {
+  const int lane = threadIdx.x % 32, mi = lane / 8;
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, s + (k0 + (mi % 2) * 8 + lane % 8) * stride + n0 + (mi / 2) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+
 // The A fragment for keys kc*16 .. kc*16+15 built from C fragments of the
 // 8-column tiles 2kc and 2kc+1 (a score tile feeding the next product).
 __device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*s)[4], int kc) {

@@ -23,7 +23,9 @@ namespace {
 
 // One K/V tile of 64 keys starting at key kt: S = Q·Kᵀ, mask, online
 // softmax update of (m, l, o), O += P·V. All arrays stay in registers.
-template <int D>
+// kLdmatrix: B fragments through ldmatrix (two n tiles per instruction),
+// otherwise through the plain element loads; the fragments are the same.
+template <int D, bool kLdmatrix>
 __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[4], float m[2], float l[2],
                                             const bf16* sK, const bf16* sV, int kt, int pos_a, int pos_b, int n_k,
                                             int window, float sl2) {
@@ -33,10 +35,16 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      uint32_t b[2];
-      load_b_rows(b, sK, kS, n * 8, kk * 16);
-      mma_bf16(s[n], qf[kk], b);
+    for (int n = 0; n < 8; n += 2) {
+      uint32_t b0[2], b1[2];
+      if constexpr (kLdmatrix) {
+        load_b_rows_x2(b0, b1, sK, kS, n * 8, kk * 16);
+      } else {
+        load_b_rows(b0, sK, kS, n * 8, kk * 16);
+        load_b_rows(b1, sK, kS, n * 8 + 8, kk * 16);
+      }
+      mma_bf16(s[n], qf[kk], b0);
+      mma_bf16(s[n + 1], qf[kk], b1);
     }
 
   float mx[2] = {-INFINITY, -INFINITY};
@@ -77,10 +85,16 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
     uint32_t a[4];
     c_to_a(a, s, kc);
 #pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      uint32_t b[2];
-      load_b_cols(b, sV, kS, kc * 16, dn * 8);
-      mma_bf16(o[dn], a, b);
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      uint32_t b0[2], b1[2];
+      if constexpr (kLdmatrix) {
+        load_b_cols_x2(b0, b1, sV, kS, kc * 16, dn * 8);
+      } else {
+        load_b_cols(b0, sV, kS, kc * 16, dn * 8);
+        load_b_cols(b1, sV, kS, kc * 16, dn * 8 + 8);
+      }
+      mma_bf16(o[dn], a, b0);
+      mma_bf16(o[dn + 1], a, b1);
     }
   }
 }
@@ -109,8 +123,9 @@ __device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t 
 }
 
 // kPipelined: K/V tiles double-buffered through cp.async, the next tile in
-// flight while this one is computed. Otherwise one buffer, plain loads (the
-// simple version, kept as an on-device oracle for the fast one).
+// flight while this one is computed, fragments read with ldmatrix. Otherwise
+// one buffer, plain loads, fragments gathered element by element (the simple
+// version, kept as an on-device oracle for the fast one).
 template <int D, bool kPipelined>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS;  // shared row stride, elements per tile
@@ -158,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
       cp_async_commit();   // possibly empty: keeps "all but the newest group" meaning this tile
       cp_async_wait_one();
       __syncthreads();     // this tile's copies from every thread are visible
-      attend_tile<D>(qf, o, m, l, sK + buf * kTile, sV + buf * kTile, kt, pos_a, pos_b, n_k, p.window, sl2);
+      attend_tile<D, true>(qf, o, m, l, sK + buf * kTile, sV + buf * kTile, kt, pos_a, pos_b, n_k, p.window, sl2);
       __syncthreads();     // everyone is done with this buffer before it is refilled
     }
   } else {
@@ -167,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
       load_tile<D>(sK, p.k, k_base, kt, k_last + 1, p.n_head_kv, hk);
       load_tile<D>(sV, p.v, k_base, kt, k_last + 1, p.n_head_kv, hk);
       __syncthreads();
-      attend_tile<D>(qf, o, m, l, sK, sV, kt, pos_a, pos_b, n_k, p.window, sl2);
+      attend_tile<D, false>(qf, o, m, l, sK, sV, kt, pos_a, pos_b, n_k, p.window, sl2);
     }
   }
 
