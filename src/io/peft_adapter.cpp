@@ -4,6 +4,7 @@
 #include "io/peft_adapter.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -101,6 +102,8 @@ Result<PeftAdapterConfig> parse_fields(const json& j, const std::string& source)
     if (!rs->is_boolean()) return invalid_argument(source, ": field \"use_rslora\" must be true or false");
     cfg.use_rslora = rs->get<bool>();
   }
+  auto dropout = j.find("lora_dropout");
+  if (dropout != j.end() && dropout->is_number()) cfg.lora_dropout = dropout->get<float>();
   auto base = j.find("base_model_name_or_path");
   if (base != j.end() && base->is_string()) cfg.base_model_name_or_path = base->get<std::string>();
   LATHE_TRY(read_targets(j, source, &cfg));
@@ -160,6 +163,43 @@ Result<PeftAdapterConfig> parse_peft_adapter_config(std::string_view json_text, 
   } catch (const std::regex_error& e) {
     return invalid_argument(source, ": field \"target_modules\": ", e.what());
   }
+}
+
+Status write_peft_adapter(const std::string& dir, const PeftAdapterConfig& config,
+                          const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  const std::string weights_path = dir + "/adapter_model.safetensors";
+  if (config.r <= 0) return invalid_argument("write_peft_adapter: ", dir, ": r must be positive, got ", config.r);
+  if (config.target_names.empty()) return invalid_argument("write_peft_adapter: ", dir, ": no target modules");
+  if (tensors.empty()) return invalid_argument("write_peft_adapter: ", weights_path, ": no LoRA tensors");
+  for (const auto& [key, t] : tensors) {
+    std::string module;
+    char which = 0;
+    if (!split_key(key, &module, &which))
+      return invalid_argument("write_peft_adapter: ", weights_path, ": tensor '", key, "' is not a LoRA factor");
+    if (t.rank() != 2 || (which == 'A' ? t.size(0) : t.size(1)) != config.r)
+      return invalid_argument("write_peft_adapter: ", weights_path, ": tensor '", key, "' has shape ", t.shape().str(),
+                              ", not a LoRA ", which, " of rank ", config.r);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return io_error("write_peft_adapter: cannot create ", dir, ": ", ec.message());
+  // The keys peft writes for a LoRA config, with lathe's values.
+  json j = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"},
+            {"base_model_name_or_path", config.base_model_name_or_path},
+            {"r", config.r}, {"lora_alpha", config.lora_alpha}, {"lora_dropout", config.lora_dropout},
+            {"use_rslora", config.use_rslora}, {"target_modules", config.target_names}, {"bias", "none"},
+            {"fan_in_fan_out", false}, {"inference_mode", true}, {"init_lora_weights", true},
+            {"modules_to_save", nullptr}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},
+            {"rank_pattern", json::object()}, {"alpha_pattern", json::object()},
+            {"use_dora", false}, {"revision", nullptr}};
+  std::string text;
+  try {
+    text = j.dump(2) + "\n";
+  } catch (const json::exception& e) {  // a path or name that is not UTF-8
+    return invalid_argument("write_peft_adapter: ", dir, "/adapter_config.json: ", e.what());
+  }
+  LATHE_TRY(write_text_atomic(dir + "/adapter_config.json", text));
+  return write_safetensors(weights_path, tensors, {{"format", "pt"}});
 }
 
 Result<PeftAdapter> load_peft_adapter(const std::string& dir) {

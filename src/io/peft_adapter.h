@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -32,6 +33,7 @@ struct PeftAdapterConfig {
   std::vector<std::string> target_names;
   std::string target_regex;  // non-empty when target_modules was a string
   std::string base_model_name_or_path;
+  float lora_dropout = 0.0f;  // recorded; it plays no part in applying the adapter
 
   float scale() const;  // lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA
   // True when the module (e.g. "model.layers.0.self_attn.q_proj") is targeted.
@@ -56,6 +58,16 @@ struct PeftAdapter {
 
 // Parses adapter_config.json text; errors name source and field.
 Result<PeftAdapterConfig> parse_peft_adapter_config(std::string_view json_text, const std::string& source);
+
+// Writes dir/adapter_config.json and dir/adapter_model.safetensors as peft's
+// save_pretrained does, loadable by peft.PeftModel.from_pretrained. config
+// needs r, lora_alpha, use_rslora, lora_dropout, base_model_name_or_path and
+// target_names (leaf names such as "q_proj"). tensors are keyed
+// "base_model.model.<module>.lora_A.weight" / ".lora_B.weight" and written in
+// the given order and dtype; every key is checked to be a LoRA factor of rank
+// r. Creates dir; each file is written to a temporary name and renamed.
+Status write_peft_adapter(const std::string& dir, const PeftAdapterConfig& config,
+                          const std::vector<std::pair<std::string, Tensor>>& tensors);
 
 // Reads dir/adapter_config.json and dir/adapter_model.safetensors. The tensors
 // are zero-copy views of the mapped file (kept alive by the Tensors).

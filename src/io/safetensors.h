@@ -64,6 +64,9 @@ class SafetensorsFile {
 Status write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
+// Writes text to path through a temporary file renamed into place.
+Status write_text_atomic(const std::string& path, const std::string& text);
+
 // A model's weights: one model.safetensors, or shards listed by
 // model.safetensors.index.json ("weight_map": {tensor: file}).
 class WeightStore {

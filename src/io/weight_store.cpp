@@ -53,20 +53,6 @@ Result<std::map<std::string, std::string>> read_index(const std::string& path) {
   return map;
 }
 
-Status write_text_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return io_error(tmp, ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return io_error(path, ": rename: ", ec.message());
-  return Status::ok();
-}
-
 // Shards in huggingface_hub's order-preserving greedy split.
 std::vector<std::vector<size_t>> split_shards(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                               uint64_t max_shard_bytes) {
@@ -182,6 +168,20 @@ std::string WeightStore::file_of(std::string_view name) const {
 const SafetensorsEntry* WeightStore::entry(std::string_view name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : files_[it->second].find(name);
+}
+
+Status write_text_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return io_error(tmp, ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return io_error(path, ": rename: ", ec.message());
+  return Status::ok();
 }
 
 Status write_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "models/family.h"
 #include "nn/layers.h"
+#include "nn/lora.h"
 #include "ops/rope.h"
 
 namespace lathe {
@@ -38,20 +39,7 @@ namespace {
 // W [out, in] f32 += scale · B [out, r] · A [r, in] (A, B in any float dtype).
 void merge_lora(Tensor& w, const LoraPair& p, float scale) {
   const Tensor a = p.a.to_f32(), b = p.b.to_f32();
-  const int64_t out = w.size(0), in = w.size(1), r = a.size(0);
-  float* wp = w.data<float>();
-  const float* ap = a.data<float>();
-  const float* bp = b.data<float>();
-  parallel_for(out, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      float* row = wp + o * in;
-      for (int64_t k = 0; k < r; ++k) {
-        const float c = scale * bp[o * r + k];
-        const float* arow = ap + k * in;
-        for (int64_t i = 0; i < in; ++i) row[i] += c * arow[i];
-      }
-    }
-  });
+  lora_merge(w.data<float>(), a.data<float>(), b.data<float>(), w.size(0), w.size(1), a.size(0), scale);
 }
 
 // Fetches tensors by name with their expected shapes; counts parameters;

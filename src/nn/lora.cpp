@@ -91,6 +91,19 @@ bool lora_dropout_keep(uint64_t seed, int64_t i, float p) {
   return u >= double(p);
 }
 
+void lora_merge(float* w, const float* a, const float* b, int64_t out, int64_t in, int64_t r, float scale) {
+  parallel_for(out, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      float* row = w + o * in;
+      for (int64_t k = 0; k < r; ++k) {
+        const float c = scale * b[o * r + k];
+        const float* arow = a + k * in;
+        for (int64_t i = 0; i < in; ++i) row[i] += c * arow[i];
+      }
+    }
+  });
+}
+
 Status lora_forward(const LoraWeights& w, TensorView x, TensorView y, Arena& arena, LoraSaved* saved) {
   LATHE_TRY(check_lora(w, x, y));
   std::optional<Arena::Scope> scope;

@@ -38,6 +38,12 @@ Result<std::vector<std::string>> lora_target_leaves(const std::vector<std::strin
 // Where a leaf sits in a decoder layer: "q_proj" → "self_attn.q_proj".
 std::string lora_module_path(const std::string& leaf);
 
+// Merges an adapter into its weight: w [out, in] += scale · b [out, r] · a [r, in],
+// all f32, accumulated into w one rank at a time (the order every merge in
+// lathe uses, so a model merged at load and one merged at export agree bit for
+// bit). Borrows all three; OpenMP over rows.
+void lora_merge(float* w, const float* a, const float* b, int64_t out, int64_t in, int64_t r, float scale);
+
 // Kaiming-uniform A [r, in] from seed (splitmix64; the same on every platform).
 void lora_init_a(float* a, int64_t r, int64_t in, uint64_t seed);
 // True when element i survives dropout p under seed.

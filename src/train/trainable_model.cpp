@@ -16,6 +16,7 @@
 #include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "ops/rope.h"
+#include "train/export.h"
 #include "train/trainable_impl.h"
 
 namespace lathe {
@@ -274,23 +275,14 @@ int64_t TrainableModel::activation_bytes() const { return impl_->arena.capacity_
 Status TrainableModel::save_adapter_peft(const std::string& dir) const {
   const TrainableModelImpl& m = *impl_;
   if (m.opts.full_sft) return invalid_argument("save_adapter_peft: the model trains every weight (full SFT); use save_full");
-  LATHE_TRY(make_dir(dir, "save_adapter_peft"));
-  LATHE_ASSIGN_OR_RETURN(std::vector<std::string> leaves, lora_target_leaves(m.opts.lora.target_modules));
-  nlohmann::json j = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", m.model_dir},
-                      {"r", m.opts.lora.r}, {"lora_alpha", m.opts.lora.alpha}, {"lora_dropout", m.opts.lora.dropout},
-                      {"use_rslora", m.opts.lora.rslora}, {"target_modules", leaves}, {"bias", "none"},
-                      {"fan_in_fan_out", false}, {"inference_mode", true}, {"init_lora_weights", true},
-                      {"modules_to_save", nullptr}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},
-                      {"rank_pattern", nlohmann::json::object()}, {"alpha_pattern", nlohmann::json::object()},
-                      {"use_dora", false}, {"revision", nullptr}};
-  LATHE_TRY(write_text(dir + "/adapter_config.json", j.dump(2) + "\n"));
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ParamInfo& p : m.table) {
     Tensor t = Tensor::empty(DType::F32, p.shape);
     std::memcpy(t.raw(), m.params.data<float>() + p.offset, size_t(t.nbytes()));
     tensors.emplace_back(p.name, std::move(t));
   }
-  return write_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  LATHE_ASSIGN_OR_RETURN(PeftAdapterConfig config, peft_config_of(m.opts.lora, m.model_dir));
+  return write_peft_adapter(dir, config, tensors);
 }
 
 Status TrainableModel::save_full(const std::string& dir) const {
