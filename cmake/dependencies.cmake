@@ -15,6 +15,10 @@ endif()
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 find_package(ICU REQUIRED COMPONENTS uc)  # Unicode normalization (NFC) for tokenizers
+# S3 storage (lathe_io): HTTP through libcurl, SHA-256/HMAC/MD5 from OpenSSL.
+# Both stay ordinary shared libraries; every machine lathe runs on has them.
+find_package(CURL REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_path(OPENBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /usr/include REQUIRED)

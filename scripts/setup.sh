@@ -10,10 +10,13 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3
   libopenblas-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libyaml-cpp-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libcurl4-openssl-dev libssl-dev
   clang libclang-rt-14-dev
 )
-# Small Python libraries the tests use to cross-check files (always installed).
-PIP_TEST=(numpy safetensors)
+# Small Python libraries the tests use to cross-check files and the local
+# S3-compatible server the storage tests start (always installed).
+# An entry is a module name, or "module=pip-spec" where they differ.
+PIP_TEST=(numpy safetensors "moto.server=moto[server]")
 # Reference libraries for making fixtures and running baselines (--tools).
 PIP_TOOLS=(torch transformers tokenizers jinja2 peft)
 
@@ -44,7 +47,7 @@ fi
 pip_install_missing() {
   local py_missing=()
   for m in "$@"; do
-    python3 -c "import $m" 2>/dev/null || py_missing+=("$m")
+    python3 -c "import ${m%%=*}" 2>/dev/null || py_missing+=("${m#*=}")
   done
   if [ ${#py_missing[@]} -gt 0 ]; then
     echo "setup: pip installing ${py_missing[*]}"

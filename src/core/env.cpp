@@ -1,5 +1,6 @@
 #include "core/env.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <thread>
 
@@ -8,6 +9,18 @@ namespace lathe::env {
 std::string get(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return (v && *v) ? std::string(v) : fallback;
+}
+
+Result<int64_t> get_int(const char* name, int64_t fallback, int64_t min_value, int64_t max_value) {
+  std::string v = get(name);
+  if (v.empty()) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  long long n = std::strtoll(v.c_str(), &end, 10);
+  if (errno != 0 || end == v.c_str() || *end != '\0' || n < min_value || n > max_value)
+    return invalid_argument("environment: ", name, "='", v, "' is not an integer in [", min_value, ", ",
+                            max_value, "]");
+  return static_cast<int64_t>(n);
 }
 
 std::string log_level() { return get("LATHE_LOG_LEVEL", "info"); }
@@ -23,5 +36,20 @@ int num_threads() {
   unsigned hc = std::thread::hardware_concurrency();
   return hc > 0 ? static_cast<int>(hc) : 1;
 }
+
+std::string aws_endpoint_url() { return get("AWS_ENDPOINT_URL"); }
+
+std::string aws_region() { return get("AWS_REGION", get("AWS_DEFAULT_REGION", "us-east-1")); }
+
+Result<int64_t> s3_part_size_bytes() {
+  LATHE_ASSIGN_OR_RETURN(int64_t mib, get_int("LATHE_S3_PART_SIZE_MB", 64, 5, 5120));
+  return mib << 20;
+}
+
+Result<int64_t> s3_max_attempts() { return get_int("LATHE_S3_MAX_ATTEMPTS", 8, 1, 100); }
+
+Result<int64_t> s3_timeout_ms() { return get_int("LATHE_S3_TIMEOUT_MS", 30000, 100, 3600000); }
+
+Result<int64_t> s3_backoff_ms() { return get_int("LATHE_S3_BACKOFF_MS", 200, 0, 60000); }
 
 }  // namespace lathe::env

@@ -1,7 +1,10 @@
 // Every environment variable lathe reads, in one place: name, default, doc.
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "core/status.h"
 
 namespace lathe::env {
 
@@ -10,7 +13,26 @@ std::string log_level();
 // LATHE_NUM_THREADS: CPU threads for compute. Default: OMP_NUM_THREADS, else all cores.
 int num_threads();
 
+// S3 storage (io/storage_s3.cpp). Credentials have no default:
+//   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional).
+// AWS_ENDPOINT_URL: an S3-compatible endpoint ("http://127.0.0.1:9000"),
+// addressed path-style. Default: AWS itself, virtual-hosted.
+std::string aws_endpoint_url();
+// AWS_REGION, else AWS_DEFAULT_REGION. Default: us-east-1.
+std::string aws_region();
+// LATHE_S3_PART_SIZE_MB: multipart upload part size, MiB, 5..5120. Default: 64.
+Result<int64_t> s3_part_size_bytes();
+// LATHE_S3_MAX_ATTEMPTS: tries per S3 request, the first included, 1..100. Default: 8.
+Result<int64_t> s3_max_attempts();
+// LATHE_S3_TIMEOUT_MS: an S3 request fails when no byte moves for this long. Default: 30000.
+Result<int64_t> s3_timeout_ms();
+// LATHE_S3_BACKOFF_MS: first retry delay; doubles per try (full jitter, capped at 20 s). Default: 200.
+Result<int64_t> s3_backoff_ms();
+
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");
+// Reads an integer variable in [min_value, max_value]; fallback when unset or
+// empty; an invalid-argument Status naming the variable otherwise.
+Result<int64_t> get_int(const char* name, int64_t fallback, int64_t min_value, int64_t max_value);
 
 }  // namespace lathe::env
