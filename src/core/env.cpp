@@ -46,6 +46,8 @@ Result<int64_t> s3_part_size_bytes() {
   return mib << 20;
 }
 
+Result<int64_t> s3_upload_concurrency() { return get_int("LATHE_S3_CONCURRENCY", 4, 1, 64); }
+
 Result<int64_t> s3_max_attempts() { return get_int("LATHE_S3_MAX_ATTEMPTS", 8, 1, 100); }
 
 Result<int64_t> s3_timeout_ms() { return get_int("LATHE_S3_TIMEOUT_MS", 30000, 100, 3600000); }

@@ -22,6 +22,8 @@ std::string aws_endpoint_url();
 std::string aws_region();
 // LATHE_S3_PART_SIZE_MB: multipart upload part size, MiB, 5..5120. Default: 64.
 Result<int64_t> s3_part_size_bytes();
+// LATHE_S3_CONCURRENCY: parts of one object uploaded at once, 1..64. Default: 4.
+Result<int64_t> s3_upload_concurrency();
 // LATHE_S3_MAX_ATTEMPTS: tries per S3 request, the first included, 1..100. Default: 8.
 Result<int64_t> s3_max_attempts();
 // LATHE_S3_TIMEOUT_MS: an S3 request fails when no byte moves for this long. Default: 30000.

@@ -157,6 +157,7 @@ Status S3Options::validate() const {
     return invalid_argument("s3: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
   if (part_size_bytes < (int64_t{5} << 20))
     return invalid_argument("s3: part size ", part_size_bytes, " bytes is below S3's minimum of 5 MiB");
+  if (upload_concurrency < 1) return invalid_argument("s3: upload_concurrency must be >= 1");
   if (max_attempts < 1) return invalid_argument("s3: max_attempts must be >= 1");
   if (timeout_ms < 1) return invalid_argument("s3: timeout_ms must be >= 1");
   if (list_max_keys < 1 || list_max_keys > 1000) return invalid_argument("s3: list_max_keys must be in [1, 1000]");
@@ -173,6 +174,8 @@ Result<S3Options> s3_options_from_env() {
   o.credentials.secret_access_key = env::get("AWS_SECRET_ACCESS_KEY");
   o.credentials.session_token = env::get("AWS_SESSION_TOKEN");
   LATHE_ASSIGN_OR_RETURN(o.part_size_bytes, env::s3_part_size_bytes());
+  LATHE_ASSIGN_OR_RETURN(int64_t concurrency, env::s3_upload_concurrency());
+  o.upload_concurrency = static_cast<int>(concurrency);
   LATHE_ASSIGN_OR_RETURN(int64_t attempts, env::s3_max_attempts());
   o.max_attempts = static_cast<int>(attempts);
   LATHE_ASSIGN_OR_RETURN(o.timeout_ms, env::s3_timeout_ms());

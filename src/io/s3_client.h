@@ -34,6 +34,7 @@ struct S3Options {
   std::string region = "us-east-1";
   SigV4Credentials credentials;
   int64_t part_size_bytes = int64_t{64} << 20;  // multipart part size, >= 5 MiB
+  int upload_concurrency = 4;                   // parts of one object in flight at once
   int max_attempts = 8;                         // tries per request, the first included
   int64_t timeout_ms = 30000;                   // a request with no byte moving this long fails
   int64_t backoff_ms = 200;                     // first retry delay (doubles, full jitter)

@@ -1,15 +1,19 @@
 // Storage on S3: paths under a root "s3://bucket/prefix" become keys
 // "prefix/path". A Writer buffers up to one part: an object that stays below
 // the part size goes up in one PUT at close(); a larger one becomes a
-// multipart upload whose parts leave as they fill, so memory stays at one
-// part whatever the object's size, and which close() completes and a
-// destructor without close() aborts, so nothing half-written ever appears.
+// multipart upload whose parts leave as they fill, several at once on their
+// own threads (upload_concurrency; one stream rarely fills a link to S3), so
+// memory stays at (concurrency + 1) parts whatever the object's size. close()
+// completes the upload and a destructor without close() aborts it, so
+// nothing half-written ever appears.
 // remove_prefix() also aborts uploads left running under the prefix (a
 // process killed mid-write leaves one behind).
 #include "io/storage_s3.h"
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <future>
 
 #include "core/log.h"
 
@@ -35,9 +39,11 @@ class S3Writer : public StorageWriter {
  public:
   S3Writer(S3Client* client, std::string bucket, std::string key, std::string url)
       : client_(client), bucket_(std::move(bucket)), key_(std::move(key)), url_(std::move(url)),
-        part_size_(static_cast<size_t>(client->options().part_size_bytes)) {}
+        part_size_(static_cast<size_t>(client->options().part_size_bytes)),
+        max_in_flight_(static_cast<size_t>(std::max(1, client->options().upload_concurrency))) {}
 
   ~S3Writer() override {
+    (void)drain();  // the part uploads borrow this writer
     if (closed_ || upload_id_.empty()) return;
     Status st = client_->abort_multipart_upload(bucket_, key_, upload_id_);
     if (!st.is_ok()) LATHE_LOG(kWarn, "storage: ", url_, ": abandoned upload not aborted: ", st.message());
@@ -47,18 +53,10 @@ class S3Writer : public StorageWriter {
     if (closed_) return io_error("storage: ", url_, ": write after close");
     if (!failed_.is_ok()) return failed_;
     while (!bytes.empty()) {
-      if (buf_.empty() && bytes.size() >= part_size_) {  // a whole part straight from the caller
-        LATHE_TRY(remember(send_part(bytes.first(part_size_))));
-        bytes = bytes.subspan(part_size_);
-        continue;
-      }
       size_t take = std::min(bytes.size(), part_size_ - buf_.size());
       buf_.insert(buf_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
       bytes = bytes.subspan(take);
-      if (buf_.size() == part_size_) {
-        LATHE_TRY(remember(send_part(buf_)));
-        buf_.clear();
-      }
+      if (buf_.size() == part_size_) LATHE_TRY(remember(launch_part()));
     }
     return Status::ok();
   }
@@ -69,7 +67,8 @@ class S3Writer : public StorageWriter {
     if (upload_id_.empty()) {
       LATHE_TRY(remember(client_->put_object(bucket_, key_, buf_)));
     } else {
-      if (!buf_.empty()) LATHE_TRY(remember(send_part(buf_)));
+      if (!buf_.empty()) LATHE_TRY(remember(launch_part()));
+      LATHE_TRY(remember(drain()));
       LATHE_TRY(remember(client_->complete_multipart_upload(bucket_, key_, upload_id_, etags_, total_)));
     }
     closed_ = true;
@@ -78,29 +77,61 @@ class S3Writer : public StorageWriter {
   }
 
  private:
-  Status send_part(std::span<const uint8_t> part) {
+  struct Part {
+    int number = 0;
+    std::future<Result<std::string>> etag;
+  };
+
+  // Sends buf_ as the next part on its own thread, once fewer than
+  // max_in_flight_ parts are on their way.
+  Status launch_part() {
     if (upload_id_.empty()) {
       LATHE_ASSIGN_OR_RETURN(upload_id_, client_->create_multipart_upload(bucket_, key_));
     }
-    LATHE_ASSIGN_OR_RETURN(std::string etag, client_->upload_part(bucket_, key_, upload_id_,
-                                                                 static_cast<int>(etags_.size()) + 1, part));
-    etags_.push_back(std::move(etag));
-    total_ += static_cast<int64_t>(part.size());
+    while (in_flight_.size() >= max_in_flight_) LATHE_TRY(finish_oldest());
+    const int number = static_cast<int>(etags_.size()) + 1;
+    etags_.emplace_back();
+    total_ += static_cast<int64_t>(buf_.size());
+    in_flight_.push_back({number, std::async(std::launch::async, [this, number, data = std::move(buf_)] {
+                            return client_->upload_part(bucket_, key_, upload_id_, number, data);
+                          })});
+    buf_ = {};
     return Status::ok();
+  }
+
+  Status finish_oldest() {
+    Part part = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    Result<std::string> etag = part.etag.get();
+    if (!etag.is_ok()) return etag.status();
+    etags_[static_cast<size_t>(part.number - 1)] = std::move(etag).value();
+    return Status::ok();
+  }
+
+  // Waits for every part on its way; the first failure, if any.
+  Status drain() {
+    Status first;
+    while (!in_flight_.empty()) {
+      Status st = finish_oldest();
+      if (first.is_ok() && !st.is_ok()) first = st;
+    }
+    return first;
   }
 
   // The first failure sticks: later calls answer with it (it names the URL).
   Status remember(Status st) {
-    if (!st.is_ok()) failed_ = st;
+    if (!st.is_ok() && failed_.is_ok()) failed_ = st;
     return failed_;
   }
 
   S3Client* client_;
   std::string bucket_, key_, url_;
   size_t part_size_;
+  size_t max_in_flight_;
   std::vector<uint8_t> buf_;
   std::string upload_id_;
-  std::vector<std::string> etags_;
+  std::vector<std::string> etags_;  // by part number - 1
+  std::deque<Part> in_flight_;
   int64_t total_ = 0;
   bool closed_ = false;
   Status failed_;
@@ -183,17 +214,18 @@ class S3Storage : public Storage {
     return client_->delete_object(bucket_, root_ + path);
   }
 
+  // A plain string prefix, as for local storage: "step=1/" is one directory,
+  // "step=1" also takes "step=10/...".
   Status remove_prefix(const std::string& prefix) override {
     LATHE_TRY(check_path(url_, prefix));
-    const std::string dir = as_dir(prefix);
-    LATHE_ASSIGN_OR_RETURN(std::vector<S3Upload> uploads, client_->list_multipart_uploads(bucket_, root_ + dir));
+    LATHE_ASSIGN_OR_RETURN(std::vector<S3Upload> uploads, client_->list_multipart_uploads(bucket_, root_ + prefix));
     for (const S3Upload& u : uploads) LATHE_TRY(client_->abort_multipart_upload(bucket_, u.key, u.upload_id));
-    LATHE_ASSIGN_OR_RETURN(std::vector<StorageEntry> entries, list(dir));
+    LATHE_ASSIGN_OR_RETURN(std::vector<StorageEntry> entries, list(prefix));
     std::vector<std::string> batch;
     for (size_t i = 0; i < entries.size(); ++i) {
       batch.push_back(root_ + entries[i].path);
       if (batch.size() == 1000 || i + 1 == entries.size()) {
-        LATHE_TRY(client_->delete_objects(bucket_, batch).with_context("storage: removing " + url_of(dir)));
+        LATHE_TRY(client_->delete_objects(bucket_, batch).with_context("storage: removing " + url_of(prefix)));
         batch.clear();
       }
     }

@@ -177,19 +177,23 @@ TEST_F(S3StorageTest, ListPaginatesAndListsDirs) {
 TEST_F(S3StorageTest, RemoveAndRemovePrefix) {
   auto s = open(options());
   ASSERT_TRUE(s);
-  for (const char* p : {"step=1/a", "step=1/b", "step=10/a", "last"}) ASSERT_TRUE(s->write_text(p, p).is_ok());
+  for (const char* p : {"step=1/a", "step=1/b", "step=10/a", "step=2/a", "last"})
+    ASSERT_TRUE(s->write_text(p, p).is_ok());
   // An upload left running under step=1/ by a writer that never finished.
   auto client = S3Client::create(options());
   ASSERT_TRUE(client.is_ok());
   ASSERT_TRUE((*client)->create_multipart_upload(server_->bucket, prefix_ + "/step=1/orphan").is_ok());
   EXPECT_EQ(pending_uploads(), 1u);
 
-  ASSERT_TRUE(s->remove_prefix("step=1").is_ok());  // "step=1" means the directory, not step=10
+  ASSERT_TRUE(s->remove_prefix("step=1/").is_ok());  // the directory, not step=10/
   std::vector<StorageEntry> left = *s->list("");
-  ASSERT_EQ(left.size(), 2u);
+  ASSERT_EQ(left.size(), 3u);
   EXPECT_EQ(left[0].path, "last");
   EXPECT_EQ(left[1].path, "step=10/a");
   EXPECT_EQ(pending_uploads(), 0u);
+  ASSERT_TRUE(s->remove_prefix("step=").is_ok());  // a plain prefix: every step=*
+  left = *s->list("");
+  ASSERT_EQ(left.size(), 1u);
   ASSERT_TRUE(s->remove("last").is_ok());
   ASSERT_TRUE(s->remove("last").is_ok());  // absent is fine
   EXPECT_FALSE(*s->exists("last"));
