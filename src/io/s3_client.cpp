@@ -236,9 +236,12 @@ Result<S3Client::Response> S3Client::perform(const Request& req, void* handle, c
 
   // Where the request goes: path-style to the endpoint, or AWS virtual-hosted.
   std::string host = host_, path;
-  if (host_.empty()) {
+  if (host_.empty() && req.bucket.find('.') == std::string::npos) {
     host = req.bucket + ".s3." + options_.region + ".amazonaws.com";
     path = "/" + req.key;
+  } else if (host_.empty()) {  // a dotted bucket breaks the TLS wildcard: path-style
+    host = "s3." + options_.region + ".amazonaws.com";
+    path = "/" + req.bucket + (req.key.empty() ? "" : "/" + req.key);
   } else {
     path = base_path_ + "/" + req.bucket + (req.key.empty() ? "" : "/" + req.key);
   }
@@ -344,6 +347,9 @@ Status s3_error(const S3Client::Request& req, const S3Client::Response& resp) {
   if (resp.attempts > 1) msg += " (" + std::to_string(resp.attempts) + " attempts)";
   if (resp.status == 403)
     msg += "; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN and the bucket's policy";
+  const std::string region = resp.header("x-amz-bucket-region");
+  if (!region.empty() && (resp.status == 301 || resp.status == 400))
+    msg += "; the bucket is in " + region + ": set AWS_REGION=" + region;
   if (resp.status == 404) return not_found(msg);
   return io_error(msg);
 }

@@ -10,7 +10,8 @@
 //
 // Addressing: with an endpoint URL (S3-compatible stores, tests) requests go
 // path-style to <endpoint>/<bucket>/<key>; without one to AWS itself,
-// virtual-hosted, https://<bucket>.s3.<region>.amazonaws.com/<key>.
+// virtual-hosted, https://<bucket>.s3.<region>.amazonaws.com/<key> (path-style
+// for bucket names with dots, which TLS wildcards do not cover).
 //
 // Threads: one S3Client may be used from any number of threads at once; it
 // keeps a pool of curl handles so connections are reused.
