@@ -25,6 +25,11 @@ Result<int64_t> get_int(const char* name, int64_t fallback, int64_t min_value, i
 
 std::string log_level() { return get("LATHE_LOG_LEVEL", "info"); }
 
+int checkpoint_write_delay_ms() {
+  const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
+  return ms > 0 ? ms : 0;
+}
+
 int num_threads() {
   for (const char* name : {"LATHE_NUM_THREADS", "OMP_NUM_THREADS"}) {
     std::string v = get(name);

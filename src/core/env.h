@@ -30,6 +30,10 @@ Result<int64_t> s3_max_attempts();
 Result<int64_t> s3_timeout_ms();
 // LATHE_S3_BACKOFF_MS: first retry delay; doubles per try (full jitter, capped at 20 s). Default: 200.
 Result<int64_t> s3_backoff_ms();
+// LATHE_CHECKPOINT_WRITE_DELAY_MS: for tests only: milliseconds the checkpoint
+// writer sleeps before each file it writes, so a test can kill a run
+// mid-save deterministically. Default: 0.
+int checkpoint_write_delay_ms();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

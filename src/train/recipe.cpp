@@ -118,6 +118,14 @@ Status validate(const TrainRecipe& r, int world_size) {
   LATHE_TRY(validate_trainer(r.trainer).with_context("recipe"));
   LATHE_TRY(validate_data(r.data, world_size).with_context("recipe"));
   LATHE_TRY(validate_optim(r.optim, r.trainer).with_context("recipe"));
+  const CheckpointRecipe& c = r.checkpoint;
+  if (c.every_n_train_steps < -1)
+    return invalid_argument("recipe: checkpoint.every_n_train_steps must be >= -1, got ", c.every_n_train_steps);
+  if (c.train_time_interval < 0)
+    return invalid_argument("recipe: checkpoint.train_time_interval must be >= 0 minutes, got ", c.train_time_interval);
+  if (c.save_top_k < -1) return invalid_argument("recipe: checkpoint.save_top_k must be >= -1, got ", c.save_top_k);
+  if (c.monitor != "val_loss" && c.monitor != "train_loss")
+    return invalid_argument("recipe: checkpoint.monitor must be val_loss or train_loss, got '", c.monitor, "'");
   return Status::ok();
 }
 

@@ -30,6 +30,7 @@ namespace lathe {
 enum class PeftScheme : uint8_t { kLora, kNone };  // none: full-parameter SFT
 enum class LoraDropoutPosition : uint8_t { kPre, kPost };
 enum class OptimizerName : uint8_t { kAdamW };
+enum class ResumeMode : uint8_t { kAuto, kNone };
 
 struct PeftRecipe {
   PeftScheme peft_scheme = PeftScheme::kLora;
@@ -85,11 +86,31 @@ struct OptimRecipe {
   SchedRecipe sched;
 };
 
+// Checkpoints (train/checkpoint_manager.h). Names as NeMo's ModelCheckpoint.
+struct CheckpointRecipe {
+  std::string dir;                    // empty: <run-dir>/checkpoints; a path or s3://bucket/prefix
+  int64_t every_n_train_steps = 0;    // 0: whenever validation runs; N > 0: every N steps; -1: never by step
+  double train_time_interval = 0.0;   // minutes between saves; 0: off
+  int64_t save_top_k = 2;             // best k by monitor are kept; -1: keep all; 0 (with save_last false): no checkpoints
+  std::string monitor = "val_loss";   // val_loss | train_loss, lower is better
+  bool save_last = true;              // always keep the newest one too
+  bool async_save = true;             // write in a background thread while training continues
+};
+
+// Resuming (NeMo's AutoResume with resume_if_exists and
+// resume_ignore_no_checkpoint, its fine-tuning default).
+struct ResumeRecipe {
+  ResumeMode mode = ResumeMode::kAuto;  // auto: continue from checkpoint.dir's newest committed one, if any
+  std::string path;                     // a checkpoint (or checkpoints root) to resume from; overrides mode
+};
+
 struct TrainRecipe {
   PeftRecipe peft;
   TrainerRecipe trainer;
   DataRecipe data;
   OptimRecipe optim;
+  CheckpointRecipe checkpoint;
+  ResumeRecipe resume;
 };
 
 // Range and consistency checks (global batch divisible by micro batch times

@@ -227,6 +227,11 @@ struct EnumNames<OptimizerName> {
   static constexpr std::pair<std::string_view, OptimizerName> kNames[] = {{"adamw", OptimizerName::kAdamW}};
 };
 template <>
+struct EnumNames<ResumeMode> {
+  static constexpr std::pair<std::string_view, ResumeMode> kNames[] = {{"auto", ResumeMode::kAuto},
+                                                                        {"none", ResumeMode::kNone}};
+};
+template <>
 struct EnumNames<LrScheduleKind> {
   static constexpr std::pair<std::string_view, LrScheduleKind> kNames[] = {
       {"cosine", LrScheduleKind::kCosine},         {"linear", LrScheduleKind::kLinear},
@@ -393,6 +398,24 @@ const std::vector<KeyDef>& key_defs() {
       make_key("optim.sched.min_lr", "learning rate at the end of the decay", LATHE_FIELD(optim.sched.min_lr)),
       make_key("optim.sched.max_steps", "steps the decay spans; -1: the whole run",
                LATHE_FIELD(optim.sched.max_steps)),
+      make_key("checkpoint.dir", "where checkpoints go, a path or s3://bucket/prefix; empty: <run-dir>/checkpoints",
+               LATHE_FIELD(checkpoint.dir)),
+      make_key("checkpoint.every_n_train_steps", "save every N steps; 0: whenever validation runs; -1: never by step",
+               LATHE_FIELD(checkpoint.every_n_train_steps)),
+      make_key("checkpoint.train_time_interval", "also save when this many minutes passed since the last save; 0: off",
+               LATHE_FIELD(checkpoint.train_time_interval)),
+      make_key("checkpoint.save_top_k", "keep the best k by checkpoint.monitor; -1: all; 0 and no save_last: none",
+               LATHE_FIELD(checkpoint.save_top_k)),
+      make_key("checkpoint.monitor", "metric ranking checkpoints, lower is better [val_loss|train_loss]",
+               LATHE_FIELD(checkpoint.monitor)),
+      make_key("checkpoint.save_last", "always keep the newest checkpoint besides the top k",
+               LATHE_FIELD(checkpoint.save_last)),
+      make_key("checkpoint.async_save", "write checkpoints in the background while training continues",
+               LATHE_FIELD(checkpoint.async_save)),
+      make_key("resume.mode", "auto: continue from checkpoint.dir's newest committed checkpoint if any (alias: resume=)",
+               LATHE_FIELD(resume.mode)),
+      make_key("resume.path", "resume from this checkpoint or checkpoints root (its last); overrides resume.mode",
+               LATHE_FIELD(resume.path)),
   };
   return defs;
 }
@@ -466,6 +489,7 @@ Status unknown_key(std::string_view key) {
 }
 
 Status set_raw(TrainRecipe* r, std::string_view key, const RawValue& v) {
+  if (key == "resume") key = "resume.mode";  // resume=auto, as the docs and NeMo users write it
   const KeyDef* k = find_key(key);
   if (k == nullptr) {
     if (is_section(key)) {
@@ -496,6 +520,11 @@ Status apply_map(TrainRecipe* r, const YAML::Node& map, const std::string& prefi
     if (!k.IsScalar()) return at_line(source, k.Mark(), invalid_argument("recipe keys must be plain names"));
     const std::string full = prefix.empty() ? k.Scalar() : prefix + "." + k.Scalar();
     if (find_key(full) == nullptr && is_section(full)) {
+      if (full == "resume" && v.IsScalar()) {  // resume: auto
+        if (!seen->insert("resume.mode").second) return at_line(source, k.Mark(), invalid_argument("key 'resume.mode' is set twice"));
+        LATHE_TRY(at_line(source, v.Mark(), set_raw(r, "resume.mode", RawValue{.scalar = v.Scalar()})));
+        continue;
+      }
       if (!v.IsMap()) {
         return at_line(source, k.Mark(), invalid_argument("'", full, "' is a group of keys; give it a map, e.g. ",
                                                           full, ": {...}"));

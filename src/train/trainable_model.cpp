@@ -271,6 +271,8 @@ const ModelConfig& TrainableModel::config() const { return impl_->cfg; }
 const LoraConfig& TrainableModel::lora_config() const { return impl_->opts.lora; }
 bool TrainableModel::full_sft() const { return impl_->opts.full_sft; }
 int64_t TrainableModel::activation_bytes() const { return impl_->arena.capacity_bytes(); }
+uint64_t TrainableModel::passes_run() const { return impl_->passes; }
+void TrainableModel::set_passes_run(uint64_t n) { impl_->passes = n; }
 
 Status TrainableModel::save_adapter_peft(const std::string& dir) const {
   const TrainableModelImpl& m = *impl_;

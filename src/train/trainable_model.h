@@ -87,6 +87,11 @@ class TrainableModel {
   const ModelConfig& config() const;
   const LoraConfig& lora_config() const;  // effective (after an adapter's config)
   bool full_sft() const;
+  // Where the dropout mask stream stands: passes run so far (training and
+  // evaluation alike; each draws its masks from its index). Checkpoints save
+  // it so a resumed run draws the same masks as an uninterrupted one.
+  uint64_t passes_run() const;
+  void set_passes_run(uint64_t n);
   // Bytes of the activation arena after the passes so far.
   int64_t activation_bytes() const;
 

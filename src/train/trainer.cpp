@@ -6,13 +6,20 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <limits>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/env.h"
+#include "io/storage.h"
 #include "train/adamw.h"
 #include "train/batcher.h"
+#include "train/checkpoint_manager.h"
 #include "train/dataset.h"
 #include "train/lr_schedule.h"
 #include "train/packing.h"
@@ -94,7 +101,19 @@ class TrainerImpl {
   LrScheduleConfig schedule;
   int64_t total_steps = 0;
 
+  // Checkpoints (null when checkpoint.save_top_k is 0 and save_last false).
+  std::unique_ptr<CheckpointManager> ckpt;
+  int64_t start_step = 0;                // steps done before this process (resume)
+  TrainSummary resumed;                  // counters restored from the checkpoint
+  std::optional<double> last_val_loss;   // the newest validation, named in checkpoints
+  int64_t last_saved_step = -1;
+  Clock::time_point last_save_time = Clock::now();
+
   Status setup(const TextCodec* given_codec);
+  Status setup_checkpoints();
+  Status resume_from(const std::string& url);
+  CheckpointSnapshot snapshot(int64_t step, double train_loss, const TrainSummary& s);
+  Status maybe_save(int64_t step, double train_loss, bool validated, bool last, const TrainSummary& s);
   Status load_data();
   Status build_model();
   struct StepResult {
@@ -129,7 +148,8 @@ Status TrainerImpl::setup(const TextCodec* given_codec) {
   std::error_code ec;
   fs::create_directories(config.run_dir, ec);
   if (ec) return io_error("cannot create run directory ", config.run_dir, ": ", ec.message());
-  return write_recipe_yaml(r, (fs::path(config.run_dir) / "recipe.yaml").string());
+  LATHE_TRY(write_recipe_yaml(r, (fs::path(config.run_dir) / "recipe.yaml").string()));
+  return setup_checkpoints();
 }
 
 Status TrainerImpl::load_data() {
@@ -242,6 +262,199 @@ Status TrainerImpl::finish(TrainSummary* s) {
   return write_loss_svg((run / "metrics.jsonl").string(), (run / "loss_curves.svg").string());
 }
 
+// ---- Checkpoints and resume ------------------------------------------------
+
+namespace {
+
+using json = nlohmann::json;
+
+// The tokenizer files a checkpoint carries, so it stands alone.
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                           "tokenizer.model", "chat_template.jinja"};
+
+json opt_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+std::optional<double> opt_double(const json& j) {
+  return j.is_number() ? std::optional<double>(j.get<double>()) : std::nullopt;
+}
+
+// A resumed run's metrics.jsonl keeps the records of the steps the
+// checkpoint covers and drops the rest (steps the killed run did after it).
+Status keep_metrics_through(const std::string& path, int64_t step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::ok();
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a torn last line (no newline)
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    if (j["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    if (!out.flush()) return io_error("cannot write ", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return io_error("cannot rename ", tmp, " to ", path);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status TrainerImpl::setup_checkpoints() {
+  const CheckpointRecipe& c = config.recipe.checkpoint;
+  const ResumeRecipe& rr = config.recipe.resume;
+  if (c.save_top_k != 0 || c.save_last) {
+    CheckpointRunInfo info;
+    info.full_sft = model->full_sft();
+    info.lora = model->lora_config();
+    std::error_code ec;
+    info.base_model.path = fs::absolute(config.model_dir, ec).lexically_normal().string();
+    LATHE_ASSIGN_OR_RETURN(info.base_model.hash, base_model_hash(config.model_dir));
+    info.recipe_yaml = recipe_to_yaml(config.recipe);
+    for (const char* name : kTokenizerFiles) {
+      std::ifstream f(fs::path(config.model_dir) / name, std::ios::binary);
+      if (!f) continue;
+      info.extra_files.emplace_back(name, std::string(std::istreambuf_iterator<char>(f), {}));
+    }
+    const CheckpointPolicy policy{.dir = c.dir.empty() ? (fs::path(config.run_dir) / "checkpoints").string() : c.dir,
+                                  .save_top_k = c.save_top_k,
+                                  .monitor = c.monitor,
+                                  .save_last = c.save_last,
+                                  .async_save = c.async_save,
+                                  .file_delay_ms = env::checkpoint_write_delay_ms(),
+                                  .log = config.log};
+    LATHE_ASSIGN_OR_RETURN(ckpt, CheckpointManager::open(policy, std::move(info)));
+    LATHE_ASSIGN_OR_RETURN(std::vector<std::string> removed, ckpt->remove_uncommitted());
+    for (const std::string& d : removed)
+      note("checkpoint: removed " + ckpt->root_url() + "/" + d + " (a save that did not finish)");
+  }
+  std::string from;
+  if (!rr.path.empty()) {
+    LATHE_ASSIGN_OR_RETURN(from, resolve_checkpoint(rr.path));
+  } else if (ckpt && rr.mode == ResumeMode::kAuto) {
+    from = ckpt->newest_committed();
+  } else if (ckpt && !ckpt->kept().empty()) {
+    return invalid_argument("checkpoint.dir ", ckpt->root_url(), " already holds checkpoints of an earlier run (",
+                            ckpt->kept().back(), "); resume=auto continues from them, or set checkpoint.dir elsewhere");
+  }
+  if (!from.empty()) LATHE_TRY(resume_from(from));
+  return Status::ok();
+}
+
+Status TrainerImpl::resume_from(const std::string& url) {
+  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Storage> dir, open_existing_storage(url));
+  LATHE_ASSIGN_OR_RETURN(CheckpointMetadata md, read_committed_metadata(*dir));
+  if (md.full_sft != model->full_sft())
+    return invalid_argument("checkpoint ", url, " is from a ", md.full_sft ? "full SFT" : "LoRA",
+                            " run; this run's peft.peft_scheme differs");
+  LATHE_ASSIGN_OR_RETURN(std::string hash, base_model_hash(config.model_dir));
+  if (hash != md.base_model.hash)
+    return invalid_argument("checkpoint ", url, " was trained on base model ", md.base_model.path, " (", md.base_model.hash,
+                            "), but --model ", config.model_dir, " differs (", hash, ")");
+  LATHE_ASSIGN_OR_RETURN(std::vector<uint8_t> state_bytes, read_verified(*dir, md, kCheckpointTrainerStateFile));
+  LATHE_ASSIGN_OR_RETURN(std::vector<LoadedSlice> weights, load_rank_slices(*dir, md, ShardKind::kModel, 0, 1));
+  LATHE_ASSIGN_OR_RETURN(std::vector<LoadedSlice> moments, load_rank_slices(*dir, md, ShardKind::kOptim, 0, 1));
+  std::map<std::string, const LoadedSlice*> by_name;
+  for (const LoadedSlice& w : weights) by_name[w.name] = &w;
+  for (const LoadedSlice& m : moments) by_name[m.name] = &m;
+  auto take = [&](const std::string& name, const Shape& shape, std::span<float> into) -> Status {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return invalid_argument("checkpoint ", url, " has no tensor ", name);
+    if (!(it->second->shape == shape))
+      return invalid_argument("checkpoint ", url, ": tensor ", name, " has shape ", it->second->shape.str(),
+                              ", this run's is ", shape.str());
+    std::copy(it->second->data.begin(), it->second->data.end(), into.begin());
+    return Status::ok();
+  };
+  const std::vector<ParamInfo>& table = model->param_table();
+  if (weights.size() != table.size())
+    return invalid_argument("checkpoint ", url, " holds ", weights.size(), " trainable tensors, this run has ",
+                            table.size(), " (different peft settings?)");
+  for (size_t i = 0; i < table.size(); ++i) {
+    const ParamInfo& p = table[i];
+    LATHE_TRY(take(p.name, p.shape, model->params().subspan(size_t(p.offset), size_t(p.numel()))));
+    LATHE_TRY(take(p.name + ".exp_avg", p.shape, adamw->exp_avg(i)));
+    LATHE_TRY(take(p.name + ".exp_avg_sq", p.shape, adamw->exp_avg_sq(i)));
+    if (adamw->config().amsgrad) LATHE_TRY(take(p.name + ".max_exp_avg_sq", p.shape, adamw->max_exp_avg_sq(i)));
+  }
+  const std::string where = dir->url_of(kCheckpointTrainerStateFile);
+  const json st = json::parse(state_bytes.begin(), state_bytes.end(), nullptr, false);
+  if (st.is_discarded() || !st.is_object()) return invalid_argument(where, ": not valid JSON");
+  try {
+    LATHE_ASSIGN_OR_RETURN(SamplerState sampler, sampler_state_from_json(st.at("data")));
+    LATHE_TRY(batches->restore(sampler).with_context(where));
+    start_step = st.at("step").get<int64_t>();
+    adamw->set_steps_taken(st.at("optimizer").at("step").get<int64_t>());
+    model->set_passes_run(st.at("rng").at("dropout_passes").get<uint64_t>());
+    const json& p = st.at("progress");
+    resumed.steps = start_step;
+    resumed.train_seconds = p.at("train_seconds").get<double>();
+    resumed.tokens_processed = p.at("tokens_processed").get<int64_t>();
+    resumed.supervised_tokens = p.at("supervised_tokens").get<int64_t>();
+    resumed.final_train_loss = p.at("final_train_loss").get<double>();
+    resumed.best_val_loss = opt_double(p.at("best_val_loss"));
+    if (p.at("best_val_step").is_number()) resumed.best_val_step = p.at("best_val_step").get<int64_t>();
+    resumed.final_val_loss = opt_double(p.at("final_val_loss"));
+    last_val_loss = resumed.final_val_loss;
+  } catch (const std::exception& e) {
+    return invalid_argument(where, ": ", e.what());
+  }
+  if (start_step > total_steps && total_steps >= 0)
+    return invalid_argument("checkpoint ", url, " is at step ", start_step, ", past this run's ", total_steps, " steps");
+  last_saved_step = start_step;
+  note("resuming from " + url + " at step " + std::to_string(start_step));
+  return Status::ok();
+}
+
+CheckpointSnapshot TrainerImpl::snapshot(int64_t step, double train_loss, const TrainSummary& s) {
+  CheckpointSnapshot snap;
+  snap.step = step;
+  snap.metrics["train_loss"] = train_loss;
+  if (last_val_loss) snap.metrics["val_loss"] = *last_val_loss;
+  const std::vector<ParamInfo>& table = model->param_table();
+  for (size_t i = 0; i < table.size(); ++i) {
+    const ParamInfo& p = table[i];
+    snap.model.push_back({p.name, p.shape, model->params().subspan(size_t(p.offset), size_t(p.numel()))});
+    snap.optim.push_back({p.name + ".exp_avg", p.shape, adamw->exp_avg(i)});
+    snap.optim.push_back({p.name + ".exp_avg_sq", p.shape, adamw->exp_avg_sq(i)});
+    if (adamw->config().amsgrad) snap.optim.push_back({p.name + ".max_exp_avg_sq", p.shape, adamw->max_exp_avg_sq(i)});
+  }
+  const TrainRecipe& r = config.recipe;
+  const json state = {
+      {"format_version", 1},
+      {"step", step},
+      {"consumed_samples", step * r.data.global_batch_size},
+      {"data", to_json(batches->state())},
+      {"rng", {{"trainer_seed", r.trainer.seed}, {"dropout_passes", model->passes_run()}, {"data_seed", r.data.seed}}},
+      {"lr_scheduler", {{"step", step}, {"last_lr", lr_at(schedule, step - 1)}, {"total_steps", total_steps}}},
+      {"optimizer", {{"name", "adamw"}, {"step", adamw->steps_taken()}}},
+      {"progress",
+       {{"train_seconds", s.train_seconds},
+        {"tokens_processed", s.tokens_processed},
+        {"supervised_tokens", s.supervised_tokens},
+        {"final_train_loss", s.final_train_loss},
+        {"best_val_loss", opt_json(s.best_val_loss)},
+        {"best_val_step", s.best_val_step ? json(*s.best_val_step) : json(nullptr)},
+        {"final_val_loss", opt_json(s.final_val_loss)}}}};
+  snap.trainer_state_json = state.dump(1) + "\n";
+  return snap;
+}
+
+Status TrainerImpl::maybe_save(int64_t step, double train_loss, bool validated, bool last, const TrainSummary& s) {
+  if (!ckpt || step == last_saved_step) return Status::ok();
+  const CheckpointRecipe& c = config.recipe.checkpoint;
+  bool due = last;
+  if (c.every_n_train_steps > 0 && step % c.every_n_train_steps == 0) due = true;
+  if (c.every_n_train_steps == 0 && validated) due = true;
+  if (c.train_time_interval > 0 && seconds_since(last_save_time) >= c.train_time_interval * 60.0) due = true;
+  if (!due) return Status::ok();
+  LATHE_TRY(ckpt->save(snapshot(step, train_loss, s)));
+  last_saved_step = step;
+  last_save_time = Clock::now();
+  return Status::ok();
+}
+
 Trainer::Trainer(std::unique_ptr<TrainerImpl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 TrainableModel& Trainer::model() { return *impl_->model; }
@@ -257,13 +470,17 @@ Result<TrainSummary> Trainer::run() {
   TrainerImpl& t = *impl_;
   const Clock::time_point t0 = Clock::now();
   const TrainerRecipe& tr = t.config.recipe.trainer;
-  LATHE_ASSIGN_OR_RETURN(MetricsWriter metrics,
-                         MetricsWriter::open((fs::path(t.config.run_dir) / "metrics.jsonl").string()));
+  const std::string metrics_path = (fs::path(t.config.run_dir) / "metrics.jsonl").string();
+  if (t.start_step > 0) LATHE_TRY(keep_metrics_through(metrics_path, t.start_step));
+  LATHE_ASSIGN_OR_RETURN(MetricsWriter metrics, MetricsWriter::open(metrics_path, t.start_step > 0));
   ProgressBar progress({.total_steps = t.total_steps,
                         .style = t.config.progress,
                         .print_every_n_steps = std::max<int64_t>(tr.log_every_n_steps, 1),
                         .out = t.config.log});
-  TrainSummary s{.run_dir = t.config.run_dir, .model_dir = t.config.model_dir, .data_path = t.config.data_path};
+  TrainSummary s = t.resumed;
+  s.run_dir = t.config.run_dir;
+  s.model_dir = t.config.model_dir;
+  s.data_path = t.config.data_path;
   auto validate_now = [&](int64_t step) -> Status {
     if (t.val_batches.empty()) return Status::ok();
     LATHE_ASSIGN_OR_RETURN(ValMetrics v, t.validate(step));
@@ -271,6 +488,7 @@ Result<TrainSummary> Trainer::run() {
     progress.message("step " + std::to_string(step) + ": val_loss " + fixed(v.val_loss, 4) + ", perplexity " +
                      fixed(v.perplexity, 3));
     s.final_val_loss = v.val_loss;
+    t.last_val_loss = v.val_loss;
     if (!s.best_val_loss || v.val_loss < *s.best_val_loss) {
       s.best_val_loss = v.val_loss;
       s.best_val_step = step;
@@ -278,7 +496,7 @@ Result<TrainSummary> Trainer::run() {
     return Status::ok();
   };
 
-  for (int64_t step = 0; step < t.total_steps; ++step) {
+  for (int64_t step = t.start_step; step < t.total_steps; ++step) {
     const Clock::time_point ts = Clock::now();
     LATHE_ASSIGN_OR_RETURN(TrainerImpl::StepResult r, t.train_step(step));
     const StepMetrics& m = r.metrics;
@@ -290,11 +508,14 @@ Result<TrainSummary> Trainer::run() {
     LATHE_TRY(metrics.write(m));
     progress.update(m);
     const bool last = m.step == t.total_steps;
-    if ((tr.val_check_interval > 0 && m.step % tr.val_check_interval == 0) || last) LATHE_TRY(validate_now(m.step));
+    const bool validated = (tr.val_check_interval > 0 && m.step % tr.val_check_interval == 0) || last;
+    if (validated) LATHE_TRY(validate_now(m.step));
+    LATHE_TRY(t.maybe_save(m.step, m.loss, validated && !t.val_batches.empty(), last, s));
   }
   progress.finish();
   s.epochs_started = t.batches->state().epoch + (t.batches->state().index > 0 ? 1 : 0);
   LATHE_TRY(t.finish(&s));
+  if (t.ckpt) LATHE_TRY(t.ckpt->wait());
   s.tokens_per_s = s.train_seconds > 0 ? static_cast<double>(s.tokens_processed) / s.train_seconds : 0.0;
   s.wall_seconds = seconds_since(t0);
   return s;

@@ -22,6 +22,14 @@
 //     nothing is saved (the metrics written so far stay).
 //   - Seeds: trainer.seed drives LoRA initialization and dropout masks;
 //     data.seed (NeMo's separate data seed, same default) drives shuffling.
+//   - Checkpoints (checkpoint.*, docs/checkpoints.md) are saved after a step
+//     (every N steps, at validation, by time, and after the last step) by
+//     a CheckpointManager writing in the background. resume=auto (the
+//     default) continues from checkpoint.dir's newest committed checkpoint:
+//     weights, optimizer moments and step, data position and dropout stream
+//     restored, so the losses that follow are the uninterrupted run's, bit
+//     for bit with the same thread count. A failed save fails the run at the
+//     next save or at the end.
 //
 // Threads: run() on one thread; the kernels inside use OpenMP.
 #pragma once

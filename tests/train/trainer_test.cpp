@@ -164,6 +164,59 @@ TEST_F(TrainerTest, MissingModelIsAnError) {
   EXPECT_NE(trainer.status().message().find("nope"), std::string::npos);
 }
 
+// Train and validation losses in metrics.jsonl order, as written.
+std::vector<std::string> loss_lines(const fs::path& metrics) {
+  std::vector<std::string> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    out.push_back(std::to_string(j["step"].get<int64_t>()) +
+                  (j.contains("val_loss") ? " val " + j["val_loss"].dump() : " train " + j["loss"].dump()));
+  }
+  return out;
+}
+
+TEST_F(TrainerTest, StoppedAndResumedRunMatchesUninterruptedBitForBit) {
+  const std::vector<std::string> common = {"peft.dropout=0.2", "trainer.max_steps=6", "optim.sched.max_steps=6",
+                                           "optim.sched.warmup_steps=1", "checkpoint.every_n_train_steps=1"};
+  TrainerConfig full = config(common);
+  full.run_dir = (dir_ / "full").string();
+  auto a = Trainer::create(full, &codec_);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  ASSERT_TRUE((*a)->run().is_ok());
+
+  std::vector<std::string> first_half = common;
+  first_half.push_back("trainer.max_steps=4");  // a validation step (interval 2), as in the full run
+  TrainerConfig half = config(first_half);
+  half.run_dir = (dir_ / "split").string();
+  auto b1 = Trainer::create(half, &codec_);
+  ASSERT_TRUE(b1.is_ok()) << b1.status().message();
+  ASSERT_TRUE((*b1)->run().is_ok());
+  TrainerConfig rest = config(common);
+  rest.run_dir = (dir_ / "split").string();
+  auto b2 = Trainer::create(rest, &codec_);
+  ASSERT_TRUE(b2.is_ok()) << b2.status().message();
+  auto summary = (*b2)->run();
+  ASSERT_TRUE(summary.is_ok()) << summary.status().message();
+  EXPECT_EQ(summary->steps, 6);
+
+  const auto want = loss_lines(dir_ / "full" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 9u);  // 6 train + validation at 2, 4, 6
+  EXPECT_EQ(loss_lines(dir_ / "split" / "metrics.jsonl"), want);
+  TrainableModel& ma = (*a)->model();
+  TrainableModel& mb = (*b2)->model();
+  for (size_t i = 0; i < ma.params().size(); ++i) ASSERT_EQ(ma.params()[i], mb.params()[i]) << i;
+}
+
+TEST_F(TrainerTest, ResumeNoneRefusesADirectoryWithCheckpoints) {
+  auto a = Trainer::create(config({"trainer.max_steps=2"}), &codec_);
+  ASSERT_TRUE(a.is_ok());
+  ASSERT_TRUE((*a)->run().is_ok());
+  auto b = Trainer::create(config({"trainer.max_steps=2", "resume=none"}), &codec_);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().message().find("already holds checkpoints"), std::string::npos) << b.status().message();
+}
+
 TEST(TrainerSteps, FirstBoundReachedEndsTheRun) {
   EXPECT_EQ(resolve_total_steps(100, -1, 7), 100);
   EXPECT_EQ(resolve_total_steps(-1, 3, 7), 21);
