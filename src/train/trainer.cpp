@@ -515,7 +515,11 @@ Result<TrainSummary> Trainer::run() {
   progress.finish();
   s.epochs_started = t.batches->state().epoch + (t.batches->state().index > 0 ? 1 : 0);
   LATHE_TRY(t.finish(&s));
-  if (t.ckpt) LATHE_TRY(t.ckpt->wait());
+  if (t.ckpt) {
+    LATHE_TRY(t.ckpt->wait());
+    s.checkpoint_dir = t.ckpt->root_url();
+  }
+  s.resumed_from_step = t.start_step;
   s.tokens_per_s = s.train_seconds > 0 ? static_cast<double>(s.tokens_processed) / s.train_seconds : 0.0;
   s.wall_seconds = seconds_since(t0);
   return s;
@@ -533,6 +537,11 @@ std::string format_summary(const TrainSummary& s) {
   os << "  metrics           " << (fs::path(s.run_dir) / "metrics.jsonl").string() << ", "
      << (fs::path(s.run_dir) / "loss_curves.svg").string() << "\n";
   os << "  " << (s.full_sft ? "model             " : "adapter           ") << s.output_dir << "\n";
+  if (!s.checkpoint_dir.empty()) {
+    os << "  checkpoints       " << s.checkpoint_dir;
+    if (s.resumed_from_step > 0) os << " (resumed at step " << s.resumed_from_step << ")";
+    os << "\n";
+  }
   os << "next:\n";
   if (s.full_sft) {
     os << "  lathe generate --model " << s.output_dir << " --prompt \"...\"\n";

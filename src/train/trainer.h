@@ -69,6 +69,8 @@ struct TrainSummary {
   double wall_seconds = 0.0;         // from run() entry to the end, saving included
   double tokens_per_s = 0.0;         // tokens_processed / train_seconds
   std::string output_dir;            // <run>/adapter (LoRA) or <run>/model (full SFT)
+  std::string checkpoint_dir;        // checkpoint.dir, empty when checkpoints are off
+  int64_t resumed_from_step = 0;     // 0: a fresh run
   bool full_sft = false;
   std::string run_dir;
   std::string model_dir;
