@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -121,32 +122,41 @@ Result<CheckpointFileRecord> write_shard(Storage& ckpt, ShardKind kind, int rank
   return rec;
 }
 
-// Every tensor must be tiled exactly by the ranks' slices: no gap, no overlap.
-Status check_tiling(const CheckpointContents& c, ShardKind kind, std::vector<CheckpointTensorRecord>* tensors) {
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> cover;
-  std::map<std::string, Shape> shapes;
-  std::vector<std::string> order;
-  for (const RankShard& r : c.ranks) {
-    for (const TensorSlice& s : kind == ShardKind::kModel ? r.model : r.optim) {
-      auto [it, fresh] = shapes.emplace(s.name, s.shape);
-      if (fresh) order.push_back(s.name);
-      if (!(it->second == s.shape)) return invalid_argument("checkpoint: tensor ", s.name, " has two global shapes");
-      cover[s.name].push_back({s.offset, s.offset + static_cast<int64_t>(s.data.size())});
+// The tensors (global shape, kind) named by the slices, in first-seen order.
+Result<std::vector<CheckpointTensorRecord>> tensors_of(const std::vector<RankShard>& ranks) {
+  std::vector<CheckpointTensorRecord> out;
+  std::map<std::string, size_t> seen;
+  for (ShardKind kind : {ShardKind::kModel, ShardKind::kOptim}) {
+    for (const RankShard& r : ranks) {
+      for (const TensorSlice& s : kind == ShardKind::kModel ? r.model : r.optim) {
+        auto [it, fresh] = seen.emplace(s.name, out.size());
+        if (fresh) out.push_back({.name = s.name, .shape = s.shape, .dtype = "F32", .kind = kind});
+        else if (!(out[it->second].shape == s.shape))
+          return invalid_argument("checkpoint: tensor ", s.name, " has two global shapes");
+      }
     }
   }
-  for (const std::string& name : order) {
-    auto& v = cover[name];
+  return out;
+}
+
+// Every tensor must be tiled exactly by the shard files' slices: no gap, no overlap.
+Status check_tiling(const std::vector<CheckpointTensorRecord>& tensors, const std::vector<CheckpointFileRecord>& files) {
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> cover;
+  for (const CheckpointFileRecord& f : files)
+    for (const auto& s : f.slices) cover[s.tensor].push_back({s.offset, s.offset + s.length});
+  for (const CheckpointTensorRecord& t : tensors) {
+    auto& v = cover[t.name];
     std::sort(v.begin(), v.end());
     int64_t at = 0;
     for (auto [b, e] : v) {
-      if (b != at) return invalid_argument("checkpoint: slices of tensor ", name, " do not tile it (at element ", at, ")");
+      if (b != at) return invalid_argument("checkpoint: slices of tensor ", t.name, " do not tile it (at element ", at, ")");
       at = e;
     }
-    if (at != shapes[name].numel())
-      return invalid_argument("checkpoint: slices of tensor ", name, " cover ", at, " of ", shapes[name].numel(),
-                              " elements");
-    tensors->push_back({.name = name, .shape = shapes[name], .kind = kind});
+    if (at != t.shape.numel())
+      return invalid_argument("checkpoint: slices of tensor ", t.name, " cover ", at, " of ", t.shape.numel(), " elements");
+    cover.erase(t.name);
   }
+  if (!cover.empty()) return invalid_argument("checkpoint: shard slices name unknown tensor ", cover.begin()->first);
   return Status::ok();
 }
 
@@ -155,7 +165,14 @@ json lora_json(const LoraConfig& l) {
           {"target_modules", l.target_modules}};
 }
 
-json metadata_json(const CheckpointContents& c, const std::vector<CheckpointTensorRecord>& tensors,
+// JSON has no NaN or infinity: a metric that is not finite is left out.
+std::map<std::string, double> finite_metrics(const std::map<std::string, double>& m) {
+  std::map<std::string, double> out;
+  for (const auto& [k, v] : m) if (std::isfinite(v)) out[k] = v;
+  return out;
+}
+
+json metadata_json(const CheckpointContents& c, int world, const std::vector<CheckpointTensorRecord>& tensors,
                    const std::vector<CheckpointFileRecord>& files) {
   json t = json::array();
   for (const CheckpointTensorRecord& r : tensors)
@@ -175,8 +192,8 @@ json metadata_json(const CheckpointContents& c, const std::vector<CheckpointTens
   return {{"format", "lathe-checkpoint"},
           {"format_version", kCheckpointFormatVersion},
           {"step", c.step},
-          {"metrics", c.metrics},
-          {"world_size", static_cast<int>(c.ranks.size())},
+          {"metrics", finite_metrics(c.metrics)},
+          {"world_size", world},
           {"full_sft", c.full_sft},
           {"lora", c.full_sft ? json(nullptr) : lora_json(c.lora)},
           {"base_model", {{"path", c.base_model.path}, {"hash", c.base_model.hash}}},
@@ -257,20 +274,30 @@ std::pair<int64_t, int64_t> even_split(int64_t n, int rank, int world) {
   return {n * rank / world, n * (rank + 1) / world};
 }
 
-Status write_checkpoint(Storage& ckpt, const CheckpointContents& c, const CheckpointWriteOptions& opt) {
-  if (c.ranks.empty()) return invalid_argument("checkpoint: no ranks to write");
-  std::vector<CheckpointTensorRecord> tensors;
-  LATHE_TRY(check_tiling(c, ShardKind::kModel, &tensors));
-  LATHE_TRY(check_tiling(c, ShardKind::kOptim, &tensors));
-  const int world = static_cast<int>(c.ranks.size());
-  std::vector<CheckpointFileRecord> files;
+Result<std::vector<CheckpointFileRecord>> write_rank_shards(Storage& ckpt, int rank, int world, const RankShard& shard,
+                                                            const CheckpointWriteOptions& opt) {
+  if (world < 1 || rank < 0 || rank >= world) return invalid_argument("checkpoint: bad rank ", rank, " of ", world);
+  std::vector<CheckpointFileRecord> out;
+  for (ShardKind k : {ShardKind::kModel, ShardKind::kOptim}) {
+    LATHE_ASSIGN_OR_RETURN(CheckpointFileRecord rec,
+                           write_shard(ckpt, k, rank, world, k == ShardKind::kModel ? shard.model : shard.optim, opt));
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+Status commit_checkpoint(Storage& ckpt, const CheckpointContents& c, int world,
+                         const std::vector<CheckpointTensorRecord>& tensors,
+                         std::vector<CheckpointFileRecord> shard_files, const CheckpointWriteOptions& opt) {
+  LATHE_TRY(check_tiling(tensors, shard_files));
   for (int r = 0; r < world; ++r) {
     for (ShardKind k : {ShardKind::kModel, ShardKind::kOptim}) {
-      const std::vector<TensorSlice>& sl = k == ShardKind::kModel ? c.ranks[size_t(r)].model : c.ranks[size_t(r)].optim;
-      LATHE_ASSIGN_OR_RETURN(CheckpointFileRecord rec, write_shard(ckpt, k, r, world, sl, opt));
-      files.push_back(std::move(rec));
+      const std::string name = shard_file_name(k, r);
+      if (std::none_of(shard_files.begin(), shard_files.end(), [&](const auto& f) { return f.name == name; }))
+        return invalid_argument("checkpoint: rank ", r, " of ", world, " wrote no ", name);
     }
   }
+  std::vector<CheckpointFileRecord> files = std::move(shard_files);
   LATHE_ASSIGN_OR_RETURN(CheckpointFileRecord st, write_small_file(ckpt, kCheckpointTrainerStateFile, c.trainer_state_json, opt));
   files.push_back(std::move(st));
   LATHE_ASSIGN_OR_RETURN(CheckpointFileRecord rc, write_small_file(ckpt, kCheckpointRecipeFile, c.recipe_yaml, opt));
@@ -279,9 +306,21 @@ Status write_checkpoint(Storage& ckpt, const CheckpointContents& c, const Checkp
     LATHE_ASSIGN_OR_RETURN(CheckpointFileRecord ef, write_small_file(ckpt, name, bytes, opt));
     files.push_back(std::move(ef));
   }
-  const std::string meta = metadata_json(c, tensors, files).dump(1) + "\n";
+  const std::string meta = metadata_json(c, world, tensors, files).dump(1) + "\n";
   LATHE_TRY(write_small_file(ckpt, kCheckpointMetadataFile, meta, opt).status());
   return write_small_file(ckpt, kCheckpointCommittedFile, committed_text(meta), opt).status();
+}
+
+Status write_checkpoint(Storage& ckpt, const CheckpointContents& c, const CheckpointWriteOptions& opt) {
+  if (c.ranks.empty()) return invalid_argument("checkpoint: no ranks to write");
+  LATHE_ASSIGN_OR_RETURN(std::vector<CheckpointTensorRecord> tensors, tensors_of(c.ranks));
+  const int world = static_cast<int>(c.ranks.size());
+  std::vector<CheckpointFileRecord> files;
+  for (int r = 0; r < world; ++r) {
+    LATHE_ASSIGN_OR_RETURN(std::vector<CheckpointFileRecord> mine, write_rank_shards(ckpt, r, world, c.ranks[size_t(r)], opt));
+    for (CheckpointFileRecord& f : mine) files.push_back(std::move(f));
+  }
+  return commit_checkpoint(ckpt, c, world, tensors, std::move(files), opt);
 }
 
 const CheckpointFileRecord* CheckpointMetadata::file(const std::string& name) const {

@@ -120,7 +120,8 @@ struct CheckpointWriteOptions {
 
 // Writes every file of the checkpoint into ckpt (a Storage rooted at the
 // checkpoint directory), then metadata.json, then COMMITTED. Does not touch
-// the root's `last`. Rank slices must tile each tensor exactly.
+// the root's `last`. Rank slices must tile each tensor exactly. The same as
+// write_rank_shards for every rank, then commit_checkpoint.
 Status write_checkpoint(Storage& ckpt, const CheckpointContents& c, const CheckpointWriteOptions& opt = {});
 
 // Splits n elements over world ranks: rank r holds [begin, end).
@@ -158,6 +159,17 @@ struct CheckpointMetadata {
   const CheckpointFileRecord* file(const std::string& name) const;
   int64_t total_bytes() const;
 };
+
+// Distributed saving, in two steps. Each rank writes its own two shard files
+// (any thread or process, at the same time) and hands their records to the
+// committing rank, which writes the small files of c (c.ranks unused),
+// metadata.json and COMMITTED after checking that the slices of all ranks
+// tile every tensor in tensors.
+Result<std::vector<CheckpointFileRecord>> write_rank_shards(Storage& ckpt, int rank, int world, const RankShard& shard,
+                                                            const CheckpointWriteOptions& opt = {});
+Status commit_checkpoint(Storage& ckpt, const CheckpointContents& c, int world,
+                         const std::vector<CheckpointTensorRecord>& tensors,
+                         std::vector<CheckpointFileRecord> shard_files, const CheckpointWriteOptions& opt = {});
 
 // Parses metadata.json text; where: its url, for messages.
 Result<CheckpointMetadata> parse_checkpoint_metadata(const std::string& text, const std::string& where);

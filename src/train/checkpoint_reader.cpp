@@ -3,6 +3,7 @@
 // without reading its shards; loading its weights verified. Also the
 // helpers every side shares: names, the base model hash, location splitting.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -52,7 +53,7 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 std::string checkpoint_name(int64_t step, const std::map<std::string, double>& metrics) {
   char buf[96];
   auto it = metrics.find("val_loss");
-  if (it != metrics.end()) {
+  if (it != metrics.end() && std::isfinite(it->second)) {
     std::snprintf(buf, sizeof buf, "step=%06lld-val_loss=%.4f", static_cast<long long>(step), it->second);
   } else {
     std::snprintf(buf, sizeof buf, "step=%06lld", static_cast<long long>(step));

@@ -411,7 +411,7 @@ CheckpointSnapshot TrainerImpl::snapshot(int64_t step, double train_loss, const 
   CheckpointSnapshot snap;
   snap.step = step;
   snap.metrics["train_loss"] = train_loss;
-  if (last_val_loss) snap.metrics["val_loss"] = *last_val_loss;
+  if (last_val_loss && std::isfinite(*last_val_loss)) snap.metrics["val_loss"] = *last_val_loss;
   const std::vector<ParamInfo>& table = model->param_table();
   for (size_t i = 0; i < table.size(); ++i) {
     const ParamInfo& p = table[i];

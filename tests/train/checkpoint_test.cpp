@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <thread>
 
 #include "io/safetensors.h"
 
@@ -163,6 +164,39 @@ TEST(Checkpoint, ReshardTwoToOneAndOneToTwo) {
   ASSERT_TRUE(three.is_ok());
   auto [lo, hi] = even_split(30, 1, 3);
   EXPECT_EQ(flat(*three, "layers.0.a"), std::vector<float>(fx.a.begin() + lo, fx.a.begin() + hi));
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, RanksWriteTheirShardsConcurrentlyThenOneCommits) {
+  const fs::path root = fresh_dir("ranks");
+  Fixture fx;
+  auto ckpt = open_dir(root / "step=000010");
+  CheckpointContents c = fx.contents(2);
+  std::vector<CheckpointFileRecord> records[2];
+  Status status[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto rec = write_rank_shards(*ckpt, r, 2, c.ranks[size_t(r)]);
+      status[r] = rec.status();
+      if (rec.is_ok()) records[r] = *rec;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  ASSERT_TRUE(status[0].is_ok() && status[1].is_ok()) << status[0].message() << status[1].message();
+  std::vector<CheckpointTensorRecord> tensors;
+  for (const TensorSlice& s : c.ranks[0].model) tensors.push_back({.name = s.name, .shape = s.shape, .dtype = "F32", .kind = ShardKind::kModel});
+  for (const TensorSlice& s : c.ranks[0].optim) tensors.push_back({.name = s.name, .shape = s.shape, .dtype = "F32", .kind = ShardKind::kOptim});
+  // Without rank 1's records the commit refuses: its slices are missing.
+  Status partial = commit_checkpoint(*ckpt, c, 2, tensors, records[0]);
+  EXPECT_FALSE(partial.is_ok());
+  EXPECT_FALSE(fs::exists(root / "step=000010" / "COMMITTED"));
+  std::vector<CheckpointFileRecord> all = records[0];
+  all.insert(all.end(), records[1].begin(), records[1].end());
+  ASSERT_TRUE(commit_checkpoint(*ckpt, c, 2, tensors, all).is_ok());
+  auto loaded = load_checkpoint_model((root / "step=000010").string());
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(std::vector<float>((*loaded)[0].second.data<float>(), (*loaded)[0].second.data<float>() + 30), fx.a);
   fs::remove_all(root);
 }
 
