@@ -142,7 +142,8 @@ def make_proxy(upstream_port, faults, stall_s):
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(xml)))
                 self.end_headers()
-                self.wfile.write(xml)
+                if self.command != "HEAD":
+                    self.wfile.write(xml)
                 return
             conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
             conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))

@@ -265,8 +265,9 @@ TEST_F(S3StorageTest, RetriesThroughInjectedFaults) {
   Result<std::string> text = s->read_text("a");
   ASSERT_TRUE(text.is_ok()) << text.status().message();
   EXPECT_EQ(*text, "hello");
-  ASSERT_EQ(server_->command("faults lost drop"), "ok");
+  ASSERT_EQ(server_->command("faults 503 lost drop slowdown"), "ok");
   EXPECT_EQ(*s->size("a"), 5);
+  EXPECT_EQ(*s->size("a"), 5);  // the connection is still good after a failed HEAD
   ASSERT_EQ(server_->command("faults slowdown lost"), "ok");
   EXPECT_EQ(s->list("")->size(), 1u);
 
