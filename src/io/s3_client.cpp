@@ -264,7 +264,7 @@ Result<S3Client::Response> S3Client::perform(const Request& req, void* handle, c
 
   Response resp;
   Upload up{.body = req.body};
-  Progress progress{.timeout_ms = options_.timeout_ms};
+  Progress progress{.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : options_.timeout_ms};
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers.list);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
@@ -294,7 +294,7 @@ Result<S3Client::Response> S3Client::perform(const Request& req, void* handle, c
   CURLcode rc = curl_easy_perform(curl);
   if (rc != CURLE_OK) {
     resp.curl_code = static_cast<int>(rc);
-    resp.curl_error = progress.stalled ? "no byte moved for " + std::to_string(options_.timeout_ms) +
+    resp.curl_error = progress.stalled ? "no byte moved for " + std::to_string(progress.timeout_ms) +
                                              " ms (LATHE_S3_TIMEOUT_MS)"
                                        : curl_easy_strerror(rc);
     return resp;

@@ -49,8 +49,9 @@ struct S3Options {
 Result<S3Options> s3_options_from_env();
 
 struct S3Object {
-  std::string key;
+  std::string key{};
   int64_t size = 0;
+  std::string etag{};  // as S3 sends it, quotes included (head_object_info only)
 };
 
 struct S3ListPage {
@@ -81,6 +82,7 @@ class S3Client {
                                           int64_t n = -1);
   // The object's size; kNotFound when absent.
   Result<int64_t> head_object(const std::string& bucket, const std::string& key);
+  Result<S3Object> head_object_info(const std::string& bucket, const std::string& key);
   // One ListObjectsV2 page; token "" starts at the beginning.
   Result<S3ListPage> list_objects(const std::string& bucket, const std::string& prefix, const std::string& delimiter,
                                   const std::string& token);
@@ -94,8 +96,9 @@ class S3Client {
   // Returns the part's ETag.
   Result<std::string> upload_part(const std::string& bucket, const std::string& key, const std::string& upload_id,
                                   int part_number, std::span<const uint8_t> body);
-  // etags[i] is part i + 1's; total_size lets a retried completion recognise
-  // that an earlier try, whose reply was lost, already succeeded.
+  // etags[i] is part i + 1's. A retried completion that finds the upload
+  // gone (an earlier try, whose reply was lost, succeeded) checks the
+  // object's size and multipart ETag instead.
   Status complete_multipart_upload(const std::string& bucket, const std::string& key, const std::string& upload_id,
                                    const std::vector<std::string>& etags, int64_t total_size);
   Status abort_multipart_upload(const std::string& bucket, const std::string& key, const std::string& upload_id);

@@ -25,6 +25,24 @@ Result<int64_t> parse_size(const std::string& text, const S3Client::Request& req
   return static_cast<int64_t>(v);
 }
 
+// S3's ETag of a completed multipart upload (unencrypted or SSE-S3): the MD5
+// of the parts' binary MD5s, "-", the part count. "" when a part's ETag is
+// not a plain MD5.
+std::string multipart_etag(const std::vector<std::string>& etags) {
+  std::string raw;
+  for (const std::string& e : etags) {
+    std::string hex = e.size() == 34 && e.front() == '"' && e.back() == '"' ? e.substr(1, 32) : e;
+    if (hex.size() != 32) return "";
+    for (size_t i = 0; i < 32; i += 2) raw += static_cast<char>(std::strtol(hex.substr(i, 2).c_str(), nullptr, 16));
+  }
+  std::string out(1, '"');
+  out += md5_hex(raw);
+  out += '-';
+  out += std::to_string(etags.size());
+  out += '"';
+  return out;
+}
+
 }  // namespace
 
 Status S3Client::put_object(const std::string& bucket, const std::string& key, std::span<const uint8_t> body) {
@@ -53,10 +71,17 @@ Result<std::vector<uint8_t>> S3Client::get_object(const std::string& bucket, con
 }
 
 Result<int64_t> S3Client::head_object(const std::string& bucket, const std::string& key) {
+  LATHE_ASSIGN_OR_RETURN(S3Object info, head_object_info(bucket, key));
+  return info.size;
+}
+
+Result<S3Object> S3Client::head_object_info(const std::string& bucket, const std::string& key) {
   Request req{.method = "HEAD", .bucket = bucket, .key = key};
   LATHE_ASSIGN_OR_RETURN(Response resp, execute(req));
   if (!ok(resp)) return s3_error(req, resp);
-  return parse_size(resp.header("content-length"), req, "Content-Length");
+  S3Object info{.key = key, .etag = resp.header("etag")};
+  LATHE_ASSIGN_OR_RETURN(info.size, parse_size(resp.header("content-length"), req, "Content-Length"));
+  return info;
 }
 
 Result<S3ListPage> S3Client::list_objects(const std::string& bucket, const std::string& prefix,
@@ -143,15 +168,18 @@ Status S3Client::complete_multipart_upload(const std::string& bucket, const std:
     xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + xml_escape(etags[i]) +
            "</ETag></Part>";
   xml += "</CompleteMultipartUpload>";
-  Request req{.method = "POST", .bucket = bucket, .key = key, .body = bytes_of(xml), .error_in_ok_body = true};
+  // The server assembles the object before it answers, with no byte on the
+  // wire meanwhile: allow it ten times the usual silence.
+  Request req{.method = "POST", .bucket = bucket, .key = key, .body = bytes_of(xml),
+              .timeout_ms = options_.timeout_ms * 10, .error_in_ok_body = true};
   req.query.emplace_back("uploadId", upload_id);
   req.headers.emplace_back("content-type", "application/xml");
   LATHE_ASSIGN_OR_RETURN(Response resp, execute(req));
   if (ok(resp)) return Status::ok();
   // A retry after a lost reply finds the upload gone: the object tells.
-  if (resp.attempts > 1 && resp.error_code() == "NoSuchUpload") {
-    Result<int64_t> size = head_object(bucket, key);
-    if (size.is_ok() && *size == total_size) return Status::ok();
+  if (resp.attempts > 1) {
+    Result<S3Object> info = head_object_info(bucket, key);
+    if (info.is_ok() && info->size == total_size && info->etag == multipart_etag(etags)) return Status::ok();
   }
   return s3_error(req, resp).with_context("completing a multipart upload of " + std::to_string(etags.size()) +
                                           " parts");

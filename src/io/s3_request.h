@@ -20,6 +20,7 @@ struct S3Client::Request {
   SigV4Pairs headers{};  // extra headers, sent and signed (range, content-md5)
   std::span<const uint8_t> body{};  // borrowed for the call
   int64_t expected_size = 0;      // reserve for the reply body when known
+  int64_t timeout_ms = 0;         // no-progress timeout; 0: the client's
   bool error_in_ok_body = false;  // CompleteMultipartUpload may answer 200 with an <Error>
 
   std::string url() const;  // "s3://bucket/key", for messages

@@ -80,6 +80,8 @@ std::string md5_base64(std::string_view bytes) {
   return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
 }
 
+std::string md5_hex(std::string_view bytes) { return hex_lower(digest(EVP_md5(), bytes.data(), bytes.size())); }
+
 std::string uri_encode(std::string_view s, bool keep_slash) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;

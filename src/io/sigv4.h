@@ -65,8 +65,9 @@ std::string sha256_hex(std::span<const uint8_t> bytes);
 std::string sha256_hex(std::string_view text);
 // HMAC-SHA-256 of message under key, raw 32 bytes.
 std::string hmac_sha256(std::string_view key, std::string_view message);
-// Base64 of the raw MD5 digest (the Content-MD5 header).
+// Base64 of the raw MD5 digest (the Content-MD5 header), and its hex.
 std::string md5_base64(std::string_view bytes);
+std::string md5_hex(std::string_view bytes);
 std::string hex_lower(std::string_view raw);
 
 }  // namespace lathe
