@@ -26,3 +26,25 @@ export OMP_WAIT_POLICY=passive
 echo "S3: moto on $AWS_ENDPOINT_URL, part size ${LATHE_S3_PART_SIZE_MB:-64} MiB, ${LATHE_S3_CONCURRENCY:-4} parts in flight"
 "$BENCH" --dir "s3://$(field bucket)/bench" --case adapter "$@"
 "$BENCH" --dir "s3://$(field bucket)/bench" --case full --full-params "${FULL_PARAMS:-200000000}" "$@"
+
+# The baseline: AWS's own SDK (boto3, the same part size and concurrency)
+# uploading the adapter's byte count to the same server, like dd for a disk.
+python3 - "$AWS_ENDPOINT_URL" "$(field bucket)" "${BASELINE_BYTES:-346000000}" <<'PY'
+import sys, time, boto3
+from boto3.s3.transfer import TransferConfig
+endpoint, bucket, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+import os, io
+part = int(os.environ.get("LATHE_S3_PART_SIZE_MB", "64")) << 20
+cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part,
+                     max_concurrency=int(os.environ.get("LATHE_S3_CONCURRENCY", "4")))
+data = os.urandom(n)
+rates = []
+for i in range(3):
+    t0 = time.perf_counter()
+    s3.upload_fileobj(io.BytesIO(data), bucket, f"baseline/{i}", Config=cfg)
+    rates.append(n / 1e6 / (time.perf_counter() - t0))
+    s3.delete_object(Bucket=bucket, Key=f"baseline/{i}")
+rates.sort()
+print(f"| boto3 baseline | {n / 1e6:.0f} MB | upload_fileobj, same part size and concurrency | {rates[1]:.0f} MB/s (median of 3) |")
+PY
