@@ -130,6 +130,11 @@ Status CheckpointManager::wait() {
   return s;
 }
 
+void CheckpointManager::reserve(int64_t n_floats) {
+  if (writer_.joinable()) writer_.join();  // the writer owns staging_ while a save is in flight
+  if (int64_t(staging_.size()) < n_floats) staging_.resize(size_t(n_floats));
+}
+
 void CheckpointManager::stage(const CheckpointSnapshot& s) {
   int64_t total = 0;
   for (const StateTensor& t : s.model) total += int64_t(t.data.size());

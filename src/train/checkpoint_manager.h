@@ -85,6 +85,9 @@ class CheckpointManager {
   Status save(const CheckpointSnapshot& s);
   // Waits for the save in flight; its error, if any.
   Status wait();
+  // Allocates (and touches) the staging buffer for n_floats of state now, so
+  // the first save() does not pay for it inside the training loop.
+  void reserve(int64_t n_floats);
 
   // The newest committed checkpoint's url (by step; `last` agrees unless a
   // run died between COMMITTED and `last`), or "" when there is none.

@@ -325,6 +325,10 @@ Status TrainerImpl::setup_checkpoints() {
                                   .file_delay_ms = env::checkpoint_write_delay_ms(),
                                   .log = config.log};
     LATHE_ASSIGN_OR_RETURN(ckpt, CheckpointManager::open(policy, std::move(info)));
+    const int64_t n_state = static_cast<int64_t>(adamw->state_arena().size());
+    int64_t n_params = 0;
+    for (const ParamInfo& p : model->param_table()) n_params += p.numel();
+    ckpt->reserve(n_params + n_state);
     LATHE_ASSIGN_OR_RETURN(std::vector<std::string> removed, ckpt->remove_uncommitted());
     for (const std::string& d : removed)
       note("checkpoint: removed " + ckpt->root_url() + "/" + d + " (a save that did not finish)");
