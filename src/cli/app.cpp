@@ -36,6 +36,8 @@ int run(int argc, char** argv) {
   add_logits(app, &rc);
   add_eval(app, &rc);
   add_finetune(app, &rc);
+  add_export(app, &rc);
+  add_checkpoint(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -23,6 +23,8 @@ void add_generate(CLI::App& app, int* rc);
 void add_logits(CLI::App& app, int* rc);
 void add_eval(CLI::App& app, int* rc);
 void add_finetune(CLI::App& app, int* rc);
+void add_export(CLI::App& app, int* rc);
+void add_checkpoint(CLI::App& app, int* rc);
 
 // Entry point for main(): builds the app, parses, runs; returns the exit code.
 int run(int argc, char** argv);
