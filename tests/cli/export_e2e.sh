@@ -3,7 +3,8 @@
 # tiny f32 model saves two checkpoints; list and inspect report them (steps,
 # sizes that add up, committed, last); the `hf` export's logits equal
 # `lathe logits --adapter` with the `hf-peft` export on the base model, bit for
-# bit (one merge routine, f32), while the base alone differs; and a missing,
+# bit (one merge routine, f32), while the base alone differs; a full-SFT run
+# exports exactly its trained weights (and refuses hf-peft); and a missing,
 # uncommitted or corrupt checkpoint fails with a message naming it. When torch,
 # transformers and peft are installed, tools/check_export.py also loads both
 # exports with them and compares logits (<= 1e-4).
@@ -73,6 +74,26 @@ if "$LATHE" logits --model "$M" --input-ids "$TMP/ids.safetensors" --out "$TMP/b
   --reference "$TMP/adapted.safetensors" --tolerance 1e-4 >/dev/null 2>&1; then
   fail "the base model alone gave the adapted logits: the trained adapter changes nothing"
 fi
+
+# ---- full SFT: the trained weights are exported as they are ------------------------
+"$LATHE" finetune --model "$M" --data "$SRC/data/sample" --recipe "$SRC/recipes/tiny_lora.yaml" --run-dir "$TMP/full" \
+  --progress lines trainer.max_steps=2 trainer.val_check_interval=2 peft.peft_scheme=none optim.lr=0.0005 \
+  optim.sched.warmup_steps=1 >/dev/null 2>"$TMP/progress" || { cat "$TMP/progress" >&2; fail "full SFT finetune failed"; }
+"$LATHE" checkpoint inspect "$TMP/full/checkpoints" | grep -q "full SFT" || fail "inspect does not say full SFT"
+"$LATHE" export --checkpoint "$TMP/full/checkpoints" --target hf --out "$TMP/full_hf" >/dev/null
+python3 - "$TMP/full_hf/model.safetensors" "$TMP/full/model/model.safetensors" "$M/model.safetensors" <<'EOF' \
+  || fail "the full-SFT export is not the run's trained weights"
+import sys
+from safetensors.numpy import load_file
+out, trained, base = (load_file(p) for p in sys.argv[1:4])
+assert out.keys() == trained.keys() == base.keys()
+assert all((out[k] == trained[k]).all() for k in out)
+assert any((out[k] != base[k]).any() for k in out)
+EOF
+if "$LATHE" export --checkpoint "$TMP/full/checkpoints" --target hf-peft --out "$TMP/x" 2>"$TMP/err"; then
+  fail "hf-peft export of a full-SFT run was accepted"
+fi
+grep -q "use --target hf" "$TMP/err" || fail "full SFT hf-peft error: $(cat "$TMP/err")"
 
 # ---- errors name what is wrong ----------------------------------------------------
 expect_error() {  # expect_error PATTERN lathe-args...
