@@ -6,6 +6,7 @@
 #include "train/export.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -45,7 +46,9 @@ std::tuple<int, int64_t, int, std::string> state_dict_key(const std::string& nam
   if (name.rfind(layers, 0) == 0) {
     size_t dot = name.find('.', layers.size());
     std::string idx = name.substr(layers.size(), dot == std::string::npos ? std::string::npos : dot - layers.size());
-    if (dot != std::string::npos && !idx.empty() && std::all_of(idx.begin(), idx.end(), ::isdigit)) {
+    const bool numbered = dot != std::string::npos && !idx.empty() &&
+                          std::all_of(idx.begin(), idx.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+    if (numbered) {
       std::string rest = name.substr(dot + 1);
       int slot = int(std::size(kLayerSlots));
       for (int s = 0; s < int(std::size(kLayerSlots)); ++s)
@@ -64,7 +67,8 @@ bool split_lora_key(const std::string& key, std::string* module, char* which) {
   if (key.rfind(kPeftPrefix, 0) != 0) return false;
   for (char c : {'A', 'B'}) {
     const std::string suffix = std::string(".lora_") + c + ".weight";
-    if (key.size() > kPeftPrefix.size() + suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    if (key.size() > kPeftPrefix.size() + suffix.size() &&
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
       *module = key.substr(kPeftPrefix.size(), key.size() - kPeftPrefix.size() - suffix.size());
       *which = c;
       return true;
@@ -87,7 +91,8 @@ Result<std::map<std::string, Factors>> lora_factors(const ExportSource& src, con
     std::string module;
     char which = 0;
     if (!split_lora_key(key, &module, &which))
-      return invalid_argument("export: tensor '", key, "' is not a LoRA factor (base_model.model.<module>.lora_A.weight)");
+      return invalid_argument("export: tensor '", key,
+                              "' is not a LoRA factor (base_model.model.<module>.lora_A.weight)");
     const SafetensorsEntry* w = base.entry(module + ".weight");
     if (w == nullptr)
       return not_found("export: tensor '", key, "' adapts '", module, "', which the base model ", base.dir(), " lacks");
@@ -190,9 +195,9 @@ Status write_tokenizer_files(const ExportSource& src, const std::string& out_dir
 }  // namespace
 
 const std::vector<std::string>& tokenizer_file_names() {
-  static const std::vector<std::string> k = {"tokenizer.json",          "tokenizer_config.json", "special_tokens_map.json",
-                                             "chat_template.jinja",     "chat_template.json",    "tokenizer.model",
-                                             "added_tokens.json",       "vocab.json",            "merges.txt"};
+  static const std::vector<std::string> k = {
+      "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+      "tokenizer.model", "added_tokens.json",     "vocab.json",              "merges.txt"};
   return k;
 }
 

@@ -47,7 +47,8 @@ Tensor random_f32(Shape shape, std::mt19937& rng, float sd) {
 ExportSource lora_source(const std::string& model, bool rslora = false) {
   ExportSource src;
   src.base_model_dir = kModels + model;
-  src.lora = {.r = 4, .alpha = 8.0f, .rslora = rslora, .target_modules = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}};
+  src.lora = {.r = 4, .alpha = 8.0f, .rslora = rslora,
+              .target_modules = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}};
   WeightStore base = WeightStore::open_dir(src.base_model_dir).value();
   const ModelConfig cfg = load_model_config(src.base_model_dir).value();
   std::mt19937 rng(7);
@@ -272,7 +273,8 @@ TEST(Export, BadSourcesAreErrorsNamingTheTensor) {
   untargeted.tensors.erase(untargeted.tensors.begin(), untargeted.tensors.begin() + 2);  // layer 0 q_proj
   EXPECT_NE(message(untargeted).find("model.layers.0.self_attn.q_proj"), std::string::npos) << message(untargeted);
   ExportSource stranger = lora_source("llama");
-  stranger.tensors.emplace_back("base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight", Tensor::zeros(DType::F32, {4, 64}));
+  stranger.tensors.emplace_back("base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight",
+                                Tensor::zeros(DType::F32, {4, 64}));
   EXPECT_NE(message(stranger).find("layers.7.self_attn.q_proj"), std::string::npos) << message(stranger);
   ExportSource not_lora = lora_source("llama");
   not_lora.tensors.emplace_back("model.norm.weight", Tensor::zeros(DType::F32, {64}));
