@@ -108,6 +108,11 @@ U="$TMP/ck2"
 rm "$U/COMMITTED"
 expect_error "not committed" export --checkpoint "$U" --target hf --out "$TMP/x"
 "$LATHE" checkpoint inspect "$U" | grep -q "^committed  *no" || fail "inspect calls an uncommitted checkpoint committed"
+mv "$U" "$CK/step=000018"  # a save cut short under the root: listed, marked, not `last`
+"$LATHE" checkpoint list "$CK" >"$TMP/list.txt"
+grep -q "^step=000018 .* NO " "$TMP/list.txt" || fail "list does not mark the uncommitted one: $(cat "$TMP/list.txt")"
+grep -q "step=000012.*yes (last)" "$TMP/list.txt" || fail "list: $(cat "$TMP/list.txt")"
+rm -rf "$CK/step=000018"
 cp -r "$CK/step=000006-val_loss"* "$TMP/ck3"
 python3 - "$TMP/ck3/model-rank00000.safetensors" <<'EOF'
 import os, sys
