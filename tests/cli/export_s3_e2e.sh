@@ -32,7 +32,7 @@ M="$TMP/model"
 "$LATHE" init-model --preset tiny --out "$M" --seed 1 --dtype f32 >/dev/null
 ROOT="s3://$BUCKET/run/checkpoints"
 "$LATHE" finetune --model "$M" --data "$SRC/data/sample" --recipe "$SRC/recipes/tiny_lora.yaml" --run-dir "$TMP/run" \
-  --progress lines trainer.max_steps=8 trainer.val_check_interval=4 peft.dim=8 peft.alpha=16 \
+  --progress lines trainer.max_steps=8 trainer.val_check_interval=4 optim.sched.warmup_steps=2 peft.dim=8 peft.alpha=16 \
   checkpoint.save_top_k=-1 checkpoint.dir="$ROOT" >/dev/null 2>"$TMP/progress" \
   || { cat "$TMP/progress" >&2; fail "finetune with checkpoints on S3 failed"; }
 
@@ -60,7 +60,6 @@ for k in objs:
         dest = os.path.join(local, last, k.split("/", 3)[3])
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         s3.download_file(bucket, k, dest)
-print(last)
 EOF
 "$LATHE" checkpoint list "$ROOT" | grep -q "step=000008.*yes (last)" || fail "list table on S3"
 "$LATHE" checkpoint inspect "$ROOT" --verify --json >"$TMP/inspect.json" || fail "inspect --verify on S3"
