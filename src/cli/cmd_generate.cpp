@@ -3,6 +3,7 @@
 // transformers does: do_sample=false means greedy); flags override them.
 // Text streams to stdout piece by piece; --json prints one object at the end
 // with the exact generated ids instead. Timing goes to stderr.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "io/hf_config.h"
 #include "io/tokenizer.h"
 #include "models/causal_lm.h"
+#include "models/cuda_causal_lm.h"
 
 namespace lathe::cli {
 
@@ -40,7 +42,7 @@ struct GenerateFlags {
   std::vector<std::string> stop;
   std::vector<std::string> stop_token_ids;
   bool json = false;
-  std::string device = "cpu";
+  std::string device = "auto";
 };
 
 // "1,2,3" (and repeated flags) → ids. what names the flag in errors.
@@ -110,20 +112,36 @@ void print_json(const GenerationResult& r) {
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
+// A CUDA model sized for this request: prompt + max_new_tokens, capped at the
+// model's context.
+Result<std::unique_ptr<CudaCausalLM>> load_cuda(const GenerateFlags& fl, Device device, int64_t wanted) {
+  LATHE_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(fl.model));
+  int64_t max_seq = std::max<int64_t>(wanted, 1);
+  if (cfg.max_position_embeddings > 0) max_seq = std::min<int64_t>(max_seq, cfg.max_position_embeddings);
+  return CudaCausalLM::load(fl.model, {.device = device.index, .max_seq = static_cast<int>(max_seq),
+                                       .adapter_dir = fl.adapter});
+}
+
 Status run_generate(const GenerateFlags& fl) {
-  if (fl.device != "cpu") return unsupported("--device ", fl.device, " is not supported by generate yet (use cpu)");
+  LATHE_ASSIGN_OR_RETURN(Device device, parse_device(fl.device));
   if (!std::filesystem::is_directory(fl.model))
     return not_found("--model: ", fl.model, " is not a directory");
   LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(fl.model));
   LATHE_ASSIGN_OR_RETURN(GenerationConfig gen, load_generation_config(fl.model));
   LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, prompt_tokens(fl, tok));
-  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model, {.adapter_dir = fl.adapter}));
-
   SamplingOptions opts = sampling_options(gen, fl);
+  std::unique_ptr<CausalLM> model;
+  std::unique_ptr<CudaCausalLM> cuda_model;
+  if (device.is_cpu()) {
+    LATHE_ASSIGN_OR_RETURN(model, CausalLM::load(fl.model, {.adapter_dir = fl.adapter}));
+  } else {
+    LATHE_ASSIGN_OR_RETURN(cuda_model, load_cuda(fl, device, int64_t(prompt.size()) + opts.max_new_tokens));
+  }
+  const ModelConfig& cfg = model ? model->config() : cuda_model->config();
   if (!fl.stop_token_ids.empty()) {
     LATHE_ASSIGN_OR_RETURN(opts.stop_token_ids, parse_ids(fl.stop_token_ids, "--stop-token-ids"));
   } else {
-    opts.stop_token_ids = default_stop_token_ids(gen, model->config(), tok);
+    opts.stop_token_ids = default_stop_token_ids(gen, cfg, tok);
   }
   TextCallback stream;
   if (!fl.json) {
@@ -132,7 +150,8 @@ Status run_generate(const GenerateFlags& fl) {
       std::fflush(stdout);
     };
   }
-  LATHE_ASSIGN_OR_RETURN(GenerationResult r, generate(*model, tok, prompt, opts, stream));
+  LATHE_ASSIGN_OR_RETURN(GenerationResult r, model ? generate(*model, tok, prompt, opts, stream)
+                                                     : generate(*cuda_model, tok, prompt, opts, stream));
   if (fl.json) {
     print_json(r);
   } else {
@@ -170,7 +189,7 @@ void add_generate(CLI::App& app, int* rc) {
   cmd->add_option("--stop-token-ids", fl->stop_token_ids,
                   "Token ids that end generation, e.g. 128001,128009 (replaces the eos ids from the model)");
   cmd->add_flag("--json", fl->json, "Print one JSON object: token_ids, text, finish_reason, prompt_tokens");
-  cmd->add_option("--device", fl->device, "cpu")->capture_default_str();
+  cmd->add_option("--device", fl->device, "auto (a GPU when there is one), cpu, cuda or cuda:N")->capture_default_str();
   cmd->callback([fl, rc] {
     if (!fl->prompt && !fl->prompt_ids) {
       *rc = report("generate", invalid_argument("pass --prompt TEXT or --prompt-ids 1,2,3"));

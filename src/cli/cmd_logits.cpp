@@ -11,7 +11,9 @@
 
 #include "cli/commands.h"
 #include "io/safetensors.h"
+#include "io/hf_config.h"
 #include "models/causal_lm.h"
+#include "models/cuda_causal_lm.h"
 
 namespace lathe::cli {
 namespace {
@@ -23,6 +25,7 @@ struct LogitsFlags {
   std::string out;
   std::string reference;
   double tolerance = 1e-4;
+  std::string device = "cpu";
 };
 
 Result<std::vector<int32_t>> read_ids(const std::string& path, int64_t* batch, int64_t* seq) {
@@ -66,18 +69,46 @@ Status compare(const std::string& path, const Tensor& logits, double tolerance) 
   return Status::ok();
 }
 
-Status run_logits(const LogitsFlags& fl) {
-  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model_dir, {.adapter_dir = fl.adapter_dir}));
-  int64_t batch = 0, seq = 0;
-  LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, read_ids(fl.input_ids, &batch, &seq));
-  const int64_t vocab = model->config().vocab_size;
-  Tensor logits = Tensor::empty(DType::F32, {batch, seq, vocab});
-  KvCache cache = model->new_cache(static_cast<int>(seq));
-  for (int64_t b = 0; b < batch && seq > 0; ++b) {
-    cache.clear();
-    TensorView rows = logits.view().slice_rows(b, b + 1).reshape({seq, vocab});
+// Every row's logits on the GPU (bf16 weights and activations: compare with a
+// bf16-sized --tolerance).
+Status cuda_logits(const LogitsFlags& fl, Device device, const std::vector<int32_t>& ids, Tensor& logits) {
+  const int64_t batch = logits.size(0), seq = logits.size(1), vocab = logits.size(2);
+  LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaCausalLM> model,
+                         CudaCausalLM::load(fl.model_dir, {.device = device.index, .max_seq = static_cast<int>(seq),
+                                                           .max_logit_rows = static_cast<int>(seq),
+                                                           .adapter_dir = fl.adapter_dir}));
+  if (model->config().vocab_size != vocab) return invalid_argument("logits: vocab size changed under the model");
+  for (int64_t b = 0; b < batch; ++b) {
+    model->clear();
+    std::span<float> rows(logits.data<float>() + b * seq * vocab, static_cast<size_t>(seq * vocab));
     std::span<const int32_t> row(ids.data() + b * seq, static_cast<size_t>(seq));
-    LATHE_TRY(model->forward(row, cache, rows, /*all_logits=*/true).with_context(fl.input_ids + " row " + std::to_string(b)));
+    LATHE_TRY(model->forward(row, rows, /*all_logits=*/true).with_context(fl.input_ids + " row " + std::to_string(b)));
+  }
+  return Status::ok();
+}
+
+Status run_logits(const LogitsFlags& fl) {
+  LATHE_ASSIGN_OR_RETURN(Device device, parse_device(fl.device));
+  int64_t batch = 0, seq = 0;
+  Tensor logits;
+  if (!device.is_cpu()) {
+    LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, read_ids(fl.input_ids, &batch, &seq));
+    LATHE_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(fl.model_dir));
+    logits = Tensor::zeros(DType::F32, {batch, seq, cfg.vocab_size});
+    if (seq > 0) LATHE_TRY(cuda_logits(fl, device, ids, logits));
+  } else {
+    LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model,
+                           CausalLM::load(fl.model_dir, {.adapter_dir = fl.adapter_dir}));
+    LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, read_ids(fl.input_ids, &batch, &seq));
+    const int64_t vocab = model->config().vocab_size;
+    logits = Tensor::empty(DType::F32, {batch, seq, vocab});
+    KvCache cache = model->new_cache(static_cast<int>(seq));
+    for (int64_t b = 0; b < batch && seq > 0; ++b) {
+      cache.clear();
+      TensorView rows = logits.view().slice_rows(b, b + 1).reshape({seq, vocab});
+      std::span<const int32_t> row(ids.data() + b * seq, static_cast<size_t>(seq));
+      LATHE_TRY(model->forward(row, cache, rows, /*all_logits=*/true).with_context(fl.input_ids + " row " + std::to_string(b)));
+    }
   }
   LATHE_TRY(write_safetensors(fl.out, {{"logits", logits}}));
   if (!fl.reference.empty()) LATHE_TRY(compare(fl.reference, logits, fl.tolerance));
@@ -97,6 +128,8 @@ void add_logits(CLI::App& app, int* rc) {
   cmd->add_option("--reference", fl->reference, "Compare with the `logits` tensor of this safetensors file");
   cmd->add_option("--tolerance", fl->tolerance, "Largest max|a-b|/max|b| accepted by --reference")
       ->default_val(1e-4);
+  cmd->add_option("--device", fl->device, "cpu, cuda, cuda:N or auto (a GPU when there is one)")
+      ->capture_default_str();
   cmd->callback([fl, rc] { *rc = report("logits", run_logits(*fl)); });
 }
 

@@ -6,12 +6,18 @@
 #include <CLI/CLI.hpp>
 
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace lathe::cli {
 
 // Prints "lathe <command>: <message>" to stderr and returns the exit code for s
 // (0 when ok, 2 for invalid input, 1 otherwise).
 int report(const char* command, const Status& s);
+
+// --device: "cpu", "cuda" or "cuda:N"; "auto" is cuda:0 when this build has
+// CUDA and a GPU is visible, else cpu. Naming a CUDA device that is not there
+// is an error saying what is missing.
+Result<Device> parse_device(const std::string& flag);
 
 void add_version(CLI::App& app, int* rc);
 void add_tokenize(CLI::App& app, int* rc);

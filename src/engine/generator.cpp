@@ -105,6 +105,14 @@ Result<GenerationResult> generate(const CausalLM& model, const Tokenizer& tokeni
   return generate_with(step, vocab, tokenizer, args, on_text);
 }
 
+Result<GenerationResult> generate(CudaCausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                                  const SamplingOptions& sampling, const TextCallback& on_text) {
+  model.clear();
+  StepFn step = [&](std::span<const int32_t> tokens, std::span<float> logits) { return model.forward(tokens, logits); };
+  GenerateArgs args{.prompt = prompt, .sampling = sampling, .max_context_tokens = model.max_seq()};
+  return generate_with(step, model.config().vocab_size, tokenizer, args, on_text);
+}
+
 std::vector<int32_t> default_stop_token_ids(const GenerationConfig& gen, const ModelConfig& cfg,
                                             const Tokenizer& tokenizer) {
   if (!gen.eos_token_ids.empty()) return {gen.eos_token_ids.begin(), gen.eos_token_ids.end()};

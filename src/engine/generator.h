@@ -21,6 +21,7 @@
 #include "io/hf_config.h"
 #include "io/tokenizer.h"
 #include "models/causal_lm.h"
+#include "models/cuda_causal_lm.h"
 
 namespace lathe {
 
@@ -59,6 +60,12 @@ Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const
 // generate_with() on a CausalLM with a fresh KvCache sized prompt +
 // max_new_tokens (capped at max_position_embeddings).
 Result<GenerationResult> generate(const CausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                                  const SamplingOptions& sampling, const TextCallback& on_text);
+
+// generate_with() on a CudaCausalLM: its cache is cleared first; the length
+// is capped by the max_seq it was loaded with. Logits come to the host each
+// step for the sampler.
+Result<GenerationResult> generate(CudaCausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                   const SamplingOptions& sampling, const TextCallback& on_text);
 
 // The ids that end generation when the user names none: generation_config's

@@ -8,16 +8,13 @@
 #include "models/causal_lm.h"
 
 #include <algorithm>
-#include <set>
 #include <string>
 
 #include "backends/cpu/cpu_ops.h"
-#include "core/parallel.h"
-#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "models/family.h"
+#include "models/weight_loader.h"
 #include "nn/layers.h"
-#include "nn/lora.h"
 #include "ops/rope.h"
 
 namespace lathe {
@@ -36,65 +33,21 @@ class CausalLmImpl {
 
 namespace {
 
-// W [out, in] f32 += scale · B [out, r] · A [r, in] (A, B in any float dtype).
-void merge_lora(Tensor& w, const LoraPair& p, float scale) {
-  const Tensor a = p.a.to_f32(), b = p.b.to_f32();
-  lora_merge(w.data<float>(), a.data<float>(), b.data<float>(), w.size(0), w.size(1), a.size(0), scale);
-}
-
-// Fetches tensors by name with their expected shapes; counts parameters;
-// merges the adapter's factors into the linear weights it targets.
+// The nn layers over the loader's tensors.
 struct Loader {
-  const WeightStore& store;
-  const LoadOptions& opts;
-  const PeftAdapter* adapter = nullptr;
-  std::set<const void*> seen = {};
-  int64_t n_params = 0;
+  WeightLoader& wl;
 
-  Status apply_adapter(const std::string& module, Tensor* w) {
-    if (adapter == nullptr) return Status::ok();
-    auto it = adapter->modules.find(module);
-    if (it == adapter->modules.end()) {
-      if (adapter->config.targets(module))
-        return not_found(adapter->weights_path, ": no tensor 'base_model.model.", module,
-                         ".lora_A.weight', though target_modules of ", adapter->config_path, " names the module");
-      return Status::ok();
-    }
-    const LoraPair& p = it->second;
-    const int64_t out = w->size(0), in = w->size(1), r = adapter->config.r;
-    const std::string key = "base_model.model." + module;
-    if (!(p.a.shape() == Shape{r, in}))
-      return invalid_argument(adapter->weights_path, ": tensor '", key, ".lora_A.weight' has shape ", p.a.shape().str(),
-                              ", expected ", Shape{r, in}.str(), " (the base weight is ", w->shape().str(), ")");
-    if (!(p.b.shape() == Shape{out, r}))
-      return invalid_argument(adapter->weights_path, ": tensor '", key, ".lora_B.weight' has shape ", p.b.shape().str(),
-                              ", expected ", Shape{out, r}.str(), " (the base weight is ", w->shape().str(), ")");
-    *w = w->to_f32();  // a private copy: the file mapping is read-only
-    merge_lora(*w, p, adapter->config.scale());
-    return Status::ok();
-  }
-
-  Result<Tensor> get(const std::string& name, const Shape& shape) {
-    LATHE_ASSIGN_OR_RETURN(Tensor t, store.get(name, shape));
-    if (t.dtype() != DType::F32 && t.dtype() != DType::BF16 && t.dtype() != DType::F16)
-      return invalid_argument(store.file_of(name), ": tensor '", name, "' has dtype ", dtype_name(t.dtype()),
-                              ", expected F32, BF16 or F16");
-    if (seen.insert(t.raw()).second) n_params += t.numel();
-    if (!opts.keep_half_weights && t.dtype() != DType::F32) t = t.to_f32();
-    return t;
-  }
   Result<Linear> linear(int layer, const char* leaf, int64_t out, int64_t in, bool bias) {
     std::string base = names::layer(layer, leaf);
-    LATHE_ASSIGN_OR_RETURN(Tensor w, get(base + ".weight", {out, in}));
-    LATHE_TRY(apply_adapter(base, &w));
+    LATHE_ASSIGN_OR_RETURN(Tensor w, wl.linear_weight(base, out, in));
     Tensor b;
     if (bias) {
-      LATHE_ASSIGN_OR_RETURN(b, get(base + ".bias", {out}));
+      LATHE_ASSIGN_OR_RETURN(b, wl.get(base + ".bias", {out}));
     }
     return Linear(std::move(w), std::move(b));
   }
   Result<RmsNorm> norm(const std::string& name, int64_t dim, float eps) {
-    LATHE_ASSIGN_OR_RETURN(Tensor w, get(name, {dim}));
+    LATHE_ASSIGN_OR_RETURN(Tensor w, wl.get(name, {dim}));
     return RmsNorm(std::move(w), eps);
   }
 };
@@ -125,33 +78,12 @@ Result<DecoderBlock> load_block(Loader& ld, const ModelConfig& c, const FamilyQu
                                                                                      std::move(down)));
 }
 
-// Every module of the adapter must be a projection of the model: one that is
-// not names a layer or projection the model lacks (checked before any merge).
-Status check_adapter_modules(const PeftAdapter& ad, const std::string& model_dir, int n_layer) {
-  static constexpr const char* kLeaves[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                            "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                            "mlp.down_proj"};
-  std::set<std::string> known;
-  for (int i = 0; i < n_layer; ++i)
-    for (const char* leaf : kLeaves) known.insert(names::layer(i, leaf));
-  for (const auto& [module, pair] : ad.modules)
-    if (!known.count(module))
-      return not_found(ad.weights_path, ": tensor 'base_model.model.", module, ".lora_A.weight' adapts '", module,
-                       "', which is not a linear layer of the model in ", model_dir, " (it has layers 0..",
-                       n_layer - 1, " with self_attn.{q,k,v,o}_proj and mlp.{gate,up,down}_proj)");
-  return Status::ok();
-}
-
 Status load_weights(CausalLmImpl& m, const WeightStore& store, const LoadOptions& opts) {
   const ModelConfig& c = m.cfg;
-  Loader ld{store, opts};
-  PeftAdapter adapter;
-  if (!opts.adapter_dir.empty()) {
-    LATHE_ASSIGN_OR_RETURN(adapter, load_peft_adapter(opts.adapter_dir));
-    LATHE_TRY(check_adapter_modules(adapter, store.dir(), c.num_hidden_layers));
-    ld.adapter = &adapter;
-  }
-  LATHE_ASSIGN_OR_RETURN(Tensor embed, ld.get(names::kEmbed, {c.vocab_size, c.hidden_size}));
+  LATHE_ASSIGN_OR_RETURN(WeightLoader wl,
+                         WeightLoader::open(store, opts.adapter_dir, c.num_hidden_layers, opts.keep_half_weights));
+  Loader ld{wl};
+  LATHE_ASSIGN_OR_RETURN(Tensor embed, wl.get(names::kEmbed, {c.vocab_size, c.hidden_size}));
   m.embed = Embedding(embed);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     LATHE_ASSIGN_OR_RETURN(DecoderBlock b, load_block(ld, c, m.quirks, i));
@@ -161,10 +93,10 @@ Status load_weights(CausalLmImpl& m, const WeightStore& store, const LoadOptions
   if (m.quirks.tied_embeddings) {
     m.lm_head = Linear(embed, Tensor());
   } else {
-    LATHE_ASSIGN_OR_RETURN(Tensor head, ld.get(names::kLmHead, {c.vocab_size, c.hidden_size}));
+    LATHE_ASSIGN_OR_RETURN(Tensor head, wl.get(names::kLmHead, {c.vocab_size, c.hidden_size}));
     m.lm_head = Linear(std::move(head), Tensor());
   }
-  m.n_params = ld.n_params;
+  m.n_params = wl.n_params();
   return Status::ok();
 }
 

@@ -52,20 +52,25 @@ Result<FamilyQuirks> family_quirks(const ModelConfig& cfg, const std::string& so
   return q;
 }
 
-Result<ModelHeader> load_model_header(const std::string& dir) {
+Result<ModelHeader> model_header_from_config(ModelConfig cfg, const std::string& source) {
   ModelHeader h;
-  const std::string config_path = dir + "/config.json";
-  LATHE_ASSIGN_OR_RETURN(h.cfg, load_model_config(config_path));
-  LATHE_TRY(h.cfg.validate().with_context(config_path));
-  LATHE_ASSIGN_OR_RETURN(h.quirks, family_quirks(h.cfg, config_path));
+  h.cfg = std::move(cfg);
+  LATHE_TRY(h.cfg.validate().with_context(source));
+  LATHE_ASSIGN_OR_RETURN(h.quirks, family_quirks(h.cfg, source));
   const RopeScaling& rs = h.cfg.rope_scaling;
   RopeParams rope{.theta = h.cfg.rope_theta, .type = rs.type, .factor = rs.factor,
                   .low_freq_factor = rs.low_freq_factor, .high_freq_factor = rs.high_freq_factor,
                   .original_max_position_embeddings = rs.original_max_position_embeddings};
   auto inv_freq = rope_inv_freq(rope, h.cfg.head_dim);
-  if (!inv_freq.is_ok()) return inv_freq.status().with_context(config_path);
+  if (!inv_freq.is_ok()) return inv_freq.status().with_context(source);
   h.inv_freq = std::move(inv_freq).value();
   return h;
+}
+
+Result<ModelHeader> load_model_header(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  LATHE_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(config_path));
+  return model_header_from_config(std::move(cfg), config_path);
 }
 
 }  // namespace lathe

@@ -35,6 +35,8 @@ struct ModelHeader {
 };
 // Errors name dir/config.json.
 Result<ModelHeader> load_model_header(const std::string& dir);
+// The same from a config already in memory (random-init models); errors name source.
+Result<ModelHeader> model_header_from_config(ModelConfig cfg, const std::string& source);
 
 // Tensor names of the Hugging Face layout.
 namespace names {

@@ -1,0 +1,549 @@
+// CudaCausalLM: the forward pass of causal_lm.cpp on the GPU in bf16 with
+// f32 accumulation, shaped for generation:
+//   h = embed(tokens)
+//   per layer: x = norm(h); q,k,v = x·Wqkvᵀ (+b); q/k norm; RoPE; cache ← k,v;
+//              h += attn(q, cache)·Woᵀ; x = norm(h); h += (silu(x·Wgᵀ)·(x·Wuᵀ))·Wdᵀ
+//   logits = norm(h)·Wheadᵀ (f32)
+// The residual add is fused into the next RMSNorm (the residual stream is
+// stored in bf16, as in training). q/k/v and gate/up weights are stacked into
+// one matrix each, so a one-token step is one GEMM per stack; a pass over n
+// tokens runs one GEMM per part into a buffer laid out [q | k | v] by part
+// (for n = 1 the two layouts are the same bytes).
+//
+// Memory: two device arenas planned at load, weights and state (KV cache,
+// activations for max_forward_tokens, logits for max_logit_rows). A decode
+// step reads its token and position from the state arena, so its CUDA graph
+// is captured once (on the second decode step, after an eager one has made
+// cuBLASLt's plans) and replayed after.
+#include "models/cuda_causal_lm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/attention.h"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/generation_ops.h"
+#include "io/safetensors.h"
+#include "models/weight_loader.h"
+
+namespace lathe {
+
+using cuda::bf16_bits;
+
+namespace {
+
+struct LayerWeights {
+  bf16_bits* qkv_w = nullptr;      // [q_dim + 2·kv_dim, hidden]: q_proj, k_proj, v_proj rows
+  bf16_bits* qkv_b = nullptr;      // [q_dim + 2·kv_dim] or null
+  bf16_bits* o_w = nullptr;        // [hidden, q_dim]
+  bf16_bits* o_b = nullptr;        // [hidden] or null
+  bf16_bits* q_norm = nullptr;     // [head_dim] or null
+  bf16_bits* k_norm = nullptr;     // [head_dim] or null
+  bf16_bits* gu_w = nullptr;       // [2·ffn, hidden]: gate_proj, up_proj rows
+  bf16_bits* gu_b = nullptr;       // [2·ffn] or null
+  bf16_bits* down_w = nullptr;     // [hidden, ffn]
+  bf16_bits* down_b = nullptr;     // [hidden] or null
+  bf16_bits* attn_norm = nullptr;  // [hidden]
+  bf16_bits* mlp_norm = nullptr;   // [hidden]
+};
+
+// Activations and per-step inputs, each sized for T = max_forward_tokens.
+struct StateBuffers {
+  int32_t* tokens = nullptr;     // [T]
+  int32_t* positions = nullptr;  // [T]; positions[0] is the pass's first position
+  float* cos = nullptr;          // [T, head_dim / 2]
+  float* sin = nullptr;          // [T, head_dim / 2]
+  bf16_bits* h = nullptr;        // [T, hidden] the residual stream
+  bf16_bits* normed = nullptr;   // [T, hidden]
+  bf16_bits* delta = nullptr;    // [T, hidden] attention or MLP output
+  bf16_bits* qkv = nullptr;      // [T, q_dim + 2·kv_dim] as [q | k | v]
+  bf16_bits* attn = nullptr;     // [T, q_dim]
+  bf16_bits* gu = nullptr;       // [T, 2·ffn] as [gate | up]
+  float* logits = nullptr;       // [max_logit_rows, vocab]
+  void* attn_workspace = nullptr;
+  int32_t* next_token = nullptr;  // [1] forward_greedy's pick
+  // Per layer four slots [k, -, v, -]: the one-sequence pointer arrays of
+  // attention_decode_batch, each 16-byte aligned.
+  const void** cache_ptrs = nullptr;
+};
+
+// One layout walked twice: without an arena it sizes the plan, with one it
+// hands out the buffers in the same order.
+class Carver {
+ public:
+  explicit Carver(cuda::DeviceArena* arena) : arena_(arena) {}
+  template <class T>
+  Result<T*> take(int64_t n, const char* what) {
+    if (!arena_) {
+      plan_.add(static_cast<size_t>(n) * sizeof(T));
+      return static_cast<T*>(nullptr);
+    }
+    return arena_->alloc_n<T>(n, what);
+  }
+  size_t planned_bytes() const { return plan_.total_bytes(); }
+
+ private:
+  cuda::DeviceArena* arena_;
+  cuda::ArenaPlan plan_;
+};
+
+// tensor (f32, bf16 or f16, on the host) → bf16 at dst on the device.
+Status upload_bf16(cuda::CudaContext& ctx, const Tensor& t, bf16_bits* dst) {
+  Tensor b = t.dtype() == DType::BF16 ? t : t.to(DType::BF16);
+  return cuda::copy_to_device(ctx, dst, b.raw(), static_cast<size_t>(b.numel()) * sizeof(bf16_bits));
+}
+
+}  // namespace
+
+class CudaCausalLmImpl {
+ public:
+  ModelConfig cfg;
+  FamilyQuirks quirks;
+  std::vector<float> inv_freq;
+  CudaModelOptions opts;
+  int64_t hidden = 0, hd = 0, half = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
+  int n_layer = 0, max_tokens = 0;  // max_tokens: one pass's most tokens
+  bool flash = true;                // head_dim 64/128 and no simple_attention
+  int64_t n_params = 0;
+
+  cuda::CudaContext ctx;
+  cuda::DeviceArena weight_arena, state_arena;
+  std::vector<LayerWeights> layers;
+  bf16_bits* embed = nullptr;       // [vocab, hidden]
+  bf16_bits* final_norm = nullptr;  // [hidden]
+  bf16_bits* lm_head = nullptr;     // [vocab, hidden] (embed when tied)
+  float* inv_freq_dev = nullptr;    // [half]
+  std::vector<bf16_bits*> k_cache, v_cache;  // per layer [max_seq, n_head_kv, head_dim]
+  StateBuffers buf;
+
+  int n_tokens = 0;
+  bool decoded_eagerly = false;
+  cuda::CudaGraph graph;
+  std::vector<int32_t> host_positions;  // staging, [max_tokens]
+
+  Status init(const ModelHeader& header, const CudaModelOptions& options);
+  Status allocate();
+  Status lay_out_weights(Carver& c);
+  Status lay_out_state(Carver& c);
+  Status upload_weights(WeightLoader& wl, const std::string& dir);
+  Status upload_layer(WeightLoader& wl, int i);
+  Status random_weights(uint64_t seed, float init_range);
+
+  Status project(const bf16_bits* x, int64_t k, const bf16_bits* w, const bf16_bits* b, bf16_bits* out, int64_t n,
+                 std::initializer_list<int64_t> parts);
+  Status attention(int l, int64_t n, int pos0, const bf16_bits* q);
+  Status layer_forward(int l, int64_t n, int pos0);
+  Status pass(int64_t n, int pos0, int64_t logit_rows);
+  Status run(std::span<const int32_t> tokens, int64_t logit_rows);
+  Status check_tokens(std::span<const int32_t> tokens) const;
+};
+
+// ---- Load --------------------------------------------------------------------
+
+Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions& options) {
+  cfg = header.cfg;
+  quirks = header.quirks;
+  inv_freq = header.inv_freq;
+  opts = options;
+  const int n_dev = cuda::device_count();
+  if (!cuda::built_with_cuda()) return unsupported("cuda: this build of lathe has no CUDA backend");
+  if (n_dev == 0) return unsupported("cuda: no CUDA device is visible");
+  if (opts.device < 0 || opts.device >= n_dev)
+    return invalid_argument("cuda: device ", opts.device, " does not exist (", n_dev, " visible)");
+  if (opts.max_seq <= 0) return invalid_argument("cuda model: max_seq must be positive, got ", opts.max_seq);
+  if (cfg.max_position_embeddings > 0 && opts.max_seq > cfg.max_position_embeddings)
+    return invalid_argument("cuda model: max_seq ", opts.max_seq, " exceeds max_position_embeddings ",
+                            cfg.max_position_embeddings);
+  if (opts.max_logit_rows <= 0) return invalid_argument("cuda model: max_logit_rows must be positive");
+  hidden = cfg.hidden_size;
+  hd = cfg.head_dim;
+  half = hd / 2;
+  q_dim = int64_t(cfg.num_attention_heads) * hd;
+  kv_dim = int64_t(cfg.num_key_value_heads) * hd;
+  qkv_dim = q_dim + 2 * kv_dim;
+  ffn = cfg.intermediate_size;
+  vocab = cfg.vocab_size;
+  n_layer = cfg.num_hidden_layers;
+  if (hd % 2 != 0 || hd > 256)
+    return unsupported("cuda model: head_dim ", hd, " is not supported (even sizes up to 256 are)");
+  if (cfg.num_attention_heads % cfg.num_key_value_heads != 0)
+    return invalid_argument("cuda model: num_attention_heads ", cfg.num_attention_heads,
+                            " is not a multiple of num_key_value_heads ", cfg.num_key_value_heads);
+  flash = !opts.simple_attention && (hd == 64 || hd == 128);
+  max_tokens = opts.max_forward_tokens > 0 ? std::min(opts.max_forward_tokens, opts.max_seq) : opts.max_seq;
+  max_tokens = std::max(max_tokens, std::min(opts.max_logit_rows, opts.max_seq));
+  host_positions.resize(static_cast<size_t>(max_tokens));
+  LATHE_ASSIGN_OR_RETURN(ctx, cuda::CudaContext::create(opts.device));
+  return allocate();
+}
+
+Status CudaCausalLmImpl::lay_out_weights(Carver& c) {
+  auto take = [&](int64_t n, const char* what) { return c.take<bf16_bits>(n, what); };
+  layers.assign(static_cast<size_t>(n_layer), LayerWeights{});
+  LATHE_ASSIGN_OR_RETURN(embed, take(vocab * hidden, "embed_tokens"));
+  for (LayerWeights& w : layers) {
+    LATHE_ASSIGN_OR_RETURN(w.qkv_w, take(qkv_dim * hidden, "qkv_proj"));
+    LATHE_ASSIGN_OR_RETURN(w.o_w, take(hidden * q_dim, "o_proj"));
+    LATHE_ASSIGN_OR_RETURN(w.gu_w, take(2 * ffn * hidden, "gate_up_proj"));
+    LATHE_ASSIGN_OR_RETURN(w.down_w, take(hidden * ffn, "down_proj"));
+    LATHE_ASSIGN_OR_RETURN(w.attn_norm, take(hidden, "input_layernorm"));
+    LATHE_ASSIGN_OR_RETURN(w.mlp_norm, take(hidden, "post_attention_layernorm"));
+    if (quirks.qkv_bias) {
+      LATHE_ASSIGN_OR_RETURN(w.qkv_b, take(qkv_dim, "qkv bias"));
+    }
+    if (quirks.o_bias) {
+      LATHE_ASSIGN_OR_RETURN(w.o_b, take(hidden, "o_proj bias"));
+    }
+    if (quirks.mlp_bias) {
+      LATHE_ASSIGN_OR_RETURN(w.gu_b, take(2 * ffn, "gate_up bias"));
+      LATHE_ASSIGN_OR_RETURN(w.down_b, take(hidden, "down_proj bias"));
+    }
+    if (quirks.qk_norm) {
+      LATHE_ASSIGN_OR_RETURN(w.q_norm, take(hd, "q_norm"));
+      LATHE_ASSIGN_OR_RETURN(w.k_norm, take(hd, "k_norm"));
+    }
+  }
+  LATHE_ASSIGN_OR_RETURN(final_norm, take(hidden, "norm"));
+  if (quirks.tied_embeddings) {
+    lm_head = embed;
+  } else {
+    LATHE_ASSIGN_OR_RETURN(lm_head, take(vocab * hidden, "lm_head"));
+  }
+  LATHE_ASSIGN_OR_RETURN(inv_freq_dev, c.take<float>(half, "inv_freq"));
+  return Status::ok();
+}
+
+Status CudaCausalLmImpl::lay_out_state(Carver& c) {
+  const int64_t t = max_tokens, kv_rows = int64_t(opts.max_seq) * kv_dim;
+  k_cache.assign(static_cast<size_t>(n_layer), nullptr);
+  v_cache.assign(static_cast<size_t>(n_layer), nullptr);
+  for (int l = 0; l < n_layer; ++l) {
+    LATHE_ASSIGN_OR_RETURN(k_cache[l], c.take<bf16_bits>(kv_rows, "k cache"));
+    LATHE_ASSIGN_OR_RETURN(v_cache[l], c.take<bf16_bits>(kv_rows, "v cache"));
+  }
+  LATHE_ASSIGN_OR_RETURN(buf.tokens, c.take<int32_t>(t, "tokens"));
+  LATHE_ASSIGN_OR_RETURN(buf.positions, c.take<int32_t>(t, "positions"));
+  LATHE_ASSIGN_OR_RETURN(buf.cos, c.take<float>(t * half, "rope cos"));
+  LATHE_ASSIGN_OR_RETURN(buf.sin, c.take<float>(t * half, "rope sin"));
+  LATHE_ASSIGN_OR_RETURN(buf.h, c.take<bf16_bits>(t * hidden, "residual"));
+  LATHE_ASSIGN_OR_RETURN(buf.normed, c.take<bf16_bits>(t * hidden, "normed"));
+  LATHE_ASSIGN_OR_RETURN(buf.delta, c.take<bf16_bits>(t * hidden, "delta"));
+  LATHE_ASSIGN_OR_RETURN(buf.qkv, c.take<bf16_bits>(t * qkv_dim, "qkv"));
+  LATHE_ASSIGN_OR_RETURN(buf.attn, c.take<bf16_bits>(t * q_dim, "attention out"));
+  LATHE_ASSIGN_OR_RETURN(buf.gu, c.take<bf16_bits>(t * 2 * ffn, "gate_up"));
+  LATHE_ASSIGN_OR_RETURN(buf.logits, c.take<float>(int64_t(opts.max_logit_rows) * vocab, "logits"));
+  const size_t ws = cuda::attention_decode_workspace_bytes(1, cfg.num_attention_heads, static_cast<int>(hd));
+  LATHE_ASSIGN_OR_RETURN(buf.attn_workspace, c.take<char>(static_cast<int64_t>(std::max<size_t>(ws, 16)), "attention workspace"));
+  LATHE_ASSIGN_OR_RETURN(buf.next_token, c.take<int32_t>(1, "next token"));
+  LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<const void*>(4 * int64_t(n_layer), "cache pointers"));
+  return Status::ok();
+}
+
+Status CudaCausalLmImpl::allocate() {
+  Carver wplan(nullptr), splan(nullptr);
+  LATHE_TRY(lay_out_weights(wplan));
+  LATHE_TRY(lay_out_state(splan));
+  LATHE_ASSIGN_OR_RETURN(weight_arena, cuda::DeviceArena::create(opts.device, wplan.planned_bytes()));
+  LATHE_ASSIGN_OR_RETURN(state_arena, cuda::DeviceArena::create(opts.device, splan.planned_bytes()));
+  Carver wc(&weight_arena), sc(&state_arena);
+  LATHE_TRY(lay_out_weights(wc));
+  LATHE_TRY(lay_out_state(sc));
+  LATHE_TRY(cuda::fill_zero(ctx, state_arena.base(), state_arena.capacity()));
+  std::vector<const void*> ptrs(4 * static_cast<size_t>(n_layer), nullptr);
+  for (int l = 0; l < n_layer; ++l) {
+    ptrs[4 * l] = k_cache[l];
+    ptrs[4 * l + 2] = v_cache[l];
+  }
+  LATHE_TRY(cuda::copy_to_device(ctx, buf.cache_ptrs, ptrs.data(), ptrs.size() * sizeof(void*)));
+  return cuda::copy_to_device(ctx, inv_freq_dev, inv_freq.data(), inv_freq.size() * sizeof(float));
+}
+
+Status CudaCausalLmImpl::upload_layer(WeightLoader& wl, int i) {
+  const LayerWeights& w = layers[i];
+  auto linear = [&](const char* leaf, int64_t out, int64_t in, bf16_bits* dst) -> Status {
+    LATHE_ASSIGN_OR_RETURN(Tensor t, wl.linear_weight(names::layer(i, leaf), out, in));
+    return upload_bf16(ctx, t, dst);
+  };
+  auto vec = [&](const std::string& name, int64_t n, bf16_bits* dst) -> Status {
+    LATHE_ASSIGN_OR_RETURN(Tensor t, wl.get(name, {n}));
+    return upload_bf16(ctx, t, dst);
+  };
+  LATHE_TRY(linear("self_attn.q_proj", q_dim, hidden, w.qkv_w));
+  LATHE_TRY(linear("self_attn.k_proj", kv_dim, hidden, w.qkv_w + q_dim * hidden));
+  LATHE_TRY(linear("self_attn.v_proj", kv_dim, hidden, w.qkv_w + (q_dim + kv_dim) * hidden));
+  LATHE_TRY(linear("self_attn.o_proj", hidden, q_dim, w.o_w));
+  LATHE_TRY(linear("mlp.gate_proj", ffn, hidden, w.gu_w));
+  LATHE_TRY(linear("mlp.up_proj", ffn, hidden, w.gu_w + ffn * hidden));
+  LATHE_TRY(linear("mlp.down_proj", hidden, ffn, w.down_w));
+  LATHE_TRY(vec(names::layer(i, "input_layernorm.weight"), hidden, w.attn_norm));
+  LATHE_TRY(vec(names::layer(i, "post_attention_layernorm.weight"), hidden, w.mlp_norm));
+  if (w.qkv_b) {
+    LATHE_TRY(vec(names::layer(i, "self_attn.q_proj.bias"), q_dim, w.qkv_b));
+    LATHE_TRY(vec(names::layer(i, "self_attn.k_proj.bias"), kv_dim, w.qkv_b + q_dim));
+    LATHE_TRY(vec(names::layer(i, "self_attn.v_proj.bias"), kv_dim, w.qkv_b + q_dim + kv_dim));
+  }
+  if (w.o_b) LATHE_TRY(vec(names::layer(i, "self_attn.o_proj.bias"), hidden, w.o_b));
+  if (w.gu_b) {
+    LATHE_TRY(vec(names::layer(i, "mlp.gate_proj.bias"), ffn, w.gu_b));
+    LATHE_TRY(vec(names::layer(i, "mlp.up_proj.bias"), ffn, w.gu_b + ffn));
+    LATHE_TRY(vec(names::layer(i, "mlp.down_proj.bias"), hidden, w.down_b));
+  }
+  if (w.q_norm) {
+    LATHE_TRY(vec(names::layer(i, "self_attn.q_norm.weight"), hd, w.q_norm));
+    LATHE_TRY(vec(names::layer(i, "self_attn.k_norm.weight"), hd, w.k_norm));
+  }
+  return Status::ok();
+}
+
+Status CudaCausalLmImpl::upload_weights(WeightLoader& wl, const std::string& dir) {
+  LATHE_ASSIGN_OR_RETURN(Tensor e, wl.get(names::kEmbed, {vocab, hidden}));
+  LATHE_TRY(upload_bf16(ctx, e, embed));
+  for (int i = 0; i < n_layer; ++i) LATHE_TRY(upload_layer(wl, i));
+  LATHE_ASSIGN_OR_RETURN(Tensor fn, wl.get(names::kFinalNorm, {hidden}));
+  LATHE_TRY(upload_bf16(ctx, fn, final_norm));
+  if (!quirks.tied_embeddings) {
+    LATHE_ASSIGN_OR_RETURN(Tensor head, wl.get(names::kLmHead, {vocab, hidden}));
+    LATHE_TRY(upload_bf16(ctx, head, lm_head));
+  }
+  n_params = wl.n_params();
+  return ctx.synchronize().with_context(dir);
+}
+
+Status CudaCausalLmImpl::random_weights(uint64_t seed, float init_range) {
+  uint64_t stream = seed * 1000003;
+  auto normal = [&](bf16_bits* p, int64_t n) {
+    n_params += n;
+    return cuda::fill_random_bf16(ctx, p, n, ++stream, 0.0f, init_range);
+  };
+  auto ones = [&](bf16_bits* p, int64_t n) {
+    n_params += n;
+    return cuda::fill_random_bf16(ctx, p, n, 0, 1.0f, 0.0f);
+  };
+  auto zeros = [&](bf16_bits* p, int64_t n) {
+    n_params += n;
+    return cuda::fill_zero(ctx, p, static_cast<size_t>(n) * sizeof(bf16_bits));
+  };
+  LATHE_TRY(normal(embed, vocab * hidden));
+  for (const LayerWeights& w : layers) {
+    LATHE_TRY(normal(w.qkv_w, qkv_dim * hidden));
+    LATHE_TRY(normal(w.o_w, hidden * q_dim));
+    LATHE_TRY(normal(w.gu_w, 2 * ffn * hidden));
+    LATHE_TRY(normal(w.down_w, hidden * ffn));
+    LATHE_TRY(ones(w.attn_norm, hidden));
+    LATHE_TRY(ones(w.mlp_norm, hidden));
+    if (w.qkv_b) LATHE_TRY(zeros(w.qkv_b, qkv_dim));
+    if (w.o_b) LATHE_TRY(zeros(w.o_b, hidden));
+    if (w.gu_b) LATHE_TRY(zeros(w.gu_b, 2 * ffn));
+    if (w.down_b) LATHE_TRY(zeros(w.down_b, hidden));
+    if (w.q_norm) LATHE_TRY(ones(w.q_norm, hd));
+    if (w.k_norm) LATHE_TRY(ones(w.k_norm, hd));
+  }
+  LATHE_TRY(ones(final_norm, hidden));
+  if (lm_head != embed) LATHE_TRY(normal(lm_head, vocab * hidden));
+  return ctx.synchronize();
+}
+
+// ---- Forward -------------------------------------------------------------------
+
+// out = x·Wᵀ (+ b) for x [n, k] and W [Σ parts, k] stacked from parts. One
+// GEMM when n = 1; otherwise one per part, part p landing at
+// out + n·(rows before p).
+Status CudaCausalLmImpl::project(const bf16_bits* x, int64_t k, const bf16_bits* w, const bf16_bits* b,
+                                 bf16_bits* out, int64_t n, std::initializer_list<int64_t> parts) {
+  int64_t total = 0;
+  for (int64_t p : parts) total += p;
+  if (n == 1) {
+    LATHE_TRY(cuda::gemm(ctx, {.a = x, .b = w, .c = out, .m = 1, .n = total, .k = k, .trans_b = true}));
+    return b ? cuda::add_bias(ctx, out, b, 1, total) : Status::ok();
+  }
+  int64_t row = 0;
+  for (int64_t p : parts) {
+    bf16_bits* dst = out + n * row;
+    LATHE_TRY(cuda::gemm(ctx, {.a = x, .b = w + row * k, .c = dst, .m = n, .n = p, .k = k, .trans_b = true}));
+    if (b) LATHE_TRY(cuda::add_bias(ctx, dst, b + row, n, p));
+    row += p;
+  }
+  return Status::ok();
+}
+
+Status CudaCausalLmImpl::attention(int l, int64_t n, int pos0, const bf16_bits* q) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads, window = quirks.sliding_window;
+  if (!flash) {
+    return cuda::attention_simple(ctx, {.q = q, .k_cache = k_cache[l], .v_cache = v_cache[l], .out = buf.attn,
+                                        .pos0 = buf.positions, .n_tokens = static_cast<int>(n), .n_head = n_head,
+                                        .n_head_kv = n_kv, .head_dim = static_cast<int>(hd), .window = window,
+                                        .scale = scale});
+  }
+  if (n == 1) {
+    return cuda::attention_decode_batch({.q = q, .k_caches = buf.cache_ptrs + 4 * l,
+                                         .v_caches = buf.cache_ptrs + 4 * l + 2, .pos = buf.positions,
+                                         .out = buf.attn, .workspace = buf.attn_workspace, .n_seqs = 1,
+                                         .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
+                                         .head_dim = static_cast<int>(hd), .window = window, .scale = scale,
+                                         .stream = ctx.stream()});
+  }
+  return cuda::attention_decode({.q = q, .k_cache = k_cache[l], .v_cache = v_cache[l], .out = buf.attn,
+                                 .workspace = buf.attn_workspace, .n_tokens = static_cast<int>(n),
+                                 .n_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
+                                 .head_dim = static_cast<int>(hd), .pos0 = pos0, .window = window, .scale = scale,
+                                 .stream = ctx.stream()});
+}
+
+Status CudaCausalLmImpl::layer_forward(int l, int64_t n, int pos0) {
+  const LayerWeights& w = layers[l];
+  const float eps = cfg.rms_norm_eps;
+  const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads;
+  // The previous layer's MLP output joins the residual stream in this norm.
+  if (l == 0) {
+    LATHE_TRY(cuda::rms_norm_residual_forward(
+        ctx, {.x = buf.h, .w = w.attn_norm, .y = buf.normed, .rows = n, .dim = hidden, .eps = eps}));
+  } else {
+    LATHE_TRY(cuda::rms_norm_residual_forward(ctx, {.x = buf.delta, .residual = buf.h, .h_out = buf.h,
+                                                    .w = w.attn_norm, .y = buf.normed, .rows = n, .dim = hidden,
+                                                    .eps = eps}));
+  }
+  LATHE_TRY(project(buf.normed, hidden, w.qkv_w, w.qkv_b, buf.qkv, n, {q_dim, kv_dim, kv_dim}));
+  bf16_bits* q = buf.qkv;
+  bf16_bits* k = buf.qkv + n * q_dim;
+  bf16_bits* v = k + n * kv_dim;
+  if (w.q_norm) {
+    LATHE_TRY(cuda::rms_norm_residual_forward(
+        ctx, {.x = q, .w = w.q_norm, .y = q, .rows = n * n_head, .dim = hd, .eps = eps}));
+    LATHE_TRY(cuda::rms_norm_residual_forward(
+        ctx, {.x = k, .w = w.k_norm, .y = k, .rows = n * n_kv, .dim = hd, .eps = eps}));
+  }
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = q, .cos = buf.cos, .sin = buf.sin, .n_tokens = n, .n_head = n_head, .half = half}));
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = k, .cos = buf.cos, .sin = buf.sin, .n_tokens = n, .n_head = n_kv, .half = half}));
+  LATHE_TRY(cuda::kv_append(ctx, {.k = k, .v = v, .k_cache = k_cache[l], .v_cache = v_cache[l],
+                                  .pos0 = buf.positions, .n_tokens = n, .row_elems = kv_dim,
+                                  .max_rows = opts.max_seq}));
+  LATHE_TRY(attention(l, n, pos0, q));
+  LATHE_TRY(project(buf.attn, q_dim, w.o_w, w.o_b, buf.delta, n, {hidden}));
+  LATHE_TRY(cuda::rms_norm_residual_forward(ctx, {.x = buf.delta, .residual = buf.h, .h_out = buf.h,
+                                                  .w = w.mlp_norm, .y = buf.normed, .rows = n, .dim = hidden,
+                                                  .eps = eps}));
+  LATHE_TRY(project(buf.normed, hidden, w.gu_w, w.gu_b, buf.gu, n, {ffn, ffn}));
+  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = buf.gu, .up = buf.gu + n * ffn, .out = buf.gu, .n = n * ffn}));
+  LATHE_TRY(cuda::gemm(ctx, {.a = buf.gu, .b = w.down_w, .c = buf.delta, .m = n, .n = hidden, .k = ffn, .trans_b = true}));
+  if (w.down_b) LATHE_TRY(cuda::add_bias(ctx, buf.delta, w.down_b, n, hidden));
+  return Status::ok();
+}
+
+// One pass over n tokens whose ids and positions are already on the device.
+// logit_rows: 0 none, 1 the last token's, n all of them.
+Status CudaCausalLmImpl::pass(int64_t n, int pos0, int64_t logit_rows) {
+  LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = n,
+                                          .vocab = vocab, .dim = hidden}));
+  LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
+                                    .sin = buf.sin, .n_tokens = n, .half = half}));
+  for (int l = 0; l < n_layer; ++l) LATHE_TRY(layer_forward(l, n, pos0));
+  if (logit_rows == 0) return Status::ok();
+  const int64_t first = n - logit_rows;
+  LATHE_TRY(cuda::rms_norm_residual_forward(
+      ctx, {.x = buf.delta + first * hidden, .residual = buf.h + first * hidden, .h_out = buf.h + first * hidden,
+            .w = final_norm, .y = buf.normed + first * hidden, .rows = logit_rows, .dim = hidden,
+            .eps = cfg.rms_norm_eps}));
+  return cuda::gemm(ctx, {.a = buf.normed + first * hidden, .b = lm_head, .c = buf.logits, .m = logit_rows,
+                          .n = vocab, .k = hidden, .trans_b = true, .c_dtype = DType::F32});
+}
+
+Status CudaCausalLmImpl::check_tokens(std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return invalid_argument("cuda forward: no tokens");
+  if (n_tokens + int64_t(tokens.size()) > opts.max_seq)
+    return invalid_argument("cuda forward: ", tokens.size(), " tokens at position ", n_tokens,
+                            " overflow the KV cache of ", opts.max_seq, " tokens (max_seq)");
+  for (int32_t id : tokens)
+    if (id < 0 || id >= vocab)
+      return invalid_argument("cuda forward: token id ", id, " is outside the vocabulary [0, ", vocab, ")");
+  return Status::ok();
+}
+
+// Enqueues the tokens in chunks of max_tokens; the last chunk yields logit_rows
+// rows of logits (1, or all of its tokens).
+Status CudaCausalLmImpl::run(std::span<const int32_t> tokens, int64_t logit_rows) {
+  LATHE_TRY(check_tokens(tokens));
+  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(max_tokens)) {
+    const auto chunk = tokens.subspan(start, std::min(tokens.size() - start, static_cast<size_t>(max_tokens)));
+    const int64_t n = static_cast<int64_t>(chunk.size());
+    const bool last = start + chunk.size() == tokens.size();
+    const int pos0 = n_tokens;
+    for (int64_t i = 0; i < n; ++i) host_positions[i] = pos0 + static_cast<int32_t>(i);
+    LATHE_TRY(cuda::copy_to_device(ctx, buf.tokens, chunk.data(), chunk.size() * sizeof(int32_t)));
+    LATHE_TRY(cuda::copy_to_device(ctx, buf.positions, host_positions.data(), chunk.size() * sizeof(int32_t)));
+    const int64_t rows = last ? logit_rows : 0;
+    if (n == 1 && rows == 1 && opts.use_graphs && decoded_eagerly) {
+      if (graph.empty()) {
+        LATHE_ASSIGN_OR_RETURN(graph, cuda::CudaGraph::capture(ctx, [&] { return pass(1, pos0, 1); }));
+      }
+      LATHE_TRY(graph.launch(ctx));
+    } else {
+      LATHE_TRY(pass(n, pos0, rows));
+      if (n == 1 && rows == 1) decoded_eagerly = true;
+    }
+    n_tokens += static_cast<int>(n);
+  }
+  return Status::ok();
+}
+
+// ---- CudaCausalLM ----------------------------------------------------------------
+
+CudaCausalLM::CudaCausalLM(std::unique_ptr<CudaCausalLmImpl> impl) : impl_(std::move(impl)) {}
+CudaCausalLM::~CudaCausalLM() = default;
+
+Result<std::unique_ptr<CudaCausalLM>> CudaCausalLM::load(const std::string& dir, const CudaModelOptions& opts) {
+  LATHE_ASSIGN_OR_RETURN(ModelHeader header, load_model_header(dir));
+  auto impl = std::make_unique<CudaCausalLmImpl>();
+  LATHE_TRY(impl->init(header, opts).with_context("load " + dir));
+  LATHE_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(dir));
+  LATHE_ASSIGN_OR_RETURN(WeightLoader wl,
+                         WeightLoader::open(store, opts.adapter_dir, header.cfg.num_hidden_layers, true));
+  LATHE_TRY(impl->upload_weights(wl, dir));
+  return std::unique_ptr<CudaCausalLM>(new CudaCausalLM(std::move(impl)));
+}
+
+Result<std::unique_ptr<CudaCausalLM>> CudaCausalLM::random(const ModelHeader& header, const CudaModelOptions& opts,
+                                                           uint64_t seed, float init_range) {
+  if (!opts.adapter_dir.empty()) return invalid_argument("cuda model: a random model takes no adapter");
+  auto impl = std::make_unique<CudaCausalLmImpl>();
+  LATHE_TRY(impl->init(header, opts));
+  LATHE_TRY(impl->random_weights(seed, init_range));
+  return std::unique_ptr<CudaCausalLM>(new CudaCausalLM(std::move(impl)));
+}
+
+const ModelConfig& CudaCausalLM::config() const { return impl_->cfg; }
+int64_t CudaCausalLM::n_params() const { return impl_->n_params; }
+size_t CudaCausalLM::device_bytes() const {
+  return impl_->weight_arena.capacity() + impl_->state_arena.capacity();
+}
+int CudaCausalLM::n_tokens() const { return impl_->n_tokens; }
+int CudaCausalLM::max_seq() const { return impl_->opts.max_seq; }
+void CudaCausalLM::clear() { impl_->n_tokens = 0; }
+void CudaCausalLM::set_use_graphs(bool on) {
+  impl_->opts.use_graphs = on;
+  if (!on) impl_->graph = cuda::CudaGraph();
+}
+
+Status CudaCausalLM::forward(std::span<const int32_t> tokens, std::span<float> logits, bool all_logits) {
+  CudaCausalLmImpl& m = *impl_;
+  const int64_t rows = all_logits ? static_cast<int64_t>(tokens.size()) : 1;
+  if (all_logits && (rows > m.opts.max_logit_rows || rows > m.max_tokens))
+    return invalid_argument("cuda forward: all_logits over ", rows, " tokens, but the model was planned for ",
+                            std::min<int64_t>(m.opts.max_logit_rows, m.max_tokens), " rows (max_logit_rows)");
+  if (static_cast<int64_t>(logits.size()) != rows * m.vocab)
+    return invalid_argument("cuda forward: logits hold ", logits.size(), " floats, expected ", rows, " x ", m.vocab);
+  LATHE_TRY(m.run(tokens, rows));
+  return cuda::copy_to_host(m.ctx, logits.data(), m.buf.logits, logits.size() * sizeof(float));
+}
+
+Result<int32_t> CudaCausalLM::forward_greedy(std::span<const int32_t> tokens) {
+  CudaCausalLmImpl& m = *impl_;
+  LATHE_TRY(m.run(tokens, 1));
+  LATHE_TRY(cuda::argmax_rows(m.ctx, m.buf.logits, 1, m.vocab, m.buf.next_token));
+  int32_t id = 0;
+  LATHE_TRY(cuda::copy_to_host(m.ctx, &id, m.buf.next_token, sizeof(id)));
+  return id;
+}
+
+}  // namespace lathe
