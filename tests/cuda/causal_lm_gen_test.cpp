@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -49,7 +50,13 @@ constexpr int kGreedyTokens = 32;
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine"; \
   } while (0)
 
-std::string fixture(const std::string& family) { return std::string(LATHE_TEST_DATA) + "/models/" + family; }
+// The fixtures: $LATHE_TEST_DATA when set (a build carried to another
+// machine, where the source tree sits elsewhere), else the configured path.
+std::string test_data() {
+  const char* env = std::getenv("LATHE_TEST_DATA");
+  return env && *env ? env : LATHE_TEST_DATA;
+}
+std::string fixture(const std::string& family) { return test_data() + "/models/" + family; }
 
 double rel_error(const float* got, const float* want, int64_t n) {
   double diff = 0, ref = 0;
@@ -308,7 +315,7 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,
 
 TEST(CudaGen, AdapterMergedAtLoadMatchesPeftReference) {
   SKIP_WITHOUT_GPU();
-  const std::string adapter = std::string(LATHE_TEST_DATA) + "/adapters/llama-lora";
+  const std::string adapter = test_data() + "/adapters/llama-lora";
   auto f = SafetensorsFile::open(adapter + "/reference.safetensors");
   ASSERT_TRUE(f.is_ok()) << f.status().message();
   Tensor ids = *f->tensor("input_ids"), want = *f->tensor("logits");
