@@ -245,27 +245,34 @@ TEST_P(CudaGenFixture, GreedyMatchesCpuWithBf16Weights) {
   check_against_cpu(*gpu, *cpu, prompt);
 }
 
+// Every decode step's logits for greedy tokens after prompt, with or without
+// CUDA graphs.
+std::vector<float> decode_logits(CudaCausalLM& gpu, const std::vector<int32_t>& prompt, bool graphs) {
+  gpu.set_use_graphs(graphs);
+  gpu.clear();
+  std::vector<float> all, logits(static_cast<size_t>(gpu.config().vocab_size));
+  std::vector<int32_t> input = prompt;
+  for (int i = 0; i < kGreedyTokens; ++i) {
+    Status st = gpu.forward(input, logits);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    all.insert(all.end(), logits.begin(), logits.end());
+    input = {argmax(logits)};
+  }
+  return all;
+}
+
+void check_graph_replay(CudaCausalLM& gpu, const std::vector<int32_t>& prompt) {
+  const std::vector<float> eager = decode_logits(gpu, prompt, false), graph = decode_logits(gpu, prompt, true),
+                           again = decode_logits(gpu, prompt, true);
+  EXPECT_TRUE(eager == graph) << "graph replay differs from eager decode";
+  EXPECT_TRUE(graph == again) << "a second run of the captured graph differs";
+}
+
 TEST_P(CudaGenFixture, GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
   const std::vector<int32_t> prompt = reference_prompt(GetParam(), 1);
   auto gpu = load_gpu(fixture(GetParam()), {.max_seq = int(prompt.size()) + kGreedyTokens});
-  const int vocab = gpu->config().vocab_size;
-  auto run = [&](bool graphs) {
-    gpu->set_use_graphs(graphs);
-    gpu->clear();
-    std::vector<float> all, logits(static_cast<size_t>(vocab));
-    std::vector<int32_t> input = prompt;
-    for (int i = 0; i < kGreedyTokens; ++i) {
-      Status st = gpu->forward(input, logits);
-      EXPECT_TRUE(st.is_ok()) << st.message();
-      all.insert(all.end(), logits.begin(), logits.end());
-      input = {argmax(logits)};
-    }
-    return all;
-  };
-  const std::vector<float> eager = run(false), graph = run(true), again = run(true);
-  EXPECT_EQ(eager, graph);
-  EXPECT_EQ(graph, again);  // a second pass replays the graph captured in the first
+  check_graph_replay(*gpu, prompt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaGenFixture, ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
@@ -291,6 +298,17 @@ TEST_P(CudaGenFlash, MatchesCpu) {
     auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens, .simple_attention = simple});
     check_against_cpu(*gpu, *cpu, prompt);
   }
+}
+
+TEST_P(CudaGenFlash, GraphReplayEqualsEagerBitwise) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_graph");
+  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens});
+  check_graph_replay(*gpu, prompt);
 }
 
 TEST_P(CudaGenFlash, ChunkedPrefillEqualsOnePass) {
