@@ -27,6 +27,7 @@ struct FinetuneFlags {
   std::string data;
   std::string recipe;
   std::string run_dir;
+  std::string adapter;
   std::string progress = "auto";
   std::vector<std::string> overrides;
 };
@@ -61,6 +62,7 @@ Status finetune(const FinetuneFlags& fl) {
   LATHE_ASSIGN_OR_RETURN(config.progress, parse_progress(fl.progress));
   config.model_dir = fl.model;
   config.data_path = fl.data;
+  config.adapter_dir = fl.adapter;
   config.run_dir = fl.run_dir.empty() ? default_run_dir() : fl.run_dir;
   std::fprintf(stderr, "run directory: %s\n", config.run_dir.c_str());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(config));
@@ -82,6 +84,9 @@ void add_finetune(CLI::App& app, int* rc) {
                   "default: data.dataset_root");
   cmd->add_option("--recipe", fl->recipe, "YAML recipe applied over the defaults");
   cmd->add_option("--run-dir", fl->run_dir, "Where outputs go (default: a new folder under runs/)");
+  cmd->add_option("--adapter", fl->adapter,
+                  "Start LoRA from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors); "
+                  "its r, lora_alpha, use_rslora and target_modules replace the recipe's peft.* values");
   cmd->add_option("--progress", fl->progress, "Progress display: auto (a bar on a terminal), bar or lines")
       ->capture_default_str();
   cmd->add_option("overrides", fl->overrides, "key=value recipe overrides, e.g. peft.dim=16 trainer.max_steps=200");

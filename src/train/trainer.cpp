@@ -182,6 +182,9 @@ Status TrainerImpl::load_data() {
 Status TrainerImpl::build_model() {
   const TrainRecipe& r = config.recipe;
   LATHE_ASSIGN_OR_RETURN(TrainableModelOptions mopts, model_options(r));
+  if (!config.adapter_dir.empty() && mopts.full_sft)
+    return invalid_argument("--adapter ", config.adapter_dir, " starts a LoRA run, but the recipe asks for full SFT");
+  mopts.adapter_dir = config.adapter_dir;
   LATHE_ASSIGN_OR_RETURN(model, TrainableModel::load(config.model_dir, mopts));
   if (codec.vocab_size > model->config().vocab_size)
     return invalid_argument("tokenizer of ", config.model_dir, " has ", codec.vocab_size,

@@ -52,6 +52,9 @@ struct TrainerConfig {
   std::string model_dir;  // HF model directory (config.json, *.safetensors, tokenizer files)
   std::string data_path;  // NeMo layout directory or a JSONL file; empty: recipe.data.dataset_root
   std::string run_dir;    // created if missing; outputs land here
+  // A PEFT adapter directory to start LoRA from (its r, alpha, rsLoRA and
+  // target modules replace the recipe's peft.* values); empty: A random, B zero.
+  std::string adapter_dir;
   ProgressStyle progress = ProgressStyle::kAuto;
   std::FILE* log = stderr;  // borrowed: progress, data summary, validation lines
 };

@@ -3,7 +3,8 @@
 # PEFT fixtures of tests/data/adapters matches peft's logits, the base model
 # alone does not, `lathe generate --adapter` reproduces the PEFT model's
 # greedy tokens (greedy.json), and a bad adapter fails naming its file.
-# (`lathe eval --adapter` on the same PEFT adapter: eval_e2e.sh.)
+# `lathe finetune --adapter` starts training from it. (`lathe eval --adapter`
+# on the same PEFT adapter: eval_e2e.sh.)
 set -euo pipefail
 LATHE="$1"
 DATA="$(cd "$(dirname "$0")/../data" && pwd)"
@@ -36,6 +37,29 @@ got = json.loads(sys.argv[2])["token_ids"]
 assert got == want, (got, want)
 PY
 done
+# finetune --adapter starts from the PEFT adapter: one step at a learning rate
+# too small to move any weight writes back the adapter's own tensors, and its
+# r / alpha / rsLoRA replace the recipe's (dim 32 by default).
+"$LATHE" finetune --model "$TMP/model" --adapter "$DATA/adapters/llama-rslora" --data "$DATA/eval/test.jsonl" \
+  --run-dir "$TMP/ft" --progress lines trainer.max_steps=1 optim.lr=1e-30 optim.sched.warmup_steps=0 \
+  data.global_batch_size=1 data.micro_batch_size=1 >/dev/null 2>"$TMP/ft.log" ||
+  { cat "$TMP/ft.log" >&2; echo "adapter e2e: finetune --adapter failed" >&2; exit 1; }
+python3 - "$DATA/adapters/llama-rslora" "$TMP/ft/adapter" <<'PY' || { echo "adapter e2e: finetune --adapter did not start from the adapter" >&2; exit 1; }
+import json, sys
+from safetensors.numpy import load_file
+src, out = sys.argv[1], sys.argv[2]
+a, b = load_file(src + "/adapter_model.safetensors"), load_file(out + "/adapter_model.safetensors")
+assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+for k in a:
+    assert (a[k].astype("float32") == b[k]).all(), k
+ca, cb = json.load(open(src + "/adapter_config.json")), json.load(open(out + "/adapter_config.json"))
+assert (cb["r"], float(cb["lora_alpha"]), cb["use_rslora"]) == (ca["r"], float(ca["lora_alpha"]), ca["use_rslora"]), cb
+PY
+if "$LATHE" finetune --model "$TMP/model" --adapter "$TMP/nowhere" --data "$DATA/eval/test.jsonl" \
+  --run-dir "$TMP/ft2" trainer.max_steps=1 optim.sched.warmup_steps=0 data.global_batch_size=1 data.micro_batch_size=1 >/dev/null 2>"$TMP/err"; then
+  echo "adapter e2e: finetune accepted a missing adapter" >&2; exit 1
+fi
+grep -q "$TMP/nowhere" "$TMP/err"
 mkdir "$TMP/dora"
 cp "$DATA/adapters/llama-lora/adapter_model.safetensors" "$TMP/dora/"
 sed 's/"use_dora": false/"use_dora": true/' "$DATA/adapters/llama-lora/adapter_config.json" >"$TMP/dora/adapter_config.json"
