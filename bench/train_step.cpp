@@ -4,8 +4,9 @@
 // baseline, transformers + PEFT on PyTorch's CPU backend with the same
 // shapes, threads and batch, is bench/train_step_torch.py; run both in one
 // call and compare tokens/s.
-// Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full]
-// Defaults: 2 threads, the 58M-parameter shape (512, 8, 1408, 32000), batch 4 x 256, r 16.
+// Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full] [32|bf16-mixed]
+// Defaults: 2 threads, the 58M-parameter shape (512, 8, 1376, 32000), batch 4 x 256, r 16, precision 32
+// (bf16-mixed: the frozen base in bf16, trainer.precision's other value).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -72,15 +73,17 @@ void write_model(const std::string& dir, int H, int L, int F, int V) {
 
 int main(int argc, char** argv) {
   const int threads = arg(argc, argv, 1, 2), H = arg(argc, argv, 2, 512), L = arg(argc, argv, 3, 8);
-  const int F = arg(argc, argv, 4, 1408), V = arg(argc, argv, 5, 32000), B = arg(argc, argv, 6, 4);
+  const int F = arg(argc, argv, 4, 1376), V = arg(argc, argv, 5, 32000), B = arg(argc, argv, 6, 4);
   const int S = arg(argc, argv, 7, 256);
   const bool full = argc > 8 && std::string(argv[8]) == "full";
   const int r = full ? 0 : arg(argc, argv, 8, 16);
+  const bool bf16 = argc > 9 && std::string(argv[9]) == "bf16-mixed";
   set_num_threads(threads);
   const std::string dir = (std::filesystem::temp_directory_path() / "lathe_bench_train_model").string();
   write_model(dir, H, L, F, V);
   TrainableModelOptions opts;
   opts.full_sft = full;
+  opts.bf16_base = bf16;
   opts.lora.r = std::max(r, 1);
   opts.lora.alpha = 32.0f;  // all seven projections: NeMo's default target_modules
   auto model = TrainableModel::load(dir, opts);
@@ -114,8 +117,9 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   const double tokens = double(B) * S;
-  std::printf("| lathe %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",
-              full ? "full SFT" : ("LoRA r=" + std::to_string(r)).c_str(), threads, B, S, times.front(),
+  std::printf("| lathe %s %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",
+              full ? "full SFT" : ("LoRA r=" + std::to_string(r)).c_str(), bf16 ? "bf16-mixed" : "32", threads, B,
+              S, times.front(),
               times[times.size() / 2], tokens / times[times.size() / 2],
               double((*model)->activation_bytes()) / (1 << 20));
   std::filesystem::remove_all(dir);

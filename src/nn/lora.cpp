@@ -1,8 +1,10 @@
-// LoRA forward and backward (see lora.h) as four small sgemms each, f32.
+// LoRA forward and backward (see lora.h) as small sgemms, f32; adapters that
+// share an input as one wider sgemm where they can.
 #include "nn/lora.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "backends/cpu/gemm.h"
@@ -158,6 +160,101 @@ Status lora_backward(const LoraWeights& w, TensorView x, TensorView dy, TensorVi
     for (int64_t i = b; i < e; ++i)
       if (lora_dropout_keep(w.dropout_seed, i, w.dropout)) d[i] += t[i] * keep_scale;
   });
+  return Status::ok();
+}
+
+namespace {
+
+// True when the group can share its GEMMs: same input width and scale, no dropout.
+bool groupable(std::span<const LoraWeights> w, TensorView x) {
+  if (w.size() < 2 || w.size() > kMaxLoraGroup) return false;
+  for (const LoraWeights& a : w)
+    if (a.dropout > 0.0f || a.scale != w[0].scale || a.a.shape.rank() != 2 || a.a.shape[1] != x.shape[1])
+      return false;
+  return true;
+}
+
+// The A factors stacked: [Σr, in]; offsets[i] is adapter i's first row.
+TensorView stack_a(std::span<const LoraWeights> w, Arena& arena, int64_t* offsets) {
+  int64_t rows = 0;
+  for (size_t i = 0; i < w.size(); ++i) offsets[i] = rows, rows += w[i].a.shape[0];
+  const int64_t in = w[0].a.shape[1];
+  TensorView s = arena.alloc(DType::F32, {rows, in});
+  for (size_t i = 0; i < w.size(); ++i)
+    std::memcpy(s.ptr<float>() + offsets[i] * in, w[i].a.data, size_t(w[i].a.nbytes()));
+  return s;
+}
+
+}  // namespace
+
+Status lora_forward_group(std::span<const LoraWeights> w, TensorView x, std::span<const TensorView> y, Arena& arena,
+                          std::span<LoraSaved> saved) {
+  LATHE_CHECK(w.size() == y.size() && w.size() == saved.size(), "lora group: ", w.size(), " adapters, ", y.size(),
+              " outputs, ", saved.size(), " saved");
+  if (!groupable(w, x)) {
+    for (size_t i = 0; i < w.size(); ++i) LATHE_TRY(lora_forward(w[i], x, y[i], arena, &saved[i]));
+    return Status::ok();
+  }
+  for (size_t i = 0; i < w.size(); ++i) LATHE_TRY(check_lora(w[i], x, y[i]));
+  const int64_t n = x.shape[0], in = x.shape[1];
+  for (size_t i = 0; i < w.size(); ++i) saved[i] = {.x_drop = {}, .u = arena.alloc(DType::F32, {n, w[i].a.shape[0]})};
+  {
+    Arena::Scope scope(arena);
+    int64_t off[kMaxLoraGroup];
+    TensorView a = stack_a(w, arena, off);
+    const int64_t rows = a.shape[0];
+    TensorView u = arena.alloc(DType::F32, {n, rows});
+    cpu::sgemm(false, true, n, rows, in, w[0].scale, x.ptr<const float>(), in, a.ptr<const float>(), in, 0.0f,
+               u.ptr<float>(), rows);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int64_t r = w[i].a.shape[0];
+      for (int64_t t = 0; t < n; ++t)
+        std::memcpy(saved[i].u.ptr<float>() + t * r, u.ptr<const float>() + t * rows + off[i], sizeof(float) * size_t(r));
+    }
+  }
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t r = w[i].a.shape[0], out = w[i].b.shape[0];
+    cpu::sgemm(false, true, n, out, r, 1.0f, saved[i].u.ptr<const float>(), r, w[i].b.ptr<const float>(), r, 1.0f,
+               y[i].ptr<float>(), out);
+  }
+  return Status::ok();
+}
+
+Status lora_backward_group(std::span<const LoraWeights> w, TensorView x, std::span<const TensorView> dy,
+                           TensorView dx, std::span<const LoraSaved> saved, Arena& arena) {
+  LATHE_CHECK(w.size() == dy.size() && w.size() == saved.size(), "lora group: ", w.size(), " adapters, ", dy.size(),
+              " gradients, ", saved.size(), " saved");
+  if (!groupable(w, x)) {
+    for (size_t i = 0; i < w.size(); ++i) LATHE_TRY(lora_backward(w[i], x, dy[i], dx, saved[i], arena));
+    return Status::ok();
+  }
+  for (size_t i = 0; i < w.size(); ++i) LATHE_TRY(check_lora(w[i], x, dy[i]));
+  Arena::Scope scope(arena);
+  const int64_t n = x.shape[0], in = x.shape[1];
+  int64_t off[kMaxLoraGroup];
+  TensorView a = stack_a(w, arena, off);
+  const int64_t rows = a.shape[0];
+  TensorView du = arena.alloc(DType::F32, {n, rows});  // [∂L/∂u_0 | ∂L/∂u_1 | ...]
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t r = w[i].a.shape[0], out = w[i].b.shape[0];
+    const float* g = dy[i].ptr<const float>();
+    cpu::sgemm(false, false, n, r, out, 1.0f, g, out, w[i].b.ptr<const float>(), r, 0.0f, du.ptr<float>() + off[i],
+               rows);
+    if (!w[i].db.empty())
+      cpu::sgemm(true, false, out, r, n, 1.0f, g, out, saved[i].u.ptr<const float>(), r, 1.0f, w[i].db.ptr<float>(), r);
+  }
+  TensorView da = arena.alloc(DType::F32, {rows, in});
+  cpu::sgemm(true, false, rows, in, n, w[0].scale, du.ptr<const float>(), rows, x.ptr<const float>(), in, 0.0f,
+             da.ptr<float>(), in);
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i].da.empty()) continue;
+    float* dst = w[i].da.ptr<float>();
+    const float* src = da.ptr<const float>() + off[i] * in;
+    for (int64_t e = 0; e < w[i].a.numel(); ++e) dst[e] += src[e];
+  }
+  if (!dx.empty())
+    cpu::sgemm(false, false, n, in, rows, w[0].scale, du.ptr<const float>(), rows, a.ptr<const float>(), in, 1.0f,
+               dx.ptr<float>(), in);
   return Status::ok();
 }
 

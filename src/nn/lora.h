@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,17 @@ Status lora_forward(const LoraWeights& w, TensorView x, TensorView y, Arena& are
 // empty). x is forward's input, saved what forward kept. Scratch is scoped.
 Status lora_backward(const LoraWeights& w, TensorView x, TensorView dy, TensorView dx, const LoraSaved& saved,
                      Arena& arena);
+
+// Adapters on linears that share their input x (q/k/v, gate/up), dropout 0
+// and one scale: x·Aᵀ of all of them is one GEMM (x is read and packed once,
+// the product is Σr wide instead of r), and in backward the A gradients and
+// dx are one GEMM each. The same sums as lora_forward / lora_backward on
+// each adapter, in another order (so not bit-identical to them). Falls back
+// to those when the adapters do not qualify. saved: one per adapter, required.
+constexpr size_t kMaxLoraGroup = 3;
+Status lora_forward_group(std::span<const LoraWeights> w, TensorView x, std::span<const TensorView> y, Arena& arena,
+                          std::span<LoraSaved> saved);
+Status lora_backward_group(std::span<const LoraWeights> w, TensorView x, std::span<const TensorView> dy,
+                           TensorView dx, std::span<const LoraSaved> saved, Arena& arena);
 
 }  // namespace lathe

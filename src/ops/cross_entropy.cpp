@@ -22,7 +22,9 @@ Status validate(const CrossEntropyArgs& a) {
   LATHE_TRY(check_rank(op, "hidden", a.hidden, 2));
   LATHE_TRY(check_rank(op, "w", a.w, 2));
   LATHE_TRY(check_dtype(op, "hidden", a.hidden, DType::F32));
-  LATHE_TRY(check_dtype(op, "w", a.w, DType::F32));
+  if (a.w.dtype != DType::F32 && !(a.w.dtype == DType::BF16 && a.d_w.empty()))
+    return invalid_argument("cross_entropy: w has dtype ", dtype_name(a.w.dtype),
+                            ", expected f32 (or bf16 for a frozen head, without d_w)");
   LATHE_TRY(check_dtype(op, "targets", a.targets, DType::I32));
   const int64_t n = a.hidden.shape[0], dim = a.hidden.shape[1], vocab = a.w.shape[0];
   if (a.w.shape[1] != dim)

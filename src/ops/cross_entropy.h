@@ -23,7 +23,7 @@ constexpr int32_t kCrossEntropyIgnore = -100;
 
 struct CrossEntropyArgs {
   TensorView hidden{};     // [n, dim] f32 (after the final norm)
-  TensorView w{};          // [vocab, dim] f32, the LM head
+  TensorView w{};          // [vocab, dim] f32, the LM head; bf16 when frozen (no d_w)
   TensorView targets{};    // [n] i32 in [0, vocab) or kCrossEntropyIgnore
   TensorView d_hidden{};   // [n, dim] f32, written; empty: loss only
   TensorView d_w{};        // [vocab, dim] f32, accumulated; empty: head frozen (needs d_hidden)

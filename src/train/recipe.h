@@ -44,6 +44,10 @@ struct PeftRecipe {
   std::vector<std::string> target_modules = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"};
 };
 
+// trainer.precision, NeMo's names: 32 (f32 throughout) or bf16-mixed (the
+// frozen base in bf16, its GEMMs with bf16 operands and f32 sums; LoRA only).
+enum class Precision : uint8_t { kF32, kBf16Mixed };
+
 struct TrainerRecipe {
   int64_t max_steps = 1000;          // optimizer steps; -1: run max_epochs instead
   int64_t max_epochs = -1;           // -1: no epoch limit
@@ -53,6 +57,7 @@ struct TrainerRecipe {
   double gradient_clip_val = 1.0;    // max global grad norm; 0: no clipping
   int64_t seed = 1234;               // initialization and dropout
   bool activations_checkpoint = false;  // recompute activations in backward
+  Precision precision = Precision::kF32;
 };
 
 struct DataRecipe {

@@ -223,6 +223,11 @@ struct EnumNames<OnError> {
       {"stop", OnError::kStop}, {"skip", OnError::kSkip}, {"fail", OnError::kStop}};
 };
 template <>
+struct EnumNames<Precision> {
+  static constexpr std::pair<std::string_view, Precision> kNames[] = {
+      {"32", Precision::kF32}, {"32-true", Precision::kF32}, {"bf16-mixed", Precision::kBf16Mixed}};
+};
+template <>
 struct EnumNames<OptimizerName> {
   static constexpr std::pair<std::string_view, OptimizerName> kNames[] = {{"adamw", OptimizerName::kAdamW}};
 };
@@ -367,6 +372,8 @@ const std::vector<KeyDef>& key_defs() {
       make_key("trainer.seed", "seed for initialization and dropout", LATHE_FIELD(trainer.seed)),
       make_key("trainer.activations_checkpoint", "recompute activations in backward to save memory",
                LATHE_FIELD(trainer.activations_checkpoint)),
+      make_key("trainer.precision", "32, or bf16-mixed: the frozen base in bf16 (LoRA only)",
+               LATHE_FIELD(trainer.precision)),
       make_key("data.dataset_root", "directory with training/validation/test.jsonl, or one .jsonl file",
                LATHE_FIELD(data.dataset_root)),
       make_key("data.seq_length", "maximum tokens per example (or per packed row)", LATHE_FIELD(data.seq_length)),

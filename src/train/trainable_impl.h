@@ -1,10 +1,11 @@
 // Internal to TrainableModel: the model as raw f32 pointers into the frozen
-// base or the flat parameter buffer, and what one layer's forward keeps for
-// its backward. Shared by trainable_model.cpp (load, save) and
+// base or the flat parameter buffer (bf16 pointers for the frozen matrices
+// under bf16_base), and what one layer's forward keeps for its backward. Shared by trainable_model.cpp (load, save) and
 // trainable_pass.cpp (forward, backward).
 #pragma once
 
 #include <array>
+#include <span>
 #include <vector>
 
 #include "models/family.h"
@@ -18,7 +19,8 @@ namespace lathe {
 enum Proj : int { kQ, kK, kV, kO, kGate, kUp, kDown, kNumProj };
 
 struct TLinear {
-  float* w = nullptr;   // [out, in]
+  float* w = nullptr;   // [out, in]; null when the frozen base is held in bf16
+  const uint16_t* w16 = nullptr;  // [out, in] bf16 (bf16_base), else null
   float* b = nullptr;   // [out] or null
   float* dw = nullptr;  // gradients when the weight trains, else null
   float* db = nullptr;
@@ -67,7 +69,8 @@ class TrainableModelImpl {
   std::vector<Tensor> frozen;       // keeps the frozen base alive
   Tensor params, grads;             // flat f32
   std::vector<ParamInfo> table;
-  float* embed = nullptr;           // [vocab, hidden]
+  float* embed = nullptr;           // [vocab, hidden]; null when held in bf16
+  const uint16_t* embed16 = nullptr;  // [vocab, hidden] bf16 (bf16_base)
   float* d_embed = nullptr;
   TLinear lm_head;                  // w may alias embed (tied)
   TNorm final_norm;
@@ -86,6 +89,15 @@ class TrainableModelImpl {
   Status lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate, LoraSaved* saved);
   Status lin_backward(int l, Proj j, const PassCtx& p, TensorView x, TensorView dy, TensorView dx, bool accumulate,
                       const LoraSaved& saved);
+  // Projections sharing input x (q/k/v, gate/up): each y = x·Wᵀ (+ LoRA),
+  // their adapters as one group under bf16_base; dx = Σ of their input
+  // gradients (overwritten).
+  Status lin_forward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
+                           std::span<const TensorView> ys, LayerActs& s);
+  Status lin_backward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
+                            std::span<const TensorView> dys, TensorView dx, const LayerActs& s);
+  Status base_forward(const TLinear& L, TensorView x, TensorView y, bool accumulate);
+  Status base_backward(const TLinear& L, TensorView x, TensorView dy, TensorView dx, bool accumulate);
   LoraWeights lora_weights(int l, Proj j, const PassCtx& p) const;
 };
 

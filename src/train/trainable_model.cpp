@@ -35,6 +35,7 @@ struct Slot {
   Shape shape;
   float** w;
   float** dw;
+  const uint16_t** w16 = nullptr;  // the matrices: where a bf16 copy goes under bf16_base
 };
 
 std::vector<Slot> base_slots(TrainableModelImpl& m) {
@@ -46,7 +47,7 @@ std::vector<Slot> base_slots(TrainableModelImpl& m) {
   const bool bias[kNumProj] = {m.quirks.qkv_bias, m.quirks.qkv_bias, m.quirks.qkv_bias, m.quirks.o_bias,
                                m.quirks.mlp_bias, m.quirks.mlp_bias, m.quirks.mlp_bias};
   std::vector<Slot> s;
-  s.push_back({names::kEmbed, {c.vocab_size, H}, &m.embed, &m.d_embed});
+  s.push_back({names::kEmbed, {c.vocab_size, H}, &m.embed, &m.d_embed, &m.embed16});
   m.blocks.resize(size_t(c.num_hidden_layers));
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     TBlock& b = m.blocks[size_t(i)];
@@ -58,7 +59,8 @@ std::vector<Slot> base_slots(TrainableModelImpl& m) {
       TLinear& L = b.proj[size_t(j)];
       L.out = out[j];
       L.in = in[j];
-      s.push_back({names::layer(i, (std::string(kProjPath[j]) + ".weight").c_str()), {L.out, L.in}, &L.w, &L.dw});
+      s.push_back(
+          {names::layer(i, (std::string(kProjPath[j]) + ".weight").c_str()), {L.out, L.in}, &L.w, &L.dw, &L.w16});
       if (bias[j]) s.push_back({names::layer(i, (std::string(kProjPath[j]) + ".bias").c_str()), {L.out}, &L.b, &L.db});
     };
     norm("input_layernorm.weight", b.attn_norm, H);
@@ -75,7 +77,8 @@ std::vector<Slot> base_slots(TrainableModelImpl& m) {
   s.push_back({names::kFinalNorm, {H}, &m.final_norm.w, &m.final_norm.dw});
   m.lm_head.out = c.vocab_size;
   m.lm_head.in = H;
-  if (!m.quirks.tied_embeddings) s.push_back({names::kLmHead, {c.vocab_size, H}, &m.lm_head.w, &m.lm_head.dw});
+  if (!m.quirks.tied_embeddings)
+    s.push_back({names::kLmHead, {c.vocab_size, H}, &m.lm_head.w, &m.lm_head.dw, &m.lm_head.w16});
   return s;
 }
 
@@ -96,11 +99,19 @@ void allocate(TrainableModelImpl& m, int64_t total) {
 
 Status place_base(TrainableModelImpl& m, const WeightStore& store) {
   std::vector<Slot> slots = base_slots(m);
+  if (m.opts.bf16_base && m.opts.full_sft)
+    return invalid_argument("trainer.precision bf16-mixed holds the frozen base in bf16 and needs LoRA "
+                            "(peft.peft_scheme: lora); full SFT trains f32 weights");
   if (!m.opts.full_sft) {
     for (const Slot& s : slots) {
       LATHE_ASSIGN_OR_RETURN(Tensor t, get_float(store, s.name, s.shape));
-      if (t.dtype() != DType::F32) t = t.to_f32();
-      *s.w = t.data<float>();  // read only: may point into the mapped file
+      if (m.opts.bf16_base && s.w16) {
+        if (t.dtype() != DType::BF16) t = t.to(DType::BF16);
+        *s.w16 = t.data<uint16_t>();  // read only: may point into the mapped file
+      } else {
+        if (t.dtype() != DType::F32) t = t.to_f32();
+        *s.w = t.data<float>();
+      }
       m.frozen.push_back(std::move(t));
     }
   } else {
@@ -120,6 +131,7 @@ Status place_base(TrainableModelImpl& m, const WeightStore& store) {
   }
   if (m.quirks.tied_embeddings) {
     m.lm_head.w = m.embed;
+    m.lm_head.w16 = m.embed16;
     m.lm_head.dw = m.d_embed;
   }
   return Status::ok();

@@ -6,7 +6,8 @@
 // data-parallel all-reduce each see one contiguous block; param_table()
 // names each tensor's slice (PEFT's key names for adapters, transformers'
 // names for full SFT; offsets 16-float aligned, gaps are zero). The frozen
-// base is held in f32 (bf16/f16 files are widened at load).
+// base is held in f32 (bf16/f16 files are widened at load), or with
+// bf16_base its matrices in bf16 (half the memory; f32 files are rounded).
 //
 // One training pass, forward_backward(), runs a packed micro batch through
 // the explicit forward of every layer (activations kept in an arena that is
@@ -43,6 +44,11 @@ struct TrainableModelOptions {
   // replace lora's (dropout stays lora's).
   std::string adapter_dir;
   bool activations_checkpoint = false;  // recompute each layer's forward in backward
+  // bf16 mixed precision (trainer.precision: bf16-mixed), LoRA only: the
+  // frozen matrices (embedding, projections, LM head) are held in bf16 and
+  // their GEMMs (forward and input gradients) take bf16 operands with f32
+  // sums; activations, norms, LoRA factors, gradients and the loss stay f32.
+  bool bf16_base = false;
   uint64_t seed = 1234;                 // LoRA A init and dropout masks
 };
 

@@ -11,6 +11,7 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/gemm_bf16.h"
 #include "core/parallel.h"
 #include "train/trainable_impl.h"
 
@@ -19,6 +20,7 @@ namespace lathe {
 namespace {
 
 TensorView fv(const float* p, Shape s) { return {const_cast<float*>(p), DType::F32, s, Device::cpu()}; }
+TensorView bv(const uint16_t* p, Shape s) { return {const_cast<uint16_t*>(p), DType::BF16, s, Device::cpu()}; }
 TensorView iv(const int32_t* p, int64_t n) { return {const_cast<int32_t*>(p), DType::I32, {n}, Device::cpu()}; }
 
 uint64_t mix64(uint64_t z) {
@@ -27,6 +29,9 @@ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+
+constexpr Proj kQkv[] = {kQ, kK, kV};
+constexpr Proj kGateUp[] = {kGate, kUp};
 
 void copy(TensorView dst, TensorView src) { std::memcpy(dst.data, src.data, size_t(src.nbytes())); }
 
@@ -50,23 +55,48 @@ LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) co
           .dropout_seed = mix64(p.dropout_base ^ uint64_t(l * kNumProj + j))};
 }
 
-// Training weights are f32: one sgemm split over the threads by rows of x
-// (bigger tiles than the inference kernel's, which favours few tokens).
-Status TrainableModelImpl::lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
-                                       LoraSaved* saved) {
-  const TLinear& L = blocks[size_t(l)].proj[j];
+// f32 weights: one sgemm split over the threads by rows of x (bigger tiles
+// than the inference kernel's, which favours few tokens); a bf16 frozen
+// base: the bf16 GEMM, x rounded to bf16 as it is packed, f32 sums.
+Status TrainableModelImpl::base_forward(const TLinear& L, TensorView x, TensorView y, bool accumulate) {
   const int64_t n = x.shape[0];
   if (x.shape[1] != L.in || y.shape[0] != n || y.shape[1] != L.out)
     return invalid_argument("linear: x ", x.shape.str(), " and y ", y.shape.str(), " do not fit w [", L.out, ", ",
                             L.in, "]");
   float* out = y.ptr<float>();
-  cpu::sgemm(false, true, n, L.out, L.in, 1.0f, x.ptr<const float>(), L.in, L.w, L.in, accumulate ? 1.0f : 0.0f, out,
-             L.out);
+  if (L.w16)
+    cpu::gemm_bf16(true, n, L.out, L.in, 1.0f, x.ptr<const float>(), L.in, L.w16, L.in, accumulate, out, L.out);
+  else
+    cpu::sgemm(false, true, n, L.out, L.in, 1.0f, x.ptr<const float>(), L.in, L.w, L.in, accumulate ? 1.0f : 0.0f,
+               out, L.out);
   if (L.b)
     parallel_for(n, 16, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
         for (int64_t r = 0; r < L.out; ++r) out[t * L.out + r] += L.b[r];
     });
+  return Status::ok();
+}
+
+Status TrainableModelImpl::base_backward(const TLinear& L, TensorView x, TensorView dy, TensorView dx,
+                                         bool accumulate) {
+  if (!L.w16)
+    return cpu::linear_backward({.x = x, .w = fv(L.w, {L.out, L.in}), .dy = dy, .dx = dx,
+                                 .dw = L.dw ? fv(L.dw, {L.out, L.in}) : TensorView{},
+                                 .db = L.db ? fv(L.db, {L.out}) : TensorView{}, .accumulate_dx = accumulate});
+  // Frozen bf16 base: only the input gradient.
+  if (dy.shape.rank() != 2 || dy.shape[1] != L.out || (!dx.empty() && !(dx.shape == Shape{dy.shape[0], L.in})))
+    return invalid_argument("linear backward: dy ", dy.shape.str(), " and dx ", dx.shape.str(), " do not fit w [",
+                            L.out, ", ", L.in, "]");
+  if (!dx.empty())
+    cpu::gemm_bf16(false, dy.shape[0], L.in, L.out, 1.0f, dy.ptr<const float>(), L.out, L.w16, L.in, accumulate,
+                   dx.ptr<float>(), L.in);
+  return Status::ok();
+}
+
+Status TrainableModelImpl::lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
+                                       LoraSaved* saved) {
+  const TLinear& L = blocks[size_t(l)].proj[j];
+  LATHE_TRY(base_forward(L, x, y, accumulate));
   if (L.lora < 0) return Status::ok();
   return lora_forward(lora_weights(l, j, p), x, y, arena, saved);
 }
@@ -74,11 +104,48 @@ Status TrainableModelImpl::lin_forward(int l, Proj j, const PassCtx& p, TensorVi
 Status TrainableModelImpl::lin_backward(int l, Proj j, const PassCtx& p, TensorView x, TensorView dy, TensorView dx,
                                         bool accumulate, const LoraSaved& saved) {
   const TLinear& L = blocks[size_t(l)].proj[j];
-  LATHE_TRY(cpu::linear_backward({.x = x, .w = fv(L.w, {L.out, L.in}), .dy = dy, .dx = dx,
-                                  .dw = L.dw ? fv(L.dw, {L.out, L.in}) : TensorView{},
-                                  .db = L.db ? fv(L.db, {L.out}) : TensorView{}, .accumulate_dx = accumulate}));
+  LATHE_TRY(base_backward(L, x, dy, dx, accumulate));
   if (L.lora < 0) return Status::ok();
   return lora_backward(lora_weights(l, j, p), x, dy, dx, saved, arena);
+}
+
+// The f32 path keeps one adapter per call, so its results stay exactly what
+// they were before grouping existed; bf16_base groups the adapters.
+Status TrainableModelImpl::lin_forward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
+                                             std::span<const TensorView> ys, LayerActs& s) {
+  bool all_lora = opts.bf16_base;
+  for (Proj j : js) all_lora = all_lora && blocks[size_t(l)].proj[j].lora >= 0;
+  if (!all_lora) {
+    for (size_t i = 0; i < js.size(); ++i) LATHE_TRY(lin_forward(l, js[i], p, x, ys[i], false, &s.lora[js[i]]));
+    return Status::ok();
+  }
+  LoraWeights w[kMaxLoraGroup];
+  LoraSaved saved[kMaxLoraGroup];
+  for (size_t i = 0; i < js.size(); ++i) {
+    LATHE_TRY(base_forward(blocks[size_t(l)].proj[js[i]], x, ys[i], false));
+    w[i] = lora_weights(l, js[i], p);
+  }
+  LATHE_TRY(lora_forward_group({w, js.size()}, x, ys, arena, {saved, js.size()}));
+  for (size_t i = 0; i < js.size(); ++i) s.lora[js[i]] = saved[i];
+  return Status::ok();
+}
+
+Status TrainableModelImpl::lin_backward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
+                                              std::span<const TensorView> dys, TensorView dx, const LayerActs& s) {
+  bool all_lora = opts.bf16_base;
+  for (Proj j : js) all_lora = all_lora && blocks[size_t(l)].proj[j].lora >= 0;
+  if (!all_lora) {
+    for (size_t i = 0; i < js.size(); ++i) LATHE_TRY(lin_backward(l, js[i], p, x, dys[i], dx, i > 0, s.lora[js[i]]));
+    return Status::ok();
+  }
+  LoraWeights w[kMaxLoraGroup];
+  LoraSaved saved[kMaxLoraGroup];
+  for (size_t i = 0; i < js.size(); ++i) {
+    LATHE_TRY(base_backward(blocks[size_t(l)].proj[js[i]], x, dys[i], dx, i > 0));
+    w[i] = lora_weights(l, js[i], p);
+    saved[i] = s.lora[js[i]];
+  }
+  return lora_backward_group({w, js.size()}, x, dys, dx, {saved, js.size()}, arena);
 }
 
 Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_in, TensorView h_out, LayerActs& s) {
@@ -101,9 +168,8 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
     s.q_rstd = a.alloc(DType::F32, {n * nh});
     s.k_rstd = a.alloc(DType::F32, {n * nkv});
   }
-  LATHE_TRY(lin_forward(l, kQ, p, s.xn1, qk_norm ? s.q_raw : s.q, false, &s.lora[kQ]));
-  LATHE_TRY(lin_forward(l, kK, p, s.xn1, qk_norm ? s.k_raw : s.k, false, &s.lora[kK]));
-  LATHE_TRY(lin_forward(l, kV, p, s.xn1, s.v, false, &s.lora[kV]));
+  const TensorView qkv[] = {qk_norm ? s.q_raw : s.q, qk_norm ? s.k_raw : s.k, s.v};
+  LATHE_TRY(lin_forward_group(l, kQkv, p, s.xn1, qkv, s));
   if (qk_norm) {
     LATHE_TRY(cpu::rms_norm_forward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}),
                                      .y = s.q.reshape({n * nh, hd}), .rstd = s.q_rstd, .eps = eps}));
@@ -127,8 +193,8 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   s.gate = a.alloc(DType::F32, {n, F});
   s.up = a.alloc(DType::F32, {n, F});
   s.act = a.alloc(DType::F32, {n, F});
-  LATHE_TRY(lin_forward(l, kGate, p, s.xn2, s.gate, false, &s.lora[kGate]));
-  LATHE_TRY(lin_forward(l, kUp, p, s.xn2, s.up, false, &s.lora[kUp]));
+  const TensorView gate_up[] = {s.gate, s.up};
+  LATHE_TRY(lin_forward_group(l, kGateUp, p, s.xn2, gate_up, s));
   LATHE_TRY(cpu::swiglu_forward({.gate = s.gate, .up = s.up, .out = s.act}));
   copy(h_out, s.h_mid);
   return lin_forward(l, kDown, p, s.act, h_out, true, &s.lora[kDown]);
@@ -145,8 +211,8 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   TensorView d_up = a.alloc(DType::F32, {n, F}), d_xn = a.alloc(DType::F32, {n, H});
   LATHE_TRY(lin_backward(l, kDown, p, s.act, dh, d_act, false, s.lora[kDown]));
   LATHE_TRY(cpu::swiglu_backward({.gate = s.gate, .up = s.up, .d_out = d_act, .d_gate = d_gate, .d_up = d_up}));
-  LATHE_TRY(lin_backward(l, kGate, p, s.xn2, d_gate, d_xn, false, s.lora[kGate]));
-  LATHE_TRY(lin_backward(l, kUp, p, s.xn2, d_up, d_xn, true, s.lora[kUp]));
+  const TensorView d_gate_up[] = {d_gate, d_up};
+  LATHE_TRY(lin_backward_group(l, kGateUp, p, s.xn2, d_gate_up, d_xn, s));
   LATHE_TRY(cpu::rms_norm_backward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn, .dx = dh,
                                     .dw = b.mlp_norm.dw ? fv(b.mlp_norm.dw, {H}) : TensorView{}, .accumulate = true}));
   // Attention: h_mid = h_in + o(attn(rope(q), rope(k), v)), q, k, v from xn1 = norm(h_in).
@@ -171,9 +237,8 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
                                       .dx = dk.reshape({n * nkv, hd}),
                                       .dw = b.k_norm.dw ? fv(b.k_norm.dw, {hd}) : TensorView{}}));
   }
-  LATHE_TRY(lin_backward(l, kQ, p, s.xn1, dq, d_xn, false, s.lora[kQ]));
-  LATHE_TRY(lin_backward(l, kK, p, s.xn1, dk, d_xn, true, s.lora[kK]));
-  LATHE_TRY(lin_backward(l, kV, p, s.xn1, dv, d_xn, true, s.lora[kV]));
+  const TensorView d_qkv[] = {dq, dk, dv};
+  LATHE_TRY(lin_backward_group(l, kQkv, p, s.xn1, d_qkv, d_xn, s));
   return cpu::rms_norm_backward({.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh,
                                  .dw = b.attn_norm.dw ? fv(b.attn_norm.dw, {H}) : TensorView{}, .accumulate = true});
 }
@@ -198,7 +263,8 @@ Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale,
   std::vector<TensorView>& h = hs;
   h.resize(size_t(n_layer + 1));
   for (TensorView& t : h) t = arena.alloc(DType::F32, {n, H});
-  LATHE_TRY(cpu::embedding_forward({.tokens = tokens, .table = fv(embed, {V, H}), .out = h[0]}).with_context("forward"));
+  const TensorView table = embed16 ? bv(embed16, {V, H}) : fv(embed, {V, H});
+  LATHE_TRY(cpu::embedding_forward({.tokens = tokens, .table = table, .out = h[0]}).with_context("forward"));
   acts.resize(keep_all ? size_t(n_layer) : 1);
   for (int l = 0; l < n_layer; ++l) {
     if (keep_all) {
@@ -213,7 +279,8 @@ Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale,
                                    .eps = cfg.rms_norm_eps}));
   TensorView d_xf = backward ? arena.alloc(DType::F32, {n, H}) : TensorView{};
   const int64_t chunk = cross_entropy_chunk_rows(V);
-  auto ce = cpu::cross_entropy({.hidden = xf, .w = fv(lm_head.w, {V, H}), .targets = iv(mb.labels.data(), n),
+  const TensorView head = lm_head.w16 ? bv(lm_head.w16, {V, H}) : fv(lm_head.w, {V, H});
+  auto ce = cpu::cross_entropy({.hidden = xf, .w = head, .targets = iv(mb.labels.data(), n),
                                 .d_hidden = d_xf,
                                 .d_w = backward && lm_head.dw ? fv(lm_head.dw, {V, H}) : TensorView{},
                                 .workspace = arena.alloc(DType::F32, {cross_entropy_workspace_floats(V, H, chunk)}),

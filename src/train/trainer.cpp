@@ -60,6 +60,7 @@ Result<TrainableModelOptions> model_options(const TrainRecipe& r) {
   o.lora.rslora = r.peft.rslora;
   LATHE_ASSIGN_OR_RETURN(o.lora.target_modules, hf_target_modules(r.peft));
   o.activations_checkpoint = r.trainer.activations_checkpoint;
+  o.bf16_base = r.trainer.precision == Precision::kBf16Mixed;
   o.seed = static_cast<uint64_t>(r.trainer.seed);
   return o;
 }

@@ -4,13 +4,20 @@
 //   runs summed in double), lse, loss = lse − logit[target], and in place the gradient
 //   grad_scale·(softmax − onehot) → dH = G·w, dw += Gᵀ·H (sgemms) → scatter dH.
 // Workspace layout: logits [chunk, vocab], H [chunk, dim], dH [chunk, dim],
-// row losses [chunk], row indices [chunk] (as i32).
+// row losses [chunk], row indices [chunk] (as i32). A bf16 head (frozen)
+// takes the bf16 GEMM for logits and dH: hidden rows and the logits'
+// gradient are rounded to bf16 as they are packed, sums stay f32; its rows
+// take the AVX-512 softmax below (exp within 2 ulp of libm's). The f32 head
+// keeps the scalar libm path, so f32 results do not move.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/gemm_bf16.h"
 #include "core/parallel.h"
 
 namespace lathe::cpu {
@@ -48,6 +55,77 @@ float row_loss(float* l, int64_t vocab, int32_t target, bool grads, float scale)
   return loss;
 }
 
+// GCC 12's AVX-512 headers seed some intrinsics with an undefined vector and
+// then warn that it may be uninitialized; the warning is about the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// exp(x) for x <= 0 in 16 lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by
+// its Taylor series to r⁶ (truncation below 2⁻²³ there), times 2ⁿ by scalef
+// (which flushes very negative x to 0).
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2 in two parts: hi exact in f32
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f"))) inline float lanes_max(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  return *std::max_element(t, t + 16);
+}
+
+__attribute__((target("avx512f"))) inline double lanes_sum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  double s = 0;
+  for (float x : t) s += x;
+  return s;
+}
+
+// row_loss with 16-lane max, exp and scaling; sums as row_loss does (f32
+// runs of 256, then double).
+__attribute__((target("avx512f"))) float row_loss_avx512(float* l, int64_t vocab, int32_t target, bool grads,
+                                                         float scale) {
+  const int64_t vec = vocab / 16 * 16;
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < vec; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(l + j));
+  float m = lanes_max(vm);
+  for (int64_t j = vec; j < vocab; ++j) m = std::max(m, l[j]);
+  const float target_logit = l[target];
+  const __m512 bm = _mm512_set1_ps(m);
+  double sum = 0;
+  for (int64_t j0 = 0; j0 < vec; j0 += 256) {
+    __m512 part = _mm512_setzero_ps();
+    for (int64_t j = j0; j < std::min(j0 + 256, vec); j += 16) {
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(l + j), bm));
+      if (grads) _mm512_storeu_ps(l + j, e);
+      part = _mm512_add_ps(part, e);
+    }
+    sum += lanes_sum(part);
+  }
+  for (int64_t j = vec; j < vocab; ++j) {
+    const float e = std::exp(l[j] - m);
+    if (grads) l[j] = e;
+    sum += e;
+  }
+  const float loss = m + float(std::log(sum)) - target_logit;
+  if (grads) {
+    const float k = float(double(scale) / sum);
+    const __m512 bk = _mm512_set1_ps(k);
+    for (int64_t j = 0; j < vec; j += 16) _mm512_storeu_ps(l + j, _mm512_mul_ps(_mm512_loadu_ps(l + j), bk));
+    for (int64_t j = vec; j < vocab; ++j) l[j] *= k;
+    l[target] -= scale;
+  }
+  return loss;
+}
+
+#pragma GCC diagnostic pop
+
 }  // namespace
 
 Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
@@ -56,7 +134,10 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
   const int64_t chunk = a.chunk_rows > 0 ? a.chunk_rows : cross_entropy_chunk_rows(vocab);
   const bool grads = !a.d_hidden.empty();
   const float* hidden = a.hidden.ptr<const float>();
-  const float* w = a.w.ptr<const float>();
+  const bool bf16 = a.w.dtype == DType::BF16;
+  const float* w = bf16 ? nullptr : a.w.ptr<const float>();
+  const uint16_t* w16 = bf16 ? a.w.ptr<const uint16_t>() : nullptr;
+  const bool vec_softmax = bf16 && has_avx512_bf16();
   const int32_t* targets = a.targets.ptr<const int32_t>();
   float* ws = a.workspace.ptr<float>();
   Chunk c{ws, ws + chunk * vocab, ws + chunk * (vocab + dim), ws + chunk * (vocab + 2 * dim),
@@ -70,15 +151,22 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
       if (targets[next] != kCrossEntropyIgnore) c.rows[m++] = int32_t(next);
     if (m == 0) break;
     for (int64_t r = 0; r < m; ++r) std::memcpy(c.h + r * dim, hidden + c.rows[r] * dim, sizeof(float) * size_t(dim));
-    sgemm(false, true, m, vocab, dim, 1.0f, c.h, dim, w, dim, 0.0f, c.logits, vocab);
+    if (bf16)
+      gemm_bf16(true, m, vocab, dim, 1.0f, c.h, dim, w16, dim, false, c.logits, vocab);
+    else
+      sgemm(false, true, m, vocab, dim, 1.0f, c.h, dim, w, dim, 0.0f, c.logits, vocab);
     parallel_for(m, 1, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
-        c.loss[r] = row_loss(c.logits + r * vocab, vocab, targets[c.rows[r]], grads, a.grad_scale);
+        c.loss[r] = vec_softmax ? row_loss_avx512(c.logits + r * vocab, vocab, targets[c.rows[r]], grads, a.grad_scale)
+                                : row_loss(c.logits + r * vocab, vocab, targets[c.rows[r]], grads, a.grad_scale);
     });
     for (int64_t r = 0; r < m; ++r) stats.loss_sum += c.loss[r];
     stats.n_valid += m;
     if (!grads) continue;
-    sgemm(false, false, m, dim, vocab, 1.0f, c.logits, vocab, w, dim, 0.0f, c.dh, dim);
+    if (bf16)
+      gemm_bf16(false, m, dim, vocab, 1.0f, c.logits, vocab, w16, dim, false, c.dh, dim);
+    else
+      sgemm(false, false, m, dim, vocab, 1.0f, c.logits, vocab, w, dim, 0.0f, c.dh, dim);
     for (int64_t r = 0; r < m; ++r)
       std::memcpy(a.d_hidden.ptr<float>() + c.rows[r] * dim, c.dh + r * dim, sizeof(float) * size_t(dim));
     if (!a.d_w.empty()) sgemm(true, false, vocab, dim, m, 1.0f, c.logits, vocab, c.h, dim, 1.0f, a.d_w.ptr<float>(), dim);
