@@ -237,8 +237,13 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
                                       .dx = dk.reshape({n * nkv, hd}),
                                       .dw = b.k_norm.dw ? fv(b.k_norm.dw, {hd}) : TensorView{}}));
   }
+  // The gradient into layer 0's input reaches only the embedding: when that
+  // is frozen (LoRA) and so is the first norm, it is never formed (autograd
+  // skips it too: nothing upstream requires a gradient).
+  const bool input_grad = l > 0 || d_embed || b.attn_norm.dw;
   const TensorView d_qkv[] = {dq, dk, dv};
-  LATHE_TRY(lin_backward_group(l, kQkv, p, s.xn1, d_qkv, d_xn, s));
+  LATHE_TRY(lin_backward_group(l, kQkv, p, s.xn1, d_qkv, input_grad ? d_xn : TensorView{}, s));
+  if (!input_grad) return Status::ok();
   return cpu::rms_norm_backward({.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh,
                                  .dw = b.attn_norm.dw ? fv(b.attn_norm.dw, {H}) : TensorView{}, .accumulate = true});
 }
