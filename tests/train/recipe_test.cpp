@@ -88,6 +88,18 @@ TEST(Recipe, OverridesParseEachType) {
   EXPECT_EQ(r.data.truncation, Truncation::kDrop);
 }
 
+TEST(Recipe, PrecisionTakesNemosNames) {
+  TrainRecipe r;
+  EXPECT_EQ(r.trainer.precision, Precision::kF32);
+  ASSERT_TRUE(apply_recipe_override(&r, "trainer.precision=bf16-mixed").is_ok());
+  EXPECT_EQ(r.trainer.precision, Precision::kBf16Mixed);
+  ASSERT_TRUE(apply_recipe_override(&r, "trainer.precision=32").is_ok());
+  EXPECT_EQ(r.trainer.precision, Precision::kF32);
+  Status s = apply_recipe_override(&r, "trainer.precision=16-mixed");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_TRUE(contains(s.message(), "bf16-mixed")) << s.message();
+}
+
 TEST(Recipe, UnknownKeysNameTheKeyAndSuggestTheClosest) {
   TrainRecipe r;
   Status s = apply_recipe_override(&r, "peft.dmi=16");
