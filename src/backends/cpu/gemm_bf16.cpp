@@ -198,12 +198,6 @@ void gemm_portable(const Problem& P) {
 
 }  // namespace
 
-bool has_avx512_bf16() {
-  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  return supported && has_avx2();  // has_avx2() is false while the portable kernels are forced
-}
-
 void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;

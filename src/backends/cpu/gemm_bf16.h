@@ -11,7 +11,7 @@
 // block at a time and multiplied by sgemm (A then stays f32: the portable
 // path is slower and slightly more exact, never different in meaning).
 // Scratch is per thread and kept from call to call: steady state allocates
-// nothing.
+// nothing. cpu::has_avx512_bf16() (cpu_ops.h) says which path runs.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,5 @@ namespace lathe::cpu {
 
 void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
-
-// True when gemm_bf16 runs the AVX512-BF16 kernel on this machine (false
-// also while set_portable_only(true) is in force).
-bool has_avx512_bf16();
 
 }  // namespace lathe::cpu
