@@ -29,6 +29,7 @@ struct FinetuneFlags {
   std::string run_dir;
   std::string adapter;
   std::string progress = "auto";
+  std::string device = "auto";
   std::vector<std::string> overrides;
 };
 
@@ -63,6 +64,7 @@ Status finetune(const FinetuneFlags& fl) {
   config.model_dir = fl.model;
   config.data_path = fl.data;
   config.adapter_dir = fl.adapter;
+  config.device = fl.device;
   config.run_dir = fl.run_dir.empty() ? default_run_dir() : fl.run_dir;
   std::fprintf(stderr, "run directory: %s\n", config.run_dir.c_str());
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(config));
@@ -88,6 +90,10 @@ void add_finetune(CLI::App& app, int* rc) {
                   "Start LoRA from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors); "
                   "its r, lora_alpha, use_rslora and target_modules replace the recipe's peft.* values");
   cmd->add_option("--progress", fl->progress, "Progress display: auto (a bar on a terminal), bar or lines")
+      ->capture_default_str();
+  cmd->add_option("--device", fl->device,
+                  "cpu, cuda or cuda:N; auto: the GPU when one is present and the model suits it (LoRA, no "
+                  "dropout, head_dim 64/128), else the CPU")
       ->capture_default_str();
   cmd->add_option("overrides", fl->overrides, "key=value recipe overrides, e.g. peft.dim=16 trainer.max_steps=200");
   cmd->callback([fl, rc] { *rc = report("finetune", finetune(*fl)); });

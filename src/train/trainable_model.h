@@ -108,6 +108,9 @@ class TrainableModel {
   // names, plus the source config.json. Creates dir.
   Status save_full(const std::string& dir) const;
 
+  // The loaded tensors and layout, for another backend to copy (train/cuda_trainable).
+  const TrainableModelImpl& internals() const { return *impl_; }
+
  private:
   explicit TrainableModel(std::unique_ptr<TrainableModelImpl> impl);
   std::unique_ptr<TrainableModelImpl> impl_;

@@ -20,6 +20,7 @@
 #include "train/adamw.h"
 #include "train/batcher.h"
 #include "train/checkpoint_manager.h"
+#include "train/cuda_trainable.h"
 #include "train/dataset.h"
 #include "train/lr_schedule.h"
 #include "train/packing.h"
@@ -98,6 +99,7 @@ class TrainerImpl {
   std::vector<MicroBatch> val_batches;
   std::optional<BatchIterator> batches;
   std::unique_ptr<TrainableModel> model;
+  std::unique_ptr<CudaTrainableModel> gpu;  // set when training on the GPU; model then holds the host copy
   std::optional<AdamW> adamw;
   LrScheduleConfig schedule;
   int64_t total_steps = 0;
@@ -117,6 +119,15 @@ class TrainerImpl {
   Status maybe_save(int64_t step, double train_loss, bool validated, bool last, const TrainSummary& s);
   Status load_data();
   Status build_model();
+  Status build_gpu();
+  // The pass and optimizer calls, on the GPU when gpu is set.
+  Result<PassLoss> pass(const MicroBatch& mb, float loss_scale, bool backward);
+  Status zero_grads();
+  Result<double> clip_grad_norm(double max_norm);
+  Status optimizer_step(double lr);
+  // The GPU's parameters, moments and step count into model and adamw (for
+  // saving and checkpoints); a no-op on the CPU.
+  Status state_to_host();
   struct StepResult {
     StepMetrics metrics;
     int64_t n_tokens = 0;  // input tokens of the global batch
@@ -199,25 +210,74 @@ Status TrainerImpl::build_model() {
   }
   LATHE_ASSIGN_OR_RETURN(AdamW opt, AdamW::create(adamw_config(r), std::move(params)));
   adamw.emplace(std::move(opt));
+  LATHE_TRY(build_gpu());
   schedule = lr_schedule_config(r, total_steps);
   return lathe::validate(schedule).with_context("optim.sched");
+}
+
+Status TrainerImpl::build_gpu() {
+  LATHE_ASSIGN_OR_RETURN(DeviceChoice dev, parse_device(config.device));
+  if (!dev.cuda) return Status::ok();
+  const bool asked = !config.device.empty() && config.device != "auto";
+  const DataRecipe& d = config.recipe.data;
+  const AdamWConfig a = adamw_config(config.recipe);
+  auto g = upload_to_cuda(*model, dev.index, d.micro_batch_size * d.seq_length,
+                          {.beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay});
+  if (!g.is_ok() && !asked && g.status().code() == StatusCode::kUnsupported) {
+    note("device: cpu (" + g.status().message() + ")");
+    return Status::ok();
+  }
+  LATHE_ASSIGN_OR_RETURN(gpu, std::move(g));
+  note("device: cuda:" + std::to_string(dev.index) + " (" + std::to_string(gpu->arena_bytes() >> 20) + " MiB)");
+  return Status::ok();
+}
+
+Result<PassLoss> TrainerImpl::pass(const MicroBatch& mb, float loss_scale, bool backward) {
+  if (gpu) return backward ? gpu->forward_backward(mb, loss_scale) : gpu->forward_loss(mb);
+  return backward ? model->forward_backward(mb, loss_scale) : model->forward_loss(mb);
+}
+Status TrainerImpl::zero_grads() {
+  if (gpu) return gpu->zero_grads();
+  model->zero_grads();
+  return Status::ok();
+}
+Result<double> TrainerImpl::clip_grad_norm(double max_norm) {
+  if (gpu) return gpu->clip_grad_norm(max_norm);
+  return adamw->clip_grad_norm(max_norm);
+}
+Status TrainerImpl::optimizer_step(double lr) {
+  if (gpu) return gpu->adamw_step(lr);
+  LATHE_TRY(optimizer_step(lr));
+  return Status::ok();
+}
+Status TrainerImpl::state_to_host() {
+  if (!gpu) return Status::ok();
+  LATHE_TRY(gpu->download_params(model->params().subspan(0, size_t(gpu->n_params()))));
+  std::vector<float> m, v;
+  for (size_t i = 0; i < model->param_table().size(); ++i) {
+    LATHE_TRY(gpu->optimizer().read_moments(gpu->context(), i, &m, &v));
+    std::copy(m.begin(), m.end(), adamw->exp_avg(i).begin());
+    std::copy(v.begin(), v.end(), adamw->exp_avg_sq(i).begin());
+  }
+  adamw->set_steps_taken(gpu->optimizer().steps_taken());
+  return Status::ok();
 }
 
 // One optimizer step; step is 0-based (the schedule's index).
 Result<TrainerImpl::StepResult> TrainerImpl::train_step(int64_t step) {
   const Clock::time_point t0 = Clock::now();
   GlobalBatch batch = batches->next();
-  model->zero_grads();
+  LATHE_TRY(zero_grads());
   const float loss_scale = 1.0f / static_cast<float>(std::max<int64_t>(batch.n_supervised, 1));
   double loss_sum = 0.0;
   int64_t n_tokens = 0;
   for (const MicroBatch& mb : batch.micro_batches) {
-    LATHE_ASSIGN_OR_RETURN(PassLoss pass, model->forward_backward(mb, loss_scale));
-    loss_sum += pass.loss_sum;
+    LATHE_ASSIGN_OR_RETURN(PassLoss p, pass(mb, loss_scale, true));
+    loss_sum += p.loss_sum;
     n_tokens += mb.n_tokens();
   }
   const double loss = loss_sum / static_cast<double>(std::max<int64_t>(batch.n_supervised, 1));
-  const double grad_norm = adamw->clip_grad_norm(config.recipe.trainer.gradient_clip_val);
+  LATHE_ASSIGN_OR_RETURN(const double grad_norm, clip_grad_norm(config.recipe.trainer.gradient_clip_val));
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     return invalid_argument("step ", step + 1, ": non-finite ", std::isfinite(loss) ? "gradient norm" : "loss",
                             " (loss ", loss, ", grad_norm ", grad_norm,
@@ -239,9 +299,9 @@ Result<ValMetrics> TrainerImpl::validate(int64_t step) {
   double loss_sum = 0.0;
   int64_t n = 0;
   for (const MicroBatch& mb : val_batches) {
-    LATHE_ASSIGN_OR_RETURN(PassLoss pass, model->forward_loss(mb));
-    loss_sum += pass.loss_sum;
-    n += pass.n_supervised;
+    LATHE_ASSIGN_OR_RETURN(PassLoss p, pass(mb, 1.0f, false));
+    loss_sum += p.loss_sum;
+    n += p.n_supervised;
   }
   const double val_loss = n > 0 ? loss_sum / static_cast<double>(n) : std::nan("");
   return ValMetrics{.step = step, .val_loss = val_loss, .perplexity = perplexity_of(val_loss)};
@@ -249,6 +309,7 @@ Result<ValMetrics> TrainerImpl::validate(int64_t step) {
 
 Status TrainerImpl::finish(TrainSummary* s) {
   const fs::path run(config.run_dir);
+  LATHE_TRY(state_to_host());
   s->full_sft = model->full_sft();
   s->output_dir = (run / (s->full_sft ? "model" : "adapter")).string();
   LATHE_TRY(s->full_sft ? model->save_full(s->output_dir) : model->save_adapter_peft(s->output_dir));
@@ -347,6 +408,13 @@ Status TrainerImpl::setup_checkpoints() {
                             ckpt->kept().back(), "); resume=auto continues from them, or set checkpoint.dir elsewhere");
   }
   if (!from.empty()) LATHE_TRY(resume_from(from));
+  if (!from.empty() && gpu) {
+    // The device optimizer cannot take restored moments yet.
+    if (!config.device.empty() && config.device != "auto")
+      return unsupported("--device ", config.device, ": resuming a run on the GPU is not implemented; resume with --device cpu");
+    gpu.reset();
+    note("device: cpu (resuming a run on the GPU is not implemented)");
+  }
   return Status::ok();
 }
 
@@ -457,6 +525,7 @@ Status TrainerImpl::maybe_save(int64_t step, double train_loss, bool validated, 
   if (c.every_n_train_steps == 0 && validated) due = true;
   if (c.train_time_interval > 0 && seconds_since(last_save_time) >= c.train_time_interval * 60.0) due = true;
   if (!due) return Status::ok();
+  LATHE_TRY(state_to_host());
   LATHE_TRY(ckpt->save(snapshot(step, train_loss, s)));
   last_saved_step = step;
   last_save_time = Clock::now();

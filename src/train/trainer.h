@@ -55,6 +55,9 @@ struct TrainerConfig {
   // A PEFT adapter directory to start LoRA from (its r, alpha, rsLoRA and
   // target modules replace the recipe's peft.* values); empty: A random, B zero.
   std::string adapter_dir;
+  // "cpu", "cuda", "cuda:N", or "" / "auto": the GPU when the build has CUDA,
+  // one is visible and the model is one the GPU path trains, else the CPU.
+  std::string device;
   ProgressStyle progress = ProgressStyle::kAuto;
   std::FILE* log = stderr;  // borrowed: progress, data summary, validation lines
 };

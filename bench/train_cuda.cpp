@@ -1,0 +1,173 @@
+// LoRA SFT throughput on one GPU at Llama-3.2-1B and Llama-3.1-8B shapes:
+// random bf16 weights made on the device side (no weight files), LoRA on all
+// seven projections, random token rows of one full-length document each
+// (what the Hugging Face baseline in train_cuda_hf.py feeds), one optimizer
+// step per micro batch (clip + AdamW). Prints tokens/s, step time, device
+// memory in use (everything is allocated up front, so this is the peak),
+// model FLOP/s (forward + input gradients of the frozen base, the LM head,
+// causal attention forward and backward, LoRA; recomputation not counted)
+// and its fraction of the 810 TFLOP/s bf16 GEMM peak.
+//
+// Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
+//                         [--steps N] [--warmup N] [--recompute 0|1] [--r N]
+// Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
+// 10 timed steps after 3 warm-up steps, recomputation off for 1B and on for 8B.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#if LATHE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "backends/cuda/device.h"
+#include "train/cuda_model.h"
+
+namespace {
+
+using namespace lathe;
+
+struct Shape {
+  const char* name;
+  int64_t vocab, hidden, inter, layers, heads, kv, head_dim;
+  bool tied;
+  int64_t micro_batch;
+  bool recompute;
+};
+
+const Shape kShapes[] = {
+    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, true, 8, false},
+    {"llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, false, 4, true},
+};
+
+struct Args {
+  std::string shape = "all";
+  int64_t micro_batch = 0, seq = 2048, steps = 10, warmup = 3, r = 32;
+  int recompute = -1;
+};
+
+double model_flops_per_token(const Shape& s, int64_t seq, int64_t r) {
+  const double H = double(s.hidden), F = double(s.inter), qd = double(s.heads * s.head_dim);
+  const double kvd = double(s.kv * s.head_dim);
+  const double lin = 2.0 * (H * qd + 2 * H * kvd + qd * H + 3 * H * F);
+  const double lora = 2.0 * double(r) * ((H + qd) + 2 * (H + kvd) + (qd + H) + 2 * (H + F) + (F + H));
+  const double attn = 2.0 * double(seq) * qd;  // causal: QKᵀ and PV over seq/2 keys on average
+  const double head = 2.0 * double(s.vocab) * H;
+  const double per_layer = 2 * lin + 3 * lora + 3.5 * attn;  // forward + input grads; LoRA 3×; flash bwd 2.5×
+  return double(s.layers) * per_layer + 2 * head;
+}
+
+MicroBatch random_rows(int64_t rows, int64_t seq, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  MicroBatch mb;
+  mb.n_rows = int32_t(rows);
+  mb.cu_seqlens = {0};
+  mb.row_starts = {0};
+  for (int64_t b = 0; b < rows; ++b) {
+    const size_t first = mb.input_ids.size();
+    for (int64_t j = 0; j < seq; ++j) {
+      mb.input_ids.push_back(int32_t(rng() % uint64_t(vocab)));
+      mb.position_ids.push_back(int32_t(j));
+    }
+    for (int64_t j = 0; j < seq; ++j) mb.labels.push_back(j + 1 < seq ? mb.input_ids[first + size_t(j) + 1] : -100);
+    mb.n_supervised += seq - 1;
+    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
+    mb.row_starts.push_back(int32_t(mb.input_ids.size()));
+  }
+  mb.max_seqlen = int32_t(seq);
+  return mb;
+}
+
+double used_gib() {
+#if LATHE_HAVE_CUDA
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
+  return double(total_b - free_b) / double(1ull << 30);
+#else
+  return -1;
+#endif
+}
+
+int run_shape(const Shape& s, const Args& a) {
+  const int64_t mbs = a.micro_batch > 0 ? a.micro_batch : s.micro_batch;
+  const bool recompute = a.recompute >= 0 ? a.recompute != 0 : s.recompute;
+  CudaModelShape shape{.vocab = s.vocab, .hidden = s.hidden, .inter = s.inter, .n_layer = s.layers,
+                       .n_head = s.heads, .n_kv = s.kv, .head_dim = s.head_dim, .eps = 1e-5f, .tied = s.tied};
+  for (int64_t i = 0; i < s.head_dim / 2; ++i)
+    shape.inv_freq.push_back(float(std::pow(500000.0, -2.0 * double(i) / double(s.head_dim))));
+  CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
+                       .activations_checkpoint = recompute};
+  auto model = CudaTrainableModel::create(shape, opt);
+  if (!model.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
+    return 1;
+  }
+  CudaTrainableModel& m = **model;
+  Status st = m.fill_random(1234);
+  MicroBatch mb = random_rows(mbs, a.seq, s.vocab, 42);
+  const float scale = 1.0f / float(mb.n_supervised);
+  double loss = 0;
+  auto step = [&]() -> Status {
+    LATHE_TRY(m.zero_grads());
+    LATHE_ASSIGN_OR_RETURN(PassLoss l, m.forward_backward(mb, scale));
+    loss = l.loss_sum * double(scale);
+    LATHE_ASSIGN_OR_RETURN(double norm, m.clip_grad_norm(1.0));
+    (void)norm;
+    return m.adamw_step(1e-4);
+  };
+  for (int64_t i = 0; st.is_ok() && i < a.warmup; ++i) st = step();
+  if (st.is_ok()) st = m.context().synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; st.is_ok() && i < a.steps; ++i) st = step();
+  if (st.is_ok()) st = m.context().synchronize();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!st.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", s.name, st.message().c_str());
+    return 1;
+  }
+  const double tokens = double(mb.n_tokens()) * double(a.steps);
+  const double tps = tokens / dt;
+  const double tflops = tps * model_flops_per_token(s, a.seq, a.r) / 1e12;
+  std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
+              (long long)mbs, (long long)a.seq, recompute ? "on" : "off", tps, 1e3 * dt / double(a.steps),
+              double(m.arena_bytes()) / double(1ull << 30), used_gib(), tflops, 100.0 * tflops / 810.0, loss);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--shape") a.shape = v;
+    else if (k == "--micro-batch") a.micro_batch = std::atoll(v);
+    else if (k == "--seq") a.seq = std::atoll(v);
+    else if (k == "--steps") a.steps = std::atoll(v);
+    else if (k == "--warmup") a.warmup = std::atoll(v);
+    else if (k == "--recompute") a.recompute = std::atoi(v);
+    else if (k == "--r") a.r = std::atoll(v);
+    else {
+      std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
+      return 2;
+    }
+  }
+  if (lathe::cuda::device_count() == 0) {
+    std::fprintf(stderr, "bench_train_cuda: no CUDA device visible\n");
+    return 1;
+  }
+  std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  int rc = 0;
+  for (const Shape& s : kShapes)
+    if (a.shape == "all" || (a.shape == "1b" && s.hidden == 2048) || (a.shape == "8b" && s.hidden == 4096))
+      rc |= run_shape(s, a);
+  return rc;
+}

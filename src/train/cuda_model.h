@@ -1,0 +1,104 @@
+// LoRA training of a Llama-family model on one NVIDIA GPU: the forward and
+// explicit backward of trainable_pass.cpp with the CUDA backend's kernels.
+//
+// Numerics: the frozen base (embedding, norms, projections, biases, LM head)
+// lives on the device in bf16; activations are bf16, every GEMM and row
+// kernel accumulates in fp32, the residual stream's gradient is carried in
+// fp32. LoRA A and B have fp32 masters, fp32 gradients and bf16 working
+// copies that the GEMMs read (CudaAdamW rewrites them after each update).
+// Per projection y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ: u = x·Aᵀ is kept in bf16 for
+// the backward. A bias goes in as a GEMM with k = 8 against a ones column,
+// so no extra kernel is needed.
+//
+// Memory: everything, weights, per-layer activations and scratch, comes from
+// one device arena whose layout is planned at create() for max_tokens tokens
+// per micro batch; a pass only uploads the batch's ids and runs kernels.
+// With activations_checkpoint only each layer's input is kept and a layer's
+// forward is recomputed just before its backward (bitwise the same values).
+//
+// This file depends only on core, ops and the CUDA backend (the benchmark
+// links it alone); train/cuda_trainable.h builds one from a loaded
+// TrainableModel for the Trainer. Refused: full SFT, LoRA dropout > 0 and
+// head_dim other than 64 or 128 (the attention kernels' sizes).
+// Threads: one thread drives one model.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_ops.h"
+#include "core/status.h"
+#include "train/trainable_model.h"
+
+namespace lathe {
+
+// The model's shape and quirks (a ModelConfig + FamilyQuirks digest).
+struct CudaModelShape {
+  int64_t vocab = 0, hidden = 0, inter = 0, n_layer = 0, n_head = 0, n_kv = 0, head_dim = 0;
+  float eps = 1e-6f;
+  bool tied = false;      // LM head = embedding
+  bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3
+  int window = 0;         // sliding window; 0: none
+  std::vector<float> inv_freq;  // [head_dim / 2]
+};
+
+struct CudaTrainOptions {
+  int device = 0;
+  int64_t max_tokens = 0;  // tokens of the largest micro batch
+  int lora_r = 32;
+  float lora_scale = 1.0f;  // alpha / r (or alpha / sqrt(r) with rsLoRA)
+  // Projections that carry LoRA, in HF order q, k, v, o, gate, up, down.
+  std::array<bool, 7> targets{true, true, true, true, true, true, true};
+  bool activations_checkpoint = false;
+  cuda::CudaAdamWConfig adamw;
+};
+
+struct CudaModelImpl;
+
+class CudaTrainableModel {
+ public:
+  // Plans and allocates every device buffer; the weights are left unset
+  // (upload them, or fill_random) and the LoRA factors zero.
+  static Result<std::unique_ptr<CudaTrainableModel>> create(const CudaModelShape& shape,
+                                                            const CudaTrainOptions& options);
+  ~CudaTrainableModel();
+
+  // ---- Weights ---------------------------------------------------------
+  // Frozen base tensors by transformers' name ("model.layers.3.mlp.up_proj.weight",
+  // "model.embed_tokens.weight", ...), uploaded from f32 and rounded to bf16.
+  Status upload_base(const std::string& name, std::span<const float> values);
+  // Every base name the model expects, in load order.
+  std::vector<std::string> base_names() const;
+  // Random base for benchmarks: projections and embedding N(0, std), norms 1,
+  // biases 0; LoRA A N(0, std), B 0.
+  Status fill_random(uint64_t seed, float std = 0.02f);
+
+  // ---- Trainable parameters (same layout as TrainableModel's LoRA table) --
+  const std::vector<ParamInfo>& param_table() const;
+  int64_t n_params() const;  // flat length (with alignment gaps)
+  Status upload_params(std::span<const float> host);  // also refreshes the bf16 copies
+  Status download_params(std::span<float> host);
+  Status download_grads(std::span<float> host);
+
+  // ---- Passes and the optimizer --------------------------------------------
+  Result<PassLoss> forward_backward(const MicroBatch& mb, float loss_scale);
+  Result<PassLoss> forward_loss(const MicroBatch& mb);
+  Status zero_grads();
+  Result<double> clip_grad_norm(double max_norm);  // pre-clip total
+  Status adamw_step(double lr);
+  cuda::CudaAdamW& optimizer();
+  cuda::CudaContext& context();
+
+  int64_t arena_bytes() const;  // device memory this model holds
+
+ private:
+  explicit CudaTrainableModel(std::unique_ptr<CudaModelImpl> impl);
+  std::unique_ptr<CudaModelImpl> impl_;
+};
+
+}  // namespace lathe

@@ -1,0 +1,89 @@
+// Internal to CudaTrainableModel: device pointers into the one arena (the
+// frozen base, the flat LoRA parameters, per-layer activations, scratch)
+// shared by cuda_model.cpp (planning, weights, optimizer) and
+// cuda_model_pass.cpp (forward and backward).
+#pragma once
+
+#include <array>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/cuda_model.h"
+
+namespace lathe {
+
+using bf16p = cuda::bf16_bits*;
+
+enum CudaProj : int { kCq, kCk, kCv, kCo, kCgate, kCup, kCdown, kCnumProj };
+
+struct CLinear {
+  bf16p w = nullptr;      // [out, in]
+  bf16p bias8 = nullptr;  // [8, out]: row 0 the bias, rows 1..7 zero; null without bias
+  int64_t out = 0, in = 0;
+  int lora = -1;  // index into loras
+};
+
+struct CLora {
+  float *a = nullptr, *b = nullptr, *da = nullptr, *db = nullptr;  // fp32 masters and grads
+  bf16p wa = nullptr, wb = nullptr;                                   // bf16 working copies
+  int64_t r = 0, in = 0, out = 0;
+};
+
+struct CBlock {
+  bf16p attn_norm = nullptr, mlp_norm = nullptr, q_norm = nullptr, k_norm = nullptr;
+  std::array<CLinear, kCnumProj> proj;
+};
+
+// One layer's forward, kept for its backward (the layer input is hs[l]).
+struct CActs {
+  bf16p xn1 = nullptr, q_raw = nullptr, k_raw = nullptr, q = nullptr, k = nullptr, v = nullptr, attn = nullptr;
+  bf16p h_mid = nullptr, xn2 = nullptr, gate = nullptr, up = nullptr;
+  float *rstd1 = nullptr, *q_rstd = nullptr, *k_rstd = nullptr, *lse = nullptr, *rstd2 = nullptr;
+  std::array<bf16p, kCnumProj> u{};  // x·Aᵀ per LoRA projection
+};
+
+// Buffers every layer reuses, and the batch's inputs.
+struct CScratch {
+  bf16p tmp_h = nullptr, act = nullptr, d_act = nullptr, d_xn = nullptr, d_attn = nullptr;
+  bf16p dq = nullptr, dk = nullptr, dv = nullptr, dh_bf = nullptr, xf = nullptr, d_xf = nullptr, du = nullptr;
+  bf16p ones8 = nullptr;  // [max_tokens, 8], column 0 ones
+  float *dh = nullptr, *rstd_f = nullptr, *dqk = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
+  void *ce_ws = nullptr, *attn_ws = nullptr;
+  int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *cu_seqlens = nullptr;
+};
+
+struct CudaModelImpl {
+  CudaModelShape s;
+  CudaTrainOptions o;
+  cuda::CudaContext ctx;
+  cuda::DeviceArena arena;
+  bf16p embed = nullptr, lm_head = nullptr, final_norm = nullptr;
+  std::vector<CBlock> blocks;
+  std::vector<CLora> loras;
+  std::vector<bf16p> hs;     // [n_layer + 1]: layer inputs, then the last layer's output
+  std::vector<CActs> acts;   // [n_layer], or [1] with activation checkpointing
+  CScratch x;
+  float* params = nullptr;   // flat LoRA masters
+  float* grads = nullptr;
+  bf16p working = nullptr;
+  int64_t n_flat = 0;
+  std::vector<ParamInfo> table;
+  std::map<std::string, std::pair<bf16p, int64_t>> base;  // name -> (device tensor, elements)
+  std::optional<cuda::CudaAdamW> adamw;
+
+  CActs& act_of(int64_t l) { return acts[acts.size() == 1 ? 0 : size_t(l)]; }
+  Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
+
+ private:
+  Status upload_batch(const MicroBatch& mb, int* n_docs, int* max_seqlen);
+  Status layer_forward(int64_t l, int64_t n, int n_docs, int max_seqlen);
+  Status layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
+  Status lin_forward(int64_t l, int j, const bf16p x, bf16p y, int64_t n);
+  Status lin_backward(int64_t l, int j, const bf16p x, const bf16p dy, bf16p dx, int64_t n, bool accumulate);
+  Status norm(const bf16p x, const bf16p residual, bf16p h_out, const bf16p w, bf16p y, float* rstd, int64_t rows,
+              int64_t dim);
+};
+
+}  // namespace lathe

@@ -1,0 +1,211 @@
+// One training pass of CudaTrainableModel: trainable_pass.cpp's forward and
+// backward with the device kernels. The residual add is fused into the norm
+// that follows it, so per layer l (input hs[l], its norm xn1 made by the
+// previous layer's last step):
+//   q, k, v = proj(xn1) [+ bias] [q/k norm] + RoPE;  a = attention(q, k, v)
+//   h_mid = hs[l] + o(a), xn2 = norm(h_mid)            (one fused kernel)
+//   t = down(silu(gate(xn2)) ⊙ up(xn2))
+//   hs[l + 1] = h_mid + t, next xn1 = norm(hs[l + 1])  (one fused kernel)
+// The backward carries the residual stream's gradient dh in fp32; each norm's
+// backward adds its input gradient into it, and dh is rounded to bf16 where a
+// GEMM reads it.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/attention.h"
+#include "train/cuda_model_impl.h"
+
+namespace lathe {
+
+namespace {
+
+Status mm(cuda::CudaContext& ctx, const cuda::bf16_bits* a, const cuda::bf16_bits* b, void* c, int64_t m, int64_t n,
+          int64_t k, bool ta, bool tb, DType ct, float alpha, float beta) {
+  return cuda::gemm(ctx, {.a = a, .b = b, .c = c, .m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb,
+                          .c_dtype = ct, .alpha = alpha, .beta = beta});
+}
+
+Status check_micro_batch(const MicroBatch& mb, int64_t max_tokens, int64_t vocab) {
+  const size_t n = mb.input_ids.size();
+  if (n == 0) return invalid_argument("cuda forward: the micro batch has no tokens");
+  if (int64_t(n) > max_tokens)
+    return invalid_argument("cuda forward: the micro batch has ", n, " tokens, the model was planned for ",
+                            max_tokens);
+  if (mb.labels.size() != n || mb.position_ids.size() != n)
+    return invalid_argument("cuda forward: micro batch has ", n, " input_ids but ", mb.labels.size(),
+                            " labels and ", mb.position_ids.size(), " position_ids");
+  if (mb.cu_seqlens.size() < 2 || mb.cu_seqlens.front() != 0 || size_t(mb.cu_seqlens.back()) != n)
+    return invalid_argument("cuda forward: cu_seqlens must run from 0 to the ", n, " tokens");
+  for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d)
+    if (mb.cu_seqlens[d + 1] < mb.cu_seqlens[d]) return invalid_argument("cuda forward: cu_seqlens decreases at ", d);
+  for (size_t i = 0; i < n; ++i) {
+    if (mb.input_ids[i] < 0 || mb.input_ids[i] >= vocab)
+      return invalid_argument("cuda forward: token ", mb.input_ids[i], " at ", i, " is outside the vocabulary of ",
+                              vocab);
+    if (mb.labels[i] != kCrossEntropyIgnore && (mb.labels[i] < 0 || mb.labels[i] >= vocab))
+      return invalid_argument("cuda forward: label ", mb.labels[i], " at ", i, " is outside the vocabulary of ",
+                              vocab);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, const bf16p w, bf16p y, float* rstd,
+                           int64_t rows, int64_t dim) {
+  return cuda::rms_norm_residual_forward(ctx, {.x = xin, .residual = residual, .h_out = h_out, .w = w, .y = y,
+                                               .rstd = rstd, .rows = rows, .dim = dim, .eps = s.eps});
+}
+
+// y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ, u = x·Aᵀ saved in the layer's acts.
+Status CudaModelImpl::lin_forward(int64_t l, int j, const bf16p xin, bf16p y, int64_t n) {
+  const CLinear& L = blocks[size_t(l)].proj[size_t(j)];
+  LATHE_TRY(mm(ctx, xin, L.w, y, n, L.out, L.in, false, true, DType::BF16, 1.0f, 0.0f));
+  if (L.bias8) LATHE_TRY(mm(ctx, x.ones8, L.bias8, y, n, L.out, 8, false, false, DType::BF16, 1.0f, 1.0f));
+  if (L.lora < 0) return Status::ok();
+  const CLora& a = loras[size_t(L.lora)];
+  bf16p u = act_of(l).u[size_t(j)];
+  LATHE_TRY(mm(ctx, xin, a.wa, u, n, a.r, a.in, false, true, DType::BF16, 1.0f, 0.0f));
+  return mm(ctx, u, a.wb, y, n, a.out, a.r, false, true, DType::BF16, o.lora_scale, 1.0f);
+}
+
+// dx (= or +=) dy·W + s·(dy·B)·A; dB += s·dyᵀ·u, dA += s·(dy·B)ᵀ·x. The LoRA
+// gradients read x before dx is written.
+Status CudaModelImpl::lin_backward(int64_t l, int j, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
+                                   bool accumulate) {
+  const CLinear& L = blocks[size_t(l)].proj[size_t(j)];
+  const CLora* a = L.lora >= 0 ? &loras[size_t(L.lora)] : nullptr;
+  const float sc = o.lora_scale;
+  if (a) {
+    LATHE_TRY(mm(ctx, dy, act_of(l).u[size_t(j)], a->db, a->out, a->r, n, true, false, DType::F32, sc, 1.0f));
+    LATHE_TRY(mm(ctx, dy, a->wb, x.du, n, a->r, a->out, false, false, DType::BF16, 1.0f, 0.0f));
+    LATHE_TRY(mm(ctx, x.du, xin, a->da, a->r, a->in, n, true, false, DType::F32, sc, 1.0f));
+  }
+  LATHE_TRY(mm(ctx, dy, L.w, dx, n, L.in, L.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));
+  if (a) LATHE_TRY(mm(ctx, x.du, a->wa, dx, n, a->in, a->r, false, false, DType::BF16, sc, 1.0f));
+  return Status::ok();
+}
+
+// Layer l's forward from hs[l] and acts.xn1 / rstd1; leaves the MLP output
+// in x.tmp_h (the caller's fused norm adds it to h_mid).
+Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_seqlen) {
+  const CBlock& b = blocks[size_t(l)];
+  CActs& a = act_of(l);
+  const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
+  const bool qk = s.qk_norm;
+  LATHE_TRY(lin_forward(l, kCq, a.xn1, qk ? a.q_raw : a.q, n));
+  LATHE_TRY(lin_forward(l, kCk, a.xn1, qk ? a.k_raw : a.k, n));
+  LATHE_TRY(lin_forward(l, kCv, a.xn1, a.v, n));
+  if (qk) {
+    LATHE_TRY(norm(a.q_raw, nullptr, nullptr, b.q_norm, a.q, a.q_rstd, n * nh, hd));
+    LATHE_TRY(norm(a.k_raw, nullptr, nullptr, b.k_norm, a.k, a.k_rstd, n * nkv, hd));
+  }
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = a.q, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh, .half = hd / 2}));
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = a.k, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv, .half = hd / 2}));
+  LATHE_TRY(cuda::attention_varlen_forward({.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse,
+                                            .cu_seqlens = x.cu_seqlens, .n_docs = n_docs, .max_seqlen = max_seqlen,
+                                            .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv),
+                                            .head_dim = int(hd), .window = s.window,
+                                            .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
+  LATHE_TRY(lin_forward(l, kCo, a.attn, x.tmp_h, n));
+  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, H));
+  LATHE_TRY(lin_forward(l, kCgate, a.xn2, a.gate, n));
+  LATHE_TRY(lin_forward(l, kCup, a.xn2, a.up, n));
+  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = a.gate, .up = a.up, .out = x.act, .n = n * s.inter}));
+  return lin_forward(l, kCdown, x.act, x.tmp_h, n);
+}
+
+// Layer l's backward; x.dh holds the gradient of hs[l + 1] and becomes that of hs[l].
+Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen) {
+  const CBlock& b = blocks[size_t(l)];
+  CActs& a = act_of(l);
+  const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv, F = s.inter;
+  // MLP.
+  LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
+  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = a.gate, .up = a.up, .out = x.act, .n = n * F}));
+  LATHE_TRY(lin_backward(l, kCdown, x.act, x.dh_bf, x.d_act, n, false));
+  LATHE_TRY(cuda::swiglu_backward(ctx, {.gate = a.gate, .up = a.up, .d_out = x.d_act, .d_gate = a.gate,
+                                        .d_up = a.up, .n = n * F}));
+  LATHE_TRY(lin_backward(l, kCgate, a.xn2, a.gate, x.d_xn, n, false));
+  LATHE_TRY(lin_backward(l, kCup, a.xn2, a.up, x.d_xn, n, true));
+  LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.h_mid, .w = b.mlp_norm, .rstd = a.rstd2, .dy = x.d_xn,
+                                                   .dh = x.dh, .rows = n, .dim = H, .accumulate = true}));
+  // Attention.
+  LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
+  LATHE_TRY(lin_backward(l, kCo, a.attn, x.dh_bf, x.d_attn, n, false));
+  LATHE_TRY(cuda::attention_varlen_backward(
+      {.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
+       .d_v = x.dv, .cu_seqlens = x.cu_seqlens, .workspace = x.attn_ws, .n_docs = n_docs, .max_seqlen = max_seqlen,
+       .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv), .head_dim = int(hd), .window = s.window,
+       .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dq, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh,
+                                   .half = hd / 2, .inverse = true}));
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dk, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv,
+                                   .half = hd / 2, .inverse = true}));
+  if (s.qk_norm) {
+    LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.q_raw, .w = b.q_norm, .rstd = a.q_rstd, .dy = x.dq,
+                                                     .dh = x.dqk, .rows = n * nh, .dim = hd}));
+    LATHE_TRY(cuda::f32_to_bf16(ctx, x.dqk, x.dq, n * nh * hd));
+    LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.k_raw, .w = b.k_norm, .rstd = a.k_rstd, .dy = x.dk,
+                                                     .dh = x.dqk, .rows = n * nkv, .dim = hd}));
+    LATHE_TRY(cuda::f32_to_bf16(ctx, x.dqk, x.dk, n * nkv * hd));
+  }
+  LATHE_TRY(lin_backward(l, kCq, a.xn1, x.dq, x.d_xn, n, false));
+  LATHE_TRY(lin_backward(l, kCk, a.xn1, x.dk, x.d_xn, n, true));
+  LATHE_TRY(lin_backward(l, kCv, a.xn1, x.dv, x.d_xn, n, true));
+  return cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(l)], .w = b.attn_norm, .rstd = a.rstd1,
+                                                .dy = x.d_xn, .dh = x.dh, .rows = n, .dim = H, .accumulate = true});
+}
+
+Status CudaModelImpl::upload_batch(const MicroBatch& mb, int* n_docs, int* max_seqlen) {
+  LATHE_TRY(check_micro_batch(mb, o.max_tokens, s.vocab));
+  const size_t n = mb.input_ids.size();
+  *n_docs = int(mb.cu_seqlens.size()) - 1;
+  *max_seqlen = 0;
+  for (int d = 0; d < *n_docs; ++d) *max_seqlen = std::max(*max_seqlen, mb.cu_seqlens[size_t(d + 1)] - mb.cu_seqlens[size_t(d)]);
+  if (*n_docs > o.max_tokens) return invalid_argument("cuda forward: more documents than tokens");
+  LATHE_TRY(cuda::copy_to_device(ctx, x.tokens, mb.input_ids.data(), n * 4));
+  LATHE_TRY(cuda::copy_to_device(ctx, x.targets, mb.labels.data(), n * 4));
+  LATHE_TRY(cuda::copy_to_device(ctx, x.positions, mb.position_ids.data(), n * 4));
+  return cuda::copy_to_device(ctx, x.cu_seqlens, mb.cu_seqlens.data(), mb.cu_seqlens.size() * 4);
+}
+
+Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool backward) {
+  int n_docs = 0, max_seqlen = 0;
+  LATHE_TRY(upload_batch(mb, &n_docs, &max_seqlen));
+  const int64_t n = mb.n_tokens(), H = s.hidden, L = s.n_layer;
+  const bool ckpt = acts.size() == 1 && L > 1;
+  LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = x.inv_freq, .positions = x.positions, .cos = x.cos, .sin = x.sin,
+                                    .n_tokens = n, .half = s.head_dim / 2}));
+  LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = x.tokens, .table = embed, .out = hs[0], .n = n,
+                                          .vocab = s.vocab, .dim = H}));
+  LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, act_of(0).xn1, act_of(0).rstd1, n, H));
+  for (int64_t l = 0; l < L; ++l) {
+    LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
+    const bool last = l + 1 == L;
+    LATHE_TRY(norm(x.tmp_h, act_of(l).h_mid, hs[size_t(l + 1)], last ? final_norm : blocks[size_t(l + 1)].attn_norm,
+                   last ? x.xf : act_of(l + 1).xn1, last ? x.rstd_f : act_of(l + 1).rstd1, n, H));
+  }
+  auto ce = cuda::cross_entropy(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
+                                      .d_hidden = backward ? x.d_xf : nullptr, .d_w = nullptr,
+                                      .workspace = x.ce_ws, .n = n, .vocab = s.vocab, .dim = H,
+                                      .grad_scale = loss_scale});
+  if (!ce.is_ok()) return ce.status().with_context("cuda forward");
+  PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
+  if (!backward) return loss;
+
+  LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
+                                                   .dy = x.d_xf, .dh = x.dh, .rows = n, .dim = H}));
+  for (int64_t l = L - 1; l >= 0; --l) {
+    if (ckpt) {
+      CActs& a = act_of(l);
+      LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, blocks[size_t(l)].attn_norm, a.xn1, a.rstd1, n, H));
+      LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
+    }
+    LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));
+  }
+  LATHE_TRY(ctx.check_launch("cuda backward"));
+  return loss;
+}
+
+}  // namespace lathe

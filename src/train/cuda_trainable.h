@@ -1,0 +1,31 @@
+// The GPU side of a TrainableModel: a CudaTrainableModel built from a loaded
+// LoRA TrainableModel (its frozen base rounded to bf16 and uploaded, its
+// LoRA table and values copied), plus parsing of `--device cpu|cuda|cuda:N`.
+// The host model stays the source of truth for saving: copy the trained
+// parameters back with download_params(host.params()) before
+// save_adapter_peft().
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "train/cuda_model.h"
+#include "train/trainable_model.h"
+
+namespace lathe {
+
+struct DeviceChoice {
+  bool cuda = false;
+  int index = 0;
+};
+// "" or "auto": the first GPU when this build has CUDA and one is visible,
+// else the CPU. "cpu", "cuda" (= cuda:0), "cuda:N". Errors name the value.
+Result<DeviceChoice> parse_device(const std::string& text);
+
+// Refuses what the GPU path does not do (full SFT, LoRA dropout, o/MLP
+// biases, head_dim other than 64/128) with a message saying so.
+Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
+                                                           const cuda::CudaAdamWConfig& adamw);
+
+}  // namespace lathe
