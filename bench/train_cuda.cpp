@@ -32,7 +32,7 @@ namespace {
 
 using namespace lathe;
 
-struct Shape {
+struct BenchShape {
   const char* name;
   int64_t vocab, hidden, inter, layers, heads, kv, head_dim;
   bool tied;
@@ -40,7 +40,7 @@ struct Shape {
   bool recompute;
 };
 
-const Shape kShapes[] = {
+const BenchShape kShapes[] = {
     {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, true, 8, false},
     {"llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, false, 4, true},
 };
@@ -51,7 +51,7 @@ struct Args {
   int recompute = -1;
 };
 
-double model_flops_per_token(const Shape& s, int64_t seq, int64_t r) {
+double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r) {
   const double H = double(s.hidden), F = double(s.inter), qd = double(s.heads * s.head_dim);
   const double kvd = double(s.kv * s.head_dim);
   const double lin = 2.0 * (H * qd + 2 * H * kvd + qd * H + 3 * H * F);
@@ -93,7 +93,7 @@ double used_gib() {
 #endif
 }
 
-int run_shape(const Shape& s, const Args& a) {
+int run_shape(const BenchShape& s, const Args& a) {
   const int64_t mbs = a.micro_batch > 0 ? a.micro_batch : s.micro_batch;
   const bool recompute = a.recompute >= 0 ? a.recompute != 0 : s.recompute;
   CudaModelShape shape{.vocab = s.vocab, .hidden = s.hidden, .inter = s.inter, .n_layer = s.layers,
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   int rc = 0;
-  for (const Shape& s : kShapes)
+  for (const BenchShape& s : kShapes)
     if (a.shape == "all" || (a.shape == "1b" && s.hidden == 2048) || (a.shape == "8b" && s.hidden == 4096))
       rc |= run_shape(s, a);
   return rc;
