@@ -44,25 +44,31 @@ Status check_shape(const CudaModelShape& s, const CudaTrainOptions& o) {
   return Status::ok();
 }
 
-// Hands out the arena: alloc(bytes, what) -> Result<void*>.
+// Typed views of an arena allocator alloc(bytes, what) -> Result<void*>.
 template <class Alloc>
-Status carve(CudaModelImpl& m, Alloc&& alloc) {
-  const CudaModelShape& s = m.s;
-  const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
-  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
-  auto bf = [&](int64_t n, const char* what) -> Result<bf16p> {
+struct Carver {
+  Alloc& alloc;
+  Result<bf16p> bf(int64_t n, const char* what) {
     LATHE_ASSIGN_OR_RETURN(void* p, alloc(size_t(n) * 2, what));
     return static_cast<bf16p>(p);
-  };
-  auto f32 = [&](int64_t n, const char* what) -> Result<float*> {
+  }
+  Result<float*> f32(int64_t n, const char* what) {
     LATHE_ASSIGN_OR_RETURN(void* p, alloc(size_t(n) * 4, what));
     return static_cast<float*>(p);
-  };
-  auto i32 = [&](int64_t n, const char* what) -> Result<int32_t*> {
+  }
+  Result<int32_t*> i32(int64_t n, const char* what) {
     LATHE_ASSIGN_OR_RETURN(void* p, alloc(size_t(n) * 4, what));
     return static_cast<int32_t*>(p);
-  };
-  // Frozen base.
+  }
+};
+
+// The frozen base and the flat LoRA buffers.
+template <class C>
+Status carve_weights(CudaModelImpl& m, C& c) {
+  const CudaModelShape& s = m.s;
+  const int64_t H = s.hidden, hd = s.head_dim;
+  auto bf = [&](int64_t n, const char* what) { return c.bf(n, what); };
+  auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
   LATHE_ASSIGN_OR_RETURN(m.embed, bf(s.vocab * H, "embedding"));
   if (s.tied) {
     m.lm_head = m.embed;
@@ -89,7 +95,17 @@ Status carve(CudaModelImpl& m, Alloc&& alloc) {
   LATHE_ASSIGN_OR_RETURN(m.params, f32(std::max<int64_t>(m.n_flat, 1), "LoRA params"));
   LATHE_ASSIGN_OR_RETURN(m.grads, f32(std::max<int64_t>(m.n_flat, 1), "LoRA grads"));
   LATHE_ASSIGN_OR_RETURN(m.working, bf(std::max<int64_t>(m.n_flat, 1), "LoRA working copies"));
-  // Activations.
+  return Status::ok();
+}
+
+// Layer inputs and what each layer keeps for its backward.
+template <class C>
+Status carve_acts(CudaModelImpl& m, C& c) {
+  const CudaModelShape& s = m.s;
+  const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
+  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
+  auto bf = [&](int64_t n, const char* what) { return c.bf(n, what); };
+  auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
   for (bf16p& h : m.hs) {
     LATHE_ASSIGN_OR_RETURN(h, bf(T * H, "layer input"));
   }
@@ -118,7 +134,18 @@ Status carve(CudaModelImpl& m, Alloc&& alloc) {
       }
     }
   }
-  // Scratch.
+  return Status::ok();
+}
+
+// Buffers every layer reuses, workspaces and the batch's inputs.
+template <class C, class Alloc>
+Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
+  const CudaModelShape& s = m.s;
+  const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
+  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
+  auto bf = [&](int64_t n, const char* what) { return c.bf(n, what); };
+  auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
+  auto i32 = [&](int64_t n, const char* what) { return c.i32(n, what); };
   CScratch& x = m.x;
   LATHE_ASSIGN_OR_RETURN(x.tmp_h, bf(T * H, "tmp_h"));
   LATHE_ASSIGN_OR_RETURN(x.act, bf(T * F, "act"));
@@ -149,6 +176,15 @@ Status carve(CudaModelImpl& m, Alloc&& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.positions, i32(T, "positions"));
   LATHE_ASSIGN_OR_RETURN(x.cu_seqlens, i32(T + 1, "cu_seqlens"));
   return Status::ok();
+}
+
+// Hands out the arena: alloc(bytes, what) -> Result<void*>.
+template <class Alloc>
+Status carve(CudaModelImpl& m, Alloc&& alloc) {
+  Carver<Alloc> c{alloc};
+  LATHE_TRY(carve_weights(m, c));
+  LATHE_TRY(carve_acts(m, c));
+  return carve_scratch(m, c, alloc);
 }
 
 // Shapes of the projections, the LoRA table and the name map (no memory yet).
