@@ -148,6 +148,7 @@ Status TrainerImpl::setup(const TextCodec* given_codec) {
   r.data.dataset_root = config.data_path;
   if (config.run_dir.empty()) return invalid_argument("no run directory given");
   LATHE_TRY(lathe::validate(r));
+  LATHE_TRY(parse_device(config.device).status());
   if (!fs::is_directory(config.model_dir))
     return not_found("model directory ", config.model_dir, " does not exist");
   if (given_codec != nullptr) {

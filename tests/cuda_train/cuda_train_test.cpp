@@ -18,6 +18,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
 
 #include "backends/cuda/device.h"
@@ -34,7 +36,14 @@ namespace {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine"; \
   } while (0)
 
-const std::string kFix = LATHE_TEST_DATA "/grad_hd64/";
+// The fixtures: $LATHE_TEST_DATA, else the source tree's tests/data, else
+// tests/data under the working directory (a copied tree on the GPU machine).
+std::string data_dir() {
+  if (const char* e = std::getenv("LATHE_TEST_DATA")) return e;
+  if (std::filesystem::exists(LATHE_TEST_DATA "/grad_hd64")) return LATHE_TEST_DATA;
+  return "tests/data";
+}
+const std::string kFix = data_dir() + "/grad_hd64/";
 constexpr double kGradTol = 3e-2;
 constexpr double kLossTol = 2e-3;
 
@@ -230,7 +239,7 @@ TEST(CudaTrainer, AdamWStepsTrackTheCpuRun) {
 
 TEST(CudaTrainer, RefusesWhatItDoesNotDo) {
   SKIP_WITHOUT_GPU();
-  auto small = TrainableModel::load(LATHE_TEST_DATA "/models/llama", {});  // head_dim 16
+  auto small = TrainableModel::load(data_dir() + "/models/llama", {});  // head_dim 16
   ASSERT_TRUE(small.is_ok()) << small.status().message();
   auto g = upload_to_cuda(**small, 0, 64, {});
   ASSERT_FALSE(g.is_ok());
