@@ -300,6 +300,15 @@ Status CudaTrainableModel::upload_base(const std::string& name, std::span<const 
   return upload_bf16(impl_->ctx, it->second.first, values.data(), int64_t(values.size()));
 }
 
+Status CudaTrainableModel::upload_base_bf16(const std::string& name, std::span<const uint16_t> values) {
+  auto it = impl_->base.find(name);
+  if (it == impl_->base.end()) return not_found("cuda trainer: no base tensor '", name, "'");
+  if (int64_t(values.size()) != it->second.second)
+    return invalid_argument("cuda trainer: tensor '", name, "' has ", values.size(), " values, expected ",
+                            it->second.second);
+  return cuda::copy_to_device(impl_->ctx, it->second.first, values.data(), values.size_bytes());
+}
+
 std::vector<std::string> CudaTrainableModel::base_names() const {
   std::vector<std::string> out;
   for (const auto& [name, t] : impl_->base) out.push_back(name);

@@ -72,6 +72,7 @@ class CudaTrainableModel {
   // Frozen base tensors by transformers' name ("model.layers.3.mlp.up_proj.weight",
   // "model.embed_tokens.weight", ...), uploaded from f32 and rounded to bf16.
   Status upload_base(const std::string& name, std::span<const float> values);
+  Status upload_base_bf16(const std::string& name, std::span<const uint16_t> values);  // bf16 bits as they are
   // Every base name the model expects, in load order.
   std::vector<std::string> base_names() const;
   // Random base for benchmarks: projections and embedding N(0, std), norms 1,

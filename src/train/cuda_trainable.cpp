@@ -39,14 +39,18 @@ Status check_supported(const TrainableModelImpl& h) {
   return Status::ok();
 }
 
-Status upload(CudaTrainableModel& g, const std::string& name, const float* p, int64_t n) {
+// The host keeps a matrix in f32, or in bf16 under bf16_base (then p is null).
+Status upload(CudaTrainableModel& g, const std::string& name, const float* p, int64_t n,
+              const uint16_t* p16 = nullptr) {
+  if (!p && p16) return g.upload_base_bf16(name, std::span<const uint16_t>(p16, size_t(n)));
+  if (!p) return invalid_argument("--device cuda: the host model holds no values for ", name);
   return g.upload_base(name, std::span<const float>(p, size_t(n)));
 }
 
 Status upload_base(const TrainableModelImpl& h, CudaTrainableModel& g) {
   const int64_t H = h.cfg.hidden_size, V = h.cfg.vocab_size, hd = h.cfg.head_dim;
-  LATHE_TRY(upload(g, "model.embed_tokens.weight", h.embed, V * H));
-  if (!h.quirks.tied_embeddings) LATHE_TRY(upload(g, "lm_head.weight", h.lm_head.w, V * H));
+  LATHE_TRY(upload(g, "model.embed_tokens.weight", h.embed, V * H, h.embed16));
+  if (!h.quirks.tied_embeddings) LATHE_TRY(upload(g, "lm_head.weight", h.lm_head.w, V * H, h.lm_head.w16));
   LATHE_TRY(upload(g, "model.norm.weight", h.final_norm.w, H));
   for (size_t l = 0; l < h.blocks.size(); ++l) {
     const TBlock& b = h.blocks[l];
@@ -59,7 +63,7 @@ Status upload_base(const TrainableModelImpl& h, CudaTrainableModel& g) {
     }
     for (int j = 0; j < kNumProj; ++j) {
       const TLinear& L = b.proj[size_t(j)];
-      LATHE_TRY(upload(g, pre + kLeaf[j] + ".weight", L.w, L.out * L.in));
+      LATHE_TRY(upload(g, pre + kLeaf[j] + ".weight", L.w, L.out * L.in, L.w16));
       if (L.b) LATHE_TRY(upload(g, pre + kLeaf[j] + ".bias", L.b, L.out));
     }
   }

@@ -198,6 +198,22 @@ TEST(CudaTrainer, RecomputationChangesNothing) {
   EXPECT_EQ(grads_of(*a), grads_of(*b));
 }
 
+TEST(CudaTrainer, HostBaseInBf16UploadsTheSameWeights) {
+  SKIP_WITHOUT_GPU();
+  // The fixture's weights are bf16 already, so f32 → bf16 on upload and the
+  // host's bf16 copy give the same bits: identical passes.
+  auto f32_host = load_host("qwen2");
+  auto bf16_host = TrainableModel::load(kFix + "qwen2/model", {.adapter_dir = kFix + "qwen2/adapter", .bf16_base = true});
+  ASSERT_TRUE(f32_host && bf16_host.is_ok()) << bf16_host.status().message();
+  auto a = to_gpu(*f32_host), b = to_gpu(**bf16_host);
+  ASSERT_TRUE(a && b);
+  MicroBatch mb = random_batch(f32_host->config().vocab_size, 8);
+  auto la = a->forward_backward(mb, 0.01f), lb = b->forward_backward(mb, 0.01f);
+  ASSERT_TRUE(la.is_ok() && lb.is_ok());
+  EXPECT_EQ(la->loss_sum, lb->loss_sum);
+  EXPECT_EQ(grads_of(*a), grads_of(*b));
+}
+
 TEST(CudaTrainer, AdamWStepsTrackTheCpuRun) {
   SKIP_WITHOUT_GPU();
   auto host = load_host("llama");
