@@ -26,6 +26,13 @@ Result<std::string> Storage::read_text(const std::string& path) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+Result<bool> Storage::exists(const std::string& path) {
+  Result<int64_t> s = size(path);
+  if (s.is_ok()) return true;
+  if (s.status().code() == StatusCode::kNotFound) return false;
+  return s.status();
+}
+
 bool is_s3_url(const std::string& location) { return location.rfind("s3://", 0) == 0; }
 
 Result<std::unique_ptr<Storage>> open_storage(const std::string& location) {

@@ -61,7 +61,7 @@ class Storage {
   // Size of an object; a kNotFound Status naming it when it does not exist
   // (read() and read_range() answer the same way).
   virtual Result<int64_t> size(const std::string& path) = 0;
-  virtual Result<bool> exists(const std::string& path) = 0;
+  Result<bool> exists(const std::string& path);  // from size(): kNotFound is false
 
   // Every object under prefix (recursively), sorted by path. prefix "" lists
   // everything; "step=000010/" lists one checkpoint.

@@ -188,13 +188,6 @@ class LocalStorage final : public Storage {
     return static_cast<int64_t>(st.st_size);
   }
 
-  Result<bool> exists(const std::string& path) override {
-    Result<int64_t> s = size(path);
-    if (s.is_ok()) return true;
-    if (s.status().code() == StatusCode::kNotFound) return false;
-    return s.status();
-  }
-
   Result<std::vector<StorageEntry>> list(const std::string& prefix) override {
     LATHE_TRY(check_rel_path(prefix, true));
     // The deepest directory the prefix names; entries are filtered by the full prefix.

@@ -171,13 +171,6 @@ class S3Storage : public Storage {
     return client_->head_object(bucket_, root_ + path);
   }
 
-  Result<bool> exists(const std::string& path) override {
-    Result<int64_t> s = size(path);
-    if (s.is_ok()) return true;
-    if (s.status().code() == StatusCode::kNotFound) return false;
-    return s.status();
-  }
-
   Result<std::vector<StorageEntry>> list(const std::string& prefix) override {
     LATHE_TRY(check_path(url_, prefix));
     std::vector<StorageEntry> out;

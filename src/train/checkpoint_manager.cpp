@@ -43,7 +43,6 @@ class PrefixedStorage final : public Storage {
     return base_.read_range(prefix_ + path, offset, n);
   }
   Result<int64_t> size(const std::string& path) override { return base_.size(prefix_ + path); }
-  Result<bool> exists(const std::string& path) override { return base_.exists(prefix_ + path); }
   Result<std::vector<StorageEntry>> list(const std::string& prefix) override {
     LATHE_ASSIGN_OR_RETURN(std::vector<StorageEntry> all, base_.list(prefix_ + prefix));
     for (StorageEntry& e : all) e.path = e.path.substr(prefix_.size());

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "io/s3_xml.h"
 #include "train/metrics.h"
 
 namespace lathe {
@@ -25,19 +26,6 @@ struct Range {
   double lo, hi;
 };
 
-std::string escape_xml(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string num(double v) {  // coordinates: two decimals are plenty
   char buf[32];
@@ -163,7 +151,7 @@ std::string render_loss_svg(const MetricsLog& log, const LossPlotOptions& option
          ".tick{fill:#333}</style>\n";
   out += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   out += "<text x=\"" + num(w / 2) + "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">" +
-         escape_xml(options.title) + "</text>\n";
+         xml_escape(options.title) + "</text>\n";
   draw_axis_ticks(f, true, 1.0, &out);  // steps are integers
   draw_axis_ticks(f, false, 0.0, &out);
   out += "<line class=\"axis\" x1=\"" + num(kLeft) + "\" y1=\"" + num(h - kBottom) + "\" x2=\"" + num(w - kRight) +

@@ -38,7 +38,6 @@ class FailingStorage final : public Storage {
     return base_->read_range(p, o, n);
   }
   Result<int64_t> size(const std::string& p) override { return base_->size(p); }
-  Result<bool> exists(const std::string& p) override { return base_->exists(p); }
   Result<std::vector<StorageEntry>> list(const std::string& p) override { return base_->list(p); }
   Result<std::vector<std::string>> list_dirs(const std::string& p) override { return base_->list_dirs(p); }
   Status remove(const std::string& p) override { return base_->remove(p); }
