@@ -19,23 +19,7 @@ fail() { echo "checkpoint e2e: FAIL: $*" >&2; exit 1; }
 export OMP_WAIT_POLICY=passive
 export LATHE_NUM_THREADS=2
 
-M="$TMP/tiny"
-"$LATHE" init-model --preset tiny --out "$M" --seed 1 --dtype f32 >/dev/null
-ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines
-      peft.dim=8 peft.alpha=16 peft.dropout=0.1 trainer.max_steps=12 trainer.val_check_interval=4
-      data.seq_length=128 data.micro_batch_size=5 data.global_batch_size=10 optim.lr=0.003
-      optim.sched.warmup_steps=2 optim.sched.max_steps=12 checkpoint.every_n_train_steps=2 checkpoint.save_top_k=2)
-
-# Train and validation losses of a run, one "kind step value" per line, exactly as written.
-losses() {
-  python3 - "$1" <<'EOF'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if "val_loss" in r: print("val", r["step"], repr(r["val_loss"]))
-    else: print("train", r["step"], repr(r["loss"]))
-EOF
-}
+source "$SRC/tests/cli/checkpoint_common.sh"
 
 # ---- 1. uninterrupted -----------------------------------------------------------
 "$LATHE" finetune "${ARGS[@]}" --run-dir "$TMP/a" >/dev/null 2>"$TMP/a.log" || { cat "$TMP/a.log" >&2; fail "run a"; }
