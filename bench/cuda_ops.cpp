@@ -1,8 +1,10 @@
 // CUDA kernels beside their floors on one GPU: bf16 GEMM TFLOP/s through
 // cuBLASLt at the Llama-3.1-8B linear shapes (8192 tokens: micro batch 4 at
 // sequence 2048) for forward, dX and dW, against the measured bf16 peak
-// (~810 TFLOP/s on H200); RMSNorm+residual and SwiGLU forward in GB/s against
-// the memory-bandwidth floor (~4.3 TB/s). Times are the best of several
+// (~810 TFLOP/s on H200); the LM head fused with cross-entropy against the
+// same peak; RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), RoPE, the
+// embedding, dtype conversion and multi-tensor AdamW in GB/s against the
+// memory-bandwidth floor (~4.3 TB/s). Attention has its own bench. Times are the best of several
 // repetitions of a stream-synchronized batch of calls. Without a GPU it says
 // so and exits 0.
 // Usage: bench_cuda_ops [tokens, default 8192]
@@ -39,6 +41,11 @@ double time_calls(CudaContext& ctx, int calls, const std::function<Status()>& fn
     if (rep > 0 && s < best) best = s;
   }
   return best;
+}
+
+void report_bytes(const char* name, double s, double bytes) {
+  const double gbps = bytes / s / 1e9;
+  std::printf("%-24s %10.3f %10.1f %7.0f%%\n", name, s * 1e3, gbps, 100.0 * gbps / kPeakGbps);
 }
 
 struct Linear {
@@ -89,18 +96,90 @@ void bench_pointwise(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
   RmsNormResidualArgs rn{.x = *a, .residual = *b, .h_out = *b, .w = *w, .y = *c, .rstd = *rstd, .rows = tokens,
                          .dim = dim};
   double s = time_calls(ctx, 20, [&] { return rms_norm_residual_forward(ctx, rn); });
-  double gbps = 8.0 * double(tokens * dim) / s / 1e9;
-  std::printf("%-24s %10.3f %10.1f %7.0f%%\n", "rms_norm+residual fwd", s * 1e3, gbps, 100.0 * gbps / kPeakGbps);
+  report_bytes("rms_norm+residual fwd", s, 8.0 * double(tokens * dim));
   // SwiGLU: reads gate, up, writes out (bf16): 6 bytes per element.
   SwigluCudaArgs sw{.gate = *a, .up = *b, .out = *c, .n = tokens * ffn};
   s = time_calls(ctx, 20, [&] { return swiglu_forward(ctx, sw); });
-  gbps = 6.0 * double(tokens * ffn) / s / 1e9;
-  std::printf("%-24s %10.3f %10.1f %7.0f%%\n", "swiglu fwd", s * 1e3, gbps, 100.0 * gbps / kPeakGbps);
+  report_bytes("swiglu fwd", s, 6.0 * double(tokens * ffn));
   // SwiGLU backward: reads gate, up, d_out, writes d_gate, d_up: 10 bytes.
   SwigluBackwardCudaArgs sb{.gate = *a, .up = *b, .d_out = *c, .d_gate = *a, .d_up = *b, .n = tokens * ffn};
   s = time_calls(ctx, 20, [&] { return swiglu_backward(ctx, sb); });
-  gbps = 10.0 * double(tokens * ffn) / s / 1e9;
-  std::printf("%-24s %10.3f %10.1f %7.0f%%\n", "swiglu bwd", s * 1e3, gbps, 100.0 * gbps / kPeakGbps);
+  report_bytes("swiglu bwd", s, 10.0 * double(tokens * ffn));
+  // RMSNorm backward into the fp32 residual gradient: reads h, dy (bf16) and
+  // dh (f32), writes dh: 12 bytes per element.
+  float* dh = reinterpret_cast<float*>(*c);
+  RmsNormResidualBackwardArgs rb{.h = *a, .w = *w, .rstd = *rstd, .dy = *b, .dh = dh, .rows = tokens, .dim = dim,
+                                 .accumulate = true};
+  s = time_calls(ctx, 20, [&] { return rms_norm_residual_backward(ctx, rb); });
+  report_bytes("rms_norm bwd (+= dh f32)", s, 12.0 * double(tokens * dim));
+  // fp32 -> bf16 (the residual gradient before a GEMM reads it): 6 bytes.
+  s = time_calls(ctx, 20, [&] { return f32_to_bf16(ctx, dh, *a, tokens * dim); });
+  report_bytes("f32_to_bf16", s, 6.0 * double(tokens * dim));
+}
+
+// RoPE on q (32 heads) and the embedding lookup at the 8B shapes.
+void bench_rope_embedding(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
+  arena.reset();
+  const int64_t heads = 32, half = 64, dim = 4096, vocab = 128256;
+  auto q = arena.alloc_n<bf16_bits>(tokens * heads * half * 2, "q");
+  auto cs = arena.alloc_n<float>(tokens * half, "cos");
+  auto sn = arena.alloc_n<float>(tokens * half, "sin");
+  auto table = arena.alloc_n<bf16_bits>(vocab * dim, "table");
+  auto ids = arena.alloc_n<int32_t>(tokens, "ids");
+  if (!q.is_ok() || !cs.is_ok() || !sn.is_ok() || !table.is_ok() || !ids.is_ok()) return;
+  if (!fill_zero(ctx, *ids, size_t(tokens) * 4).is_ok() || !fill_zero(ctx, *cs, size_t(tokens * half) * 4).is_ok() ||
+      !fill_zero(ctx, *sn, size_t(tokens * half) * 4).is_ok())
+    std::exit(1);
+  RopeCudaArgs ra{.x = *q, .cos = *cs, .sin = *sn, .n_tokens = tokens, .n_head = heads, .half = half};
+  double s = time_calls(ctx, 20, [&] { return rope_apply(ctx, ra); });
+  // Reads and writes q (bf16), reads the two f32 tables once per token.
+  report_bytes("rope q (32 heads)", s, 4.0 * double(tokens * heads * half * 2) + 8.0 * double(tokens * half));
+  EmbeddingCudaArgs ea{.tokens = *ids, .table = *table, .out = *q, .n = tokens, .vocab = vocab, .dim = dim};
+  s = time_calls(ctx, 20, [&] { return embedding_forward(ctx, ea); });
+  report_bytes("embedding fwd", s, 4.0 * double(tokens * dim));
+}
+
+// LM head + cross-entropy (loss and d_hidden, the frozen head's case) at the
+// 8B shapes: its floor is the two GEMMs' FLOPs, 4·tokens·vocab·dim.
+void bench_cross_entropy(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
+  arena.reset();
+  const int64_t dim = 4096, vocab = 128256;
+  auto hidden = arena.alloc_n<bf16_bits>(tokens * dim, "hidden");
+  auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
+  auto dh = arena.alloc_n<bf16_bits>(tokens * dim, "d_hidden");
+  auto targets = arena.alloc_n<int32_t>(tokens, "targets");
+  auto ws = arena.alloc(cross_entropy_workspace_bytes(vocab, 0), "workspace");
+  if (!hidden.is_ok() || !w.is_ok() || !dh.is_ok() || !targets.is_ok() || !ws.is_ok()) {
+    std::printf("%-24s skipped: arena too small\n", "lm_head + CE");
+    return;
+  }
+  if (!fill_zero(ctx, *targets, size_t(tokens) * 4).is_ok()) std::exit(1);
+  CrossEntropyCudaArgs ca{.hidden = *hidden, .w = *w, .targets = *targets, .d_hidden = *dh, .workspace = *ws,
+                          .n = tokens, .vocab = vocab, .dim = dim};
+  const double s = time_calls(ctx, 3, [&] { return cross_entropy(ctx, ca).status(); });
+  const double tflops = 4.0 * double(tokens) * double(vocab) * double(dim) / s / 1e12;
+  std::printf("%-24s %10.3f %10.1f %7.0f%%   (TFLOP/s, of the GEMM peak)\n", "lm_head + CE fwd+dX", s * 1e3, tflops,
+              100.0 * tflops / kPeakTflops);
+}
+
+// Multi-tensor AdamW over the LoRA parameters of the 8B shape (r 32, all
+// seven projections, 32 layers: 83.9M): reads p, g, m, v (f32), writes p, m,
+// v and the bf16 copy: 30 bytes per parameter.
+void bench_adamw(CudaContext& ctx, DeviceArena& arena) {
+  arena.reset();
+  const int64_t n = 83'886'080;
+  auto p = arena.alloc_n<float>(n, "p");
+  auto g = arena.alloc_n<float>(n, "g");
+  auto wb = arena.alloc_n<bf16_bits>(n, "working");
+  if (!p.is_ok() || !g.is_ok() || !wb.is_ok()) return;
+  if (!fill_zero(ctx, *p, size_t(n) * 4).is_ok() || !fill_zero(ctx, *g, size_t(n) * 4).is_ok()) std::exit(1);
+  auto opt = CudaAdamW::create(ctx, {}, {{.name = "lora", .param = *p, .grad = *g, .working = *wb, .n = n}});
+  if (!opt.is_ok()) {
+    std::fprintf(stderr, "bench_cuda_ops: %s\n", opt.status().message().c_str());
+    std::exit(1);
+  }
+  const double s = time_calls(ctx, 10, [&] { return opt->step(ctx, 1e-4); });
+  report_bytes("adamw (83.9M params)", s, 30.0 * double(n));
 }
 
 }  // namespace
@@ -129,5 +208,8 @@ int main(int argc, char** argv) {
   }
   bench_gemms(*ctx, *arena, tokens);
   bench_pointwise(*ctx, *arena, tokens);
+  bench_rope_embedding(*ctx, *arena, tokens);
+  bench_cross_entropy(*ctx, *arena, tokens);
+  bench_adamw(*ctx, *arena);
   return 0;
 }
