@@ -128,6 +128,8 @@ class TrainerImpl {
   // The GPU's parameters, moments and step count into model and adamw (for
   // saving and checkpoints); a no-op on the CPU.
   Status state_to_host();
+  // The reverse, after a checkpoint was restored into model and adamw.
+  Status state_to_device();
   struct StepResult {
     StepMetrics metrics;
     int64_t n_tokens = 0;  // input tokens of the global batch
@@ -261,6 +263,18 @@ Status TrainerImpl::state_to_host() {
     std::copy(v.begin(), v.end(), adamw->exp_avg_sq(i).begin());
   }
   adamw->set_steps_taken(gpu->optimizer().steps_taken());
+  return Status::ok();
+}
+
+Status TrainerImpl::state_to_device() {
+  if (!gpu) return Status::ok();
+  LATHE_TRY(gpu->upload_params(model->params().subspan(0, size_t(gpu->n_params()))));
+  for (size_t i = 0; i < model->param_table().size(); ++i) {
+    const auto m = adamw->exp_avg(i), v = adamw->exp_avg_sq(i);
+    LATHE_TRY(gpu->optimizer().write_moments(gpu->context(), i, std::vector<float>(m.begin(), m.end()),
+                                             std::vector<float>(v.begin(), v.end())));
+  }
+  gpu->optimizer().set_steps_taken(adamw->steps_taken());
   return Status::ok();
 }
 
@@ -409,13 +423,7 @@ Status TrainerImpl::setup_checkpoints() {
                             ckpt->kept().back(), "); resume=auto continues from them, or set checkpoint.dir elsewhere");
   }
   if (!from.empty()) LATHE_TRY(resume_from(from));
-  if (!from.empty() && gpu) {
-    // The device optimizer cannot take restored moments yet.
-    if (!config.device.empty() && config.device != "auto")
-      return unsupported("--device ", config.device, ": resuming a run on the GPU is not implemented; resume with --device cpu");
-    gpu.reset();
-    note("device: cpu (resuming a run on the GPU is not implemented)");
-  }
+  if (!from.empty()) LATHE_TRY(state_to_device().with_context("resuming on the GPU"));
   return Status::ok();
 }
 

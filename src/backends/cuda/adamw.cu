@@ -184,4 +184,16 @@ Status CudaAdamW::read_moments(CudaContext& ctx, size_t i, std::vector<float>* m
   return Status::ok();
 }
 
+Status CudaAdamW::write_moments(CudaContext& ctx, size_t i, const std::vector<float>& m, const std::vector<float>& v) {
+  if (i >= params_.size()) return invalid_argument("cuda adamw: no parameter ", i, " (have ", params_.size(), ")");
+  const int64_t n = params_[i].n;
+  if (int64_t(m.size()) != n || int64_t(v.size()) != n)
+    return invalid_argument("cuda adamw: moments of ", params_[i].name, " have ", m.size(), " and ", v.size(),
+                            " values, the tensor has ", n);
+  if (n == 0) return Status::ok();
+  float* base = static_cast<float*>(state_.data());
+  LATHE_TRY(copy_to_device(ctx, base + offset_[i], m.data(), n * sizeof(float)));
+  return copy_to_device(ctx, base + total_ + offset_[i], v.data(), n * sizeof(float));
+}
+
 }  // namespace lathe::cuda

@@ -272,6 +272,9 @@ class CudaAdamW {
   int64_t steps_taken() const { return step_; }
   // Copies moments of parameter i to the host (tests, checkpoints).
   Status read_moments(CudaContext& ctx, size_t i, std::vector<float>* m, std::vector<float>* v) const;
+  // Restores them (resuming from a checkpoint); sizes must be the tensor's.
+  Status write_moments(CudaContext& ctx, size_t i, const std::vector<float>& m, const std::vector<float>& v);
+  void set_steps_taken(int64_t n) { step_ = n; }
 
  private:
   CudaAdamWConfig config_;

@@ -76,6 +76,9 @@ Result<double> CudaAdamW::clip_grad_norm(CudaContext&, double) { return no_cuda(
 Status CudaAdamW::read_moments(CudaContext&, size_t, std::vector<float>*, std::vector<float>*) const {
   return no_cuda();
 }
+Status CudaAdamW::write_moments(CudaContext&, size_t, const std::vector<float>&, const std::vector<float>&) {
+  return no_cuda();
+}
 Status bf16_to_f32(CudaContext&, const bf16_bits*, float*, int64_t) { return no_cuda(); }
 Status f32_to_bf16(CudaContext&, const float*, bf16_bits*, int64_t) { return no_cuda(); }
 
