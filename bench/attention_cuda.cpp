@@ -1,14 +1,17 @@
 // CUDA attention kernels beside their floors. Training: forward and backward
 // over packed documents of 2048 tokens, 32 query heads on 8 KV heads, head
-// dim 128, causal, in TFLOP/s of the causal attention FLOPs (forward 2 matmuls,
-// backward counted as 2.5× forward, the usual convention; the kernels do more
-// because the backward recomputes the scores). Decode: one token against a
+// dim 128, 64 and 32, causal, in TFLOP/s of the causal attention FLOPs
+// (forward 2 matmuls, backward counted as 2.5× forward, the usual
+// convention; the kernels do more because the backward recomputes the
+// scores) beside the ~810 TFLOP/s bf16 GEMM peak; each for the fast kernels
+// and the simple ones they are checked against. Decode: one token against a
 // KV cache of n_ctx rows, in GB/s of K and V read (the floor is the device's
 // copy bandwidth). Inputs are random bf16; timings are the median of runs
 // after a warm-up, synchronizing the stream around each.
 // Usage: bench_attention_cuda [documents, default 8] [decode n_ctx, default 8192]
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -26,6 +29,7 @@ using lathe::Status;
 namespace cuda = lathe::cuda;
 
 constexpr int kSeq = 2048, kHeads = 32, kKvHeads = 8, kDim = 128;
+constexpr double kPeakTflops = 810.0;  // measured bf16 GEMM peak of the H200
 
 cuda::DeviceBuffer random_bf16(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -54,6 +58,41 @@ double time_it(const cuda::CudaStream& s, const std::function<Status()>& fn, int
   return t[t.size() / 2];
 }
 
+// Forward and backward over `docs` packed documents at head_dim d, fast or
+// simple kernels: one printed line each.
+void bench_training(const cuda::CudaStream& s, int docs, int d, bool simple) {
+  const int n = docs * kSeq;
+  const size_t nq = size_t(n) * kHeads * d, nkv = size_t(n) * kKvHeads * d;
+  cuda::DeviceBuffer q = random_bf16(nq, 1), k = random_bf16(nkv, 2), v = random_bf16(nkv, 3);
+  cuda::DeviceBuffer d_out = random_bf16(nq, 4), out = random_bf16(nq, 5);
+  cuda::DeviceBuffer dq = random_bf16(nq, 6), dk = random_bf16(nkv, 7), dv = random_bf16(nkv, 8);
+  cuda::DeviceBuffer lse = std::move(cuda::DeviceBuffer::alloc(0, size_t(n) * kHeads * 4).value());
+  cuda::DeviceBuffer ws =
+      std::move(cuda::DeviceBuffer::alloc(0, cuda::attention_varlen_backward_workspace_bytes(n, kHeads)).value());
+  std::vector<int32_t> cu(size_t(docs) + 1);
+  for (int i = 0; i <= docs; ++i) cu[size_t(i)] = i * kSeq;
+  cuda::DeviceBuffer cu_dev = std::move(cuda::DeviceBuffer::alloc(0, cu.size() * 4).value());
+  (void)cu_dev.copy_from_host(cu.data(), cu.size() * 4);
+  const auto* cu_ptr = static_cast<const int32_t*>(cu_dev.data());
+  const float scale = 1.0f / std::sqrt(float(d));
+
+  cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()), cu_ptr,
+                                 docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle(), simple};
+  cuda::AttentionVarlenBwdArgs b{q.data(),     k.data(),  v.data(),  out.data(), static_cast<const float*>(lse.data()),
+                                 d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr,
+                                 ws.data(),    docs,      kSeq,      n,          kHeads,
+                                 kKvHeads,     d,         0,         scale,      s.handle(),
+                                 simple};
+  const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+  const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
+  // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
+  const double fwd_tflop = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * d * 1e-12;
+  const double fwd_rate = fwd_tflop / t_fwd, bwd_rate = 2.5 * fwd_tflop / t_bwd;
+  std::printf("  d=%-3d %-6s  forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)", d, simple ? "simple" : "fast",
+              t_fwd * 1e3, fwd_rate, 100.0 * fwd_rate / kPeakTflops, kPeakTflops);
+  std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate, 100.0 * bwd_rate / kPeakTflops);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,35 +103,12 @@ int main(int argc, char** argv) {
   const int docs = argc > 1 ? std::atoi(argv[1]) : 8;
   const int n_ctx = argc > 2 ? std::atoi(argv[2]) : 8192;
   cuda::CudaStream s = std::move(cuda::CudaStream::create(0).value());
-  const int n = docs * kSeq;
-  const size_t nq = size_t(n) * kHeads * kDim, nkv = size_t(n) * kKvHeads * kDim;
-  cuda::DeviceBuffer q = random_bf16(nq, 1), k = random_bf16(nkv, 2), v = random_bf16(nkv, 3);
-  cuda::DeviceBuffer d_out = random_bf16(nq, 4), out = random_bf16(nq, 5);
-  cuda::DeviceBuffer dq = random_bf16(nq, 6), dk = random_bf16(nkv, 7), dv = random_bf16(nkv, 8);
-  cuda::DeviceBuffer lse = std::move(cuda::DeviceBuffer::alloc(0, size_t(n) * kHeads * 4).value());
-  cuda::DeviceBuffer ws =
-      std::move(cuda::DeviceBuffer::alloc(0, cuda::attention_varlen_backward_workspace_bytes(n, kHeads)).value());
-  std::vector<int32_t> cu(size_t(docs) + 1);
-  for (int d = 0; d <= docs; ++d) cu[size_t(d)] = d * kSeq;
-  cuda::DeviceBuffer cu_dev = std::move(cuda::DeviceBuffer::alloc(0, cu.size() * 4).value());
-  (void)cu_dev.copy_from_host(cu.data(), cu.size() * 4);
-  const auto* cu_ptr = static_cast<const int32_t*>(cu_dev.data());
-  const float scale = 0.08838834764831845f;  // 1/sqrt(128)
+  std::printf("attention training  docs=%d seq=%d heads=%d/%d causal (backward FLOPs = 2.5x forward)\n", docs, kSeq,
+              kHeads, kKvHeads);
+  for (int d : {128, 64, 32})
+    for (bool simple : {false, true}) bench_training(s, docs, d, simple);
 
-  cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()), cu_ptr,
-                                 docs, kSeq, n, kHeads, kKvHeads, kDim, 0, scale, s.handle()};
-  cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
-                                 d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
-                                 kHeads, kKvHeads, kDim, 0, scale, s.handle()};
-  const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
-  const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
-  // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
-  const double fwd_flops = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * kDim;
-  std::printf("attention training  docs=%d seq=%d heads=%d/%d d=%d causal\n", docs, kSeq, kHeads, kKvHeads, kDim);
-  std::printf("  forward   %8.3f ms  %7.1f TFLOP/s\n", t_fwd * 1e3, fwd_flops / t_fwd * 1e-12);
-  std::printf("  backward  %8.3f ms  %7.1f TFLOP/s (2.5x forward FLOPs)\n", t_bwd * 1e3,
-              2.5 * fwd_flops / t_bwd * 1e-12);
-
+  const float scale = 1.0f / std::sqrt(float(kDim));
   const size_t ncache = size_t(n_ctx) * kKvHeads * kDim;
   cuda::DeviceBuffer kc = random_bf16(ncache, 9), vc = random_bf16(ncache, 10), q1 = random_bf16(kHeads * kDim, 11);
   cuda::DeviceBuffer o1 = random_bf16(kHeads * kDim, 12);

@@ -6,8 +6,8 @@
 // GPU sees. Tolerances, as max|got − want| / max|want| over a whole tensor:
 // out 1e-2 (bf16 output and bf16 probabilities in P·V), lse 1e-3 (fp32
 // throughout), gradients 2e-2 (P and dS rounded to bf16 before their
-// products). The forward runs both kernels (pipelined and simple). Without a
-// GPU the kernel tests skip themselves.
+// products). Forward and backward each run both kernels (fast and simple).
+// Without a GPU the kernel tests skip themselves.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,6 +67,8 @@ const VarlenCase kVarlenCases[] = {
     {{70, 150, 5}, 8, 2, 128, 50},   // sliding window spanning tiles
     {{200}, 4, 1, 64, 17},           // narrow window, all heads on one KV head
     {{64, 64, 65}, 2, 1, 128, 0},    // exact tile edges
+    {{90, 33}, 4, 4, 32, 0},         // head_dim 32 (the built-in tiny model's 4 heads)
+    {{150, 7}, 4, 2, 32, 40},        // head_dim 32, grouped, windowed
 };
 
 struct VarlenData {
@@ -151,6 +153,37 @@ TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   EXPECT_LE(testing::rel_error(lses[0], lses[1]), 1e-5);
 }
 
+// Forward on the device, then the backward (fast or simple kernels) into
+// freshly zeroed d_q, d_k, d_v, downloaded as f32.
+struct VarlenGrads {
+  Tensor dq, dk, dv;
+};
+
+VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, bool simple) {
+  const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
+  const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
+  cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
+  cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);
+  cuda::DeviceBuffer ws = device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head));
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  const auto* cu = static_cast<const int32_t*>(d.cu.data());
+  const int n_docs = int(c.lengths.size());
+  cuda::AttentionVarlenFwdArgs f{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                 static_cast<float*>(lse.data()), cu, n_docs, max_len(c), int(d.n), c.n_head,
+                                 c.n_head_kv, c.head_dim, c.window, scale, nullptr};
+  Status st = cuda::attention_varlen_forward(f);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  cuda::AttentionVarlenBwdArgs b{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                 static_cast<const float*>(lse.data()), d_out.dev.data(), dq.data(), dk.data(),
+                                 dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
+                                 c.head_dim, c.window, scale, nullptr, simple};
+  st = cuda::attention_varlen_backward(b);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
+          download(dk, DType::BF16, {d.n, c.n_head_kv, c.head_dim}),
+          download(dv, DType::BF16, {d.n, c.n_head_kv, c.head_dim})};
+}
+
 TEST(CudaAttention, VarlenBackwardMatchesReference) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 900;
@@ -158,39 +191,39 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
     SCOPED_TRACE(::testing::Message() << "docs=" << c.lengths.size() << " heads=" << c.n_head << "/" << c.n_head_kv
                                       << " d=" << c.head_dim << " window=" << c.window);
     VarlenData d = make_varlen(c, seed += 4);
-    const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
-    const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, seed + 3);
-    cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
-    cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);
-    cuda::DeviceBuffer ws = device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head));
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    const auto* cu = static_cast<const int32_t*>(d.cu.data());
-    const int n_docs = int(c.lengths.size());
-    cuda::AttentionVarlenFwdArgs f{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
-                                   static_cast<float*>(lse.data()), cu, n_docs, max_len(c), int(d.n), c.n_head,
-                                   c.n_head_kv, c.head_dim, c.window, scale, nullptr};
-    Status st = cuda::attention_varlen_forward(f);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    cuda::AttentionVarlenBwdArgs b{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
-                                   static_cast<const float*>(lse.data()), d_out.dev.data(), dq.data(), dk.data(),
-                                   dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
-                                   c.head_dim, c.window, scale, nullptr};
-    st = cuda::attention_varlen_backward(b);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    Tensor got_dq = download(dq, DType::BF16, {d.n, c.n_head, c.head_dim});
-    Tensor got_dk = download(dk, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
-    Tensor got_dv = download(dv, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
-
     Tensor want_dq = Tensor::zeros(DType::F32, {d.n, c.n_head, c.head_dim});
     Tensor want_dk = Tensor::zeros(DType::F32, {d.n, c.n_head_kv, c.head_dim}), want_dv = want_dk.clone();
     AttentionVarlenBackwardArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .cu_seqlens = d.cu_host,
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
-                                  .window = c.window, .scale = scale};
+                                  .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    EXPECT_LE(testing::rel_error(got_dq, want_dq), 2e-2);
-    EXPECT_LE(testing::rel_error(got_dk, want_dk), 2e-2);
-    EXPECT_LE(testing::rel_error(got_dv, want_dv), 2e-2);
+    for (bool simple : {false, true}) {
+      SCOPED_TRACE(simple ? "simple kernels" : "fast kernels");
+      VarlenGrads got = device_backward(c, d, d_out, simple);
+      EXPECT_LE(testing::rel_error(got.dq, want_dq), 2e-2);
+      EXPECT_LE(testing::rel_error(got.dk, want_dk), 2e-2);
+      EXPECT_LE(testing::rel_error(got.dv, want_dv), 2e-2);
+    }
+  }
+}
+
+// At training length the fast backward must agree with the simple one: the
+// same arithmetic in the same order, so at most a rare bf16 rounding flip
+// apart (as for the forward above). Grouped heads and a document that is not
+// a whole number of tiles exercise the unmasked interior tiles and the
+// masked edges together.
+TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
+  SKIP_WITHOUT_GPU();
+  for (int head_dim : {32, 128}) {
+    SCOPED_TRACE(::testing::Message() << "d=" << head_dim);
+    const VarlenCase c{{1500, 700, 1}, 8, 2, head_dim, 0};
+    VarlenData d = make_varlen(c, 5151);
+    Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
+    VarlenGrads fast = device_backward(c, d, d_out, false), simple = device_backward(c, d, d_out, true);
+    EXPECT_LE(testing::rel_error(fast.dq, simple.dq), 5e-3);
+    EXPECT_LE(testing::rel_error(fast.dk, simple.dk), 5e-3);
+    EXPECT_LE(testing::rel_error(fast.dv, simple.dv), 5e-3);
   }
 }
 
@@ -205,6 +238,8 @@ const DecodeCase kDecodeCases[] = {
     {1, 1000, 4, 1, 128, 100},  // window shorter than the context
     {5, 130, 4, 2, 64, 0},    // prefill through the tensor-core kernel
     {70, 10, 8, 2, 128, 33},  // prefill longer than a tile, with a window
+    {1, 200, 4, 4, 32, 0},    // head_dim 32: one token, two splits
+    {12, 90, 4, 4, 32, 0},    // head_dim 32 prefill
 };
 
 TEST(CudaAttention, DecodeMatchesReference) {

@@ -9,7 +9,7 @@
 //
 // Arguments are raw device pointers plus sizes (the kernels borrow, never
 // allocate); `stream` is a cudaStream_t (nullptr: the legacy stream). Only
-// head_dim 64 and 128 are compiled; other sizes are refused. In a build
+// head_dim 32, 64 and 128 are compiled; other sizes are refused. In a build
 // without CUDA every call returns "no CUDA" (attention_stub.cpp).
 #pragma once
 
@@ -59,6 +59,7 @@ struct AttentionVarlenBwdArgs {
   int window = 0;
   float scale = 1.0f;
   void* stream = nullptr;
+  bool simple = false;  // the plain kernels, kept as an oracle for the fast ones
 };
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head);
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);

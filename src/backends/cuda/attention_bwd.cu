@@ -9,10 +9,34 @@
 // and no fp32 accumulation buffer for d_q; summing the heads of a GQA group
 // inside one block makes d_k/d_v deterministic. Fragment layouts are those
 // of attention_common.cuh.
+//
+// The fast kernels differ from the simple ones (kept as an on-device oracle,
+// AttentionVarlenBwdArgs::simple) in three independent ways, each a
+// compile-time switch so a wrong result can be bisected to one of them
+// (-DLATHE_ATTN_BWD_LDMATRIX=0 etc.):
+//   LDMATRIX  fragments through ldmatrix (.trans for the Kᵀ, Qᵀ, dOᵀ operands
+//             of dQ, dK, dV) instead of 32- and 16-bit shared loads;
+//   CP_ASYNC  the streamed tiles (K/V in dq; Q, dO, lse, delta in dkdv)
+//             double-buffered through cp.async, the next in flight while
+//             this one is computed;
+//   UNMASKED  tiles wholly below the diagonal (no window, inside the
+//             document) skip the per-element visibility test.
+// The arithmetic is the same on both paths, so they agree to the bit up to
+// the compiler's instruction choices.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 
 #include <cmath>
+
+#ifndef LATHE_ATTN_BWD_LDMATRIX
+#define LATHE_ATTN_BWD_LDMATRIX 1
+#endif
+#ifndef LATHE_ATTN_BWD_CP_ASYNC
+#define LATHE_ATTN_BWD_CP_ASYNC 1
+#endif
+#ifndef LATHE_ATTN_BWD_UNMASKED
+#define LATHE_ATTN_BWD_UNMASKED 1
+#endif
 
 namespace lathe::cuda {
 namespace attn {
@@ -28,6 +52,14 @@ struct BwdParams {
   float scale;
 };
 
+template <bool kLdmatrix_, bool kAsync_, bool kUnmasked_>
+struct BwdPath {
+  static constexpr bool kLdmatrix = kLdmatrix_, kAsync = kAsync_, kUnmasked = kUnmasked_;
+  static constexpr int kBufs = kAsync ? 2 : 1;  // buffers of each streamed tile
+};
+using SimplePath = BwdPath<false, false, false>;
+using FastPath = BwdPath<LATHE_ATTN_BWD_LDMATRIX != 0, LATHE_ATTN_BWD_CP_ASYNC != 0, LATHE_ATTN_BWD_UNMASKED != 0>;
+
 // One warp per (token, head); lanes stride over head_dim.
 __global__ void delta_kernel(BwdParams p, int d) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -39,19 +71,64 @@ __global__ void delta_kernel(BwdParams p, int d) {
   if (threadIdx.x % 32 == 0) p.delta[row] = s;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads) dq_kernel(BwdParams p) {
+// dq: S = Q·Kᵀ and dP = dO·Vᵀ for one K/V tile, dS in place of S, dQ += dS·K.
+template <int D, class Path>
+__device__ __forceinline__ void dq_tile(float (*dq)[4], const uint32_t (*qf)[4], const uint32_t (*of)[4],
+                                        const bf16* sK, const bf16* sV, bool masked, int kt, int row_a, int row_b,
+                                        int n, int window, float sl2, const float lse2[2], const float dlt[2]) {
   constexpr int kS = D + 8;
+  const int c = threadIdx.x % 4;
+  float s[8][4] = {}, dp[8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t b0[2], b1[2];
+      frag_b_rows2<Path::kLdmatrix>(b0, b1, sK, kS, j * 8, kk * 16);
+      mma_bf16(s[j], qf[kk], b0);
+      mma_bf16(s[j + 1], qf[kk], b1);
+      frag_b_rows2<Path::kLdmatrix>(b0, b1, sV, kS, j * 8, kk * 16);
+      mma_bf16(dp[j], of[kk], b0);
+      mma_bf16(dp[j + 1], of[kk], b1);
+    }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kt + j * 8 + 2 * c + (e & 1);
+      const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
+      const float pr = vis ? exp2f(fmaf(s[j][e], sl2, -lse2[e / 2])) : 0.f;
+      s[j][e] = pr * (dp[j][e] - dlt[e / 2]);  // dS
+    }
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    uint32_t a[4];
+    c_to_a(a, s, kc);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      uint32_t b0[2], b1[2];
+      frag_b_cols2<Path::kLdmatrix>(b0, b1, sK, kS, kc * 16, dn * 8);
+      mma_bf16(dq[dn], a, b0);
+      mma_bf16(dq[dn + 1], a, b1);
+    }
+  }
+}
+
+// Blocks run in reverse tile order: the last query tiles see the most keys
+// and start first, so the short ones fill the tail.
+template <int D, class Path>
+__global__ void __launch_bounds__(kThreads) dq_kernel(BwdParams p) {
+  constexpr int kS = D + 8, kTile = kBlockRows * kS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sO = sQ + kBlockRows * kS;  // d_out rows
-  bf16* sK = sO + kBlockRows * kS;
-  bf16* sV = sK + kBlockRows * kS;
+  bf16* sO = sQ + kTile;  // d_out rows
+  bf16* sK = sO + kTile;  // kBufs K tiles, then kBufs V tiles
+  bf16* sV = sK + Path::kBufs * kTile;
 
   const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   const int64_t base = p.cu[blockIdx.z];
   const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  const int i0 = blockIdx.x * kBlockRows;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
   if (i0 >= n) return;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
   const int row_a = i0 + warp * 16 + g, row_b = row_a + 8;
@@ -66,53 +143,43 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(BwdParams p) {
     dlt[r] = p.delta[(base + row) * p.n_head + h];
   }
 
-  load_tile<D>(sQ, p.q, base, i0, n, p.n_head, h);
-  load_tile<D>(sO, p.d_out, base, i0, n, p.n_head, h);
+  stage_tile<D, Path::kAsync>(sQ, p.q, base, i0, n, p.n_head, h);
+  stage_tile<D, Path::kAsync>(sO, p.d_out, base, i0, n, p.n_head, h);
+  if constexpr (Path::kAsync) {  // Q/dO in one group, the first K/V tile in flight behind it
+    cp_async_commit();
+    load_tile_async<D>(sK, p.k, base, k_first, k_last + 1, p.n_head_kv, hk);
+    load_tile_async<D>(sV, p.v, base, k_first, k_last + 1, p.n_head_kv, hk);
+    cp_async_commit();
+    cp_async_wait_one();
+  }
   __syncthreads();
   uint32_t qf[D / 16][4], of[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    load_a(qf[kk], sQ, kS, warp * 16, kk * 16);
-    load_a(of[kk], sO, kS, warp * 16, kk * 16);
+    frag_a<Path::kLdmatrix>(qf[kk], sQ, kS, warp * 16, kk * 16);
+    frag_a<Path::kLdmatrix>(of[kk], sO, kS, warp * 16, kk * 16);
   }
   float dq[D / 8][4] = {};
 
-  for (int kt = k_first; kt <= k_last; kt += kBlockRows) {
-    __syncthreads();
-    load_tile<D>(sK, p.k, base, kt, k_last + 1, p.n_head_kv, hk);
-    load_tile<D>(sV, p.v, base, kt, k_last + 1, p.n_head_kv, hk);
-    __syncthreads();
-    float s[8][4] = {}, dp[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t b[2];
-        load_b_rows(b, sK, kS, j * 8, kk * 16);
-        mma_bf16(s[j], qf[kk], b);
-        load_b_rows(b, sV, kS, j * 8, kk * 16);
-        mma_bf16(dp[j], of[kk], b);
+  for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= Path::kBufs - 1) {
+    if constexpr (Path::kAsync) {
+      if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
+        load_tile_async<D>(sK + (buf ^ 1) * kTile, p.k, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+        load_tile_async<D>(sV + (buf ^ 1) * kTile, p.v, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
       }
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kt + j * 8 + 2 * c + (e & 1);
-        const bool vis = visible(key, e < 2 ? row_a : row_b, n, p.window);
-        const float pr = vis ? exp2f(s[j][e] * sl2 - lse2[e / 2]) : 0.f;
-        s[j][e] = pr * (dp[j][e] - dlt[e / 2]);  // dS
-      }
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      uint32_t a[4];
-      c_to_a(a, s, kc);
-#pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
-        uint32_t b[2];
-        load_b_cols(b, sK, kS, kc * 16, dn * 8);
-        mma_bf16(dq[dn], a, b);
-      }
+      cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this tile
+      cp_async_wait_one();
+      __syncthreads();
+    } else {
+      __syncthreads();  // everyone is done with the previous K/V tile
+      load_tile<D>(sK, p.k, base, kt, k_last + 1, p.n_head_kv, hk);
+      load_tile<D>(sV, p.v, base, kt, k_last + 1, p.n_head_kv, hk);
+      __syncthreads();
     }
+    const bool masked = !Path::kUnmasked || p.window > 0 || kt + kBlockRows - 1 > i0;
+    dq_tile<D, Path>(dq, qf, of, sK + buf * kTile, sV + buf * kTile, masked, kt, row_a, row_b, n, p.window, sl2,
+                     lse2, dlt);
+    if constexpr (Path::kAsync) __syncthreads();  // everyone is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -126,16 +193,90 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(BwdParams p) {
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads) dkdv_kernel(BwdParams p) {
+// dkdv: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for one query tile (rows are this block's
+// keys, columns the tile's queries), then dV += Pᵀ·dO and dK += dSᵀ·Q.
+template <int D, class Path>
+__device__ __forceinline__ void dkdv_tile(float (*dk)[4], float (*dv)[4], const bf16* sK, const bf16* sV,
+                                          const bf16* sQ, const bf16* sO, const float* sL, const float* sD,
+                                          bool masked, int qt, int key_a, int key_b, int n, int window, float sl2) {
   constexpr int kS = D + 8;
+  const int warp = threadIdx.x / 32, c = threadIdx.x % 4;
+  float s[8][4] = {}, dp[8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t ak[4], av[4];
+    frag_a<Path::kLdmatrix>(ak, sK, kS, warp * 16, kk * 16);
+    frag_a<Path::kLdmatrix>(av, sV, kS, warp * 16, kk * 16);
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t b0[2], b1[2];
+      frag_b_rows2<Path::kLdmatrix>(b0, b1, sQ, kS, j * 8, kk * 16);
+      mma_bf16(s[j], ak, b0);
+      mma_bf16(s[j + 1], ak, b1);
+      frag_b_rows2<Path::kLdmatrix>(b0, b1, sO, kS, j * 8, kk * 16);
+      mma_bf16(dp[j], av, b0);
+      mma_bf16(dp[j + 1], av, b1);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + 2 * c + (e & 1), qi = qt + col;
+      const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
+      const float pr = vis ? exp2f(fmaf(s[j][e], sl2, -sL[col] * kLog2e)) : 0.f;
+      s[j][e] = pr;
+      dp[j][e] = pr * (dp[j][e] - sD[col]);  // dSᵀ
+    }
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    uint32_t ap[4], ads[4];
+    c_to_a(ap, s, kc);
+    c_to_a(ads, dp, kc);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      uint32_t b0[2], b1[2];
+      frag_b_cols2<Path::kLdmatrix>(b0, b1, sO, kS, kc * 16, dn * 8);
+      mma_bf16(dv[dn], ap, b0);
+      mma_bf16(dv[dn + 1], ap, b1);
+      frag_b_cols2<Path::kLdmatrix>(b0, b1, sQ, kS, kc * 16, dn * 8);
+      mma_bf16(dk[dn], ads, b0);
+      mma_bf16(dk[dn + 1], ads, b1);
+    }
+  }
+}
+
+// Stages query tile `it` of a dkdv block — head hk·group + it / n_qt, rows
+// j0 + (it % n_qt)·64 — with its lse and delta (zero past the document).
+template <int D, bool kAsync>
+__device__ __forceinline__ void stage_query_tile(const BwdParams& p, bf16* sQ, bf16* sO, float* sL, float* sD,
+                                                 int64_t base, int n, int hk, int j0, int n_qt, int it) {
+  const int h = hk * (p.n_head / p.n_head_kv) + it / n_qt, qt = j0 + (it % n_qt) * kBlockRows;
+  stage_tile<D, kAsync>(sQ, p.q, base, qt, n, p.n_head, h);
+  stage_tile<D, kAsync>(sO, p.d_out, base, qt, n, p.n_head, h);
+  for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
+    const bool in = qt + r < n;
+    const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
+    if constexpr (kAsync) {
+      cp_async4(sL + r, p.lse + at, in);
+      cp_async4(sD + r, p.delta + at, in);
+    } else {
+      sL[r] = in ? p.lse[at] : 0.f;
+      sD[r] = in ? p.delta[at] : 0.f;
+    }
+  }
+}
+
+template <int D, class Path>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(BwdParams p) {
+  constexpr int kS = D + 8, kTile = kBlockRows * kS, kBufs = Path::kBufs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sV = sK + kBlockRows * kS;
-  bf16* sQ = sV + kBlockRows * kS;
-  bf16* sO = sQ + kBlockRows * kS;
-  float* sL = reinterpret_cast<float*>(sO + kBlockRows * kS);  // lse · log2 e of the query tile
-  float* sD = sL + kBlockRows;                                  // delta of the query tile
+  bf16* sV = sK + kTile;
+  bf16* sQ = sV + kTile;  // kBufs Q tiles
+  bf16* sO = sQ + kBufs * kTile;  // kBufs d_out tiles
+  float* sL = reinterpret_cast<float*>(sO + kBufs * kTile);  // kBufs × 64 lse
+  float* sD = sL + kBufs * kBlockRows;  // kBufs × 64 delta
 
   const int hk = blockIdx.y, group = p.n_head / p.n_head_kv;
   const int64_t base = p.cu[blockIdx.z];
@@ -144,65 +285,37 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(BwdParams p) {
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
   const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
-  const int j_last = min(j0 + kBlockRows, n) - 1;
-  const int q_last = p.window > 0 ? min(n - 1, j_last + p.window - 1) : n - 1;
+  const int q_last = p.window > 0 ? min(n - 1, min(j0 + kBlockRows, n) - 1 + p.window - 1) : n - 1;
+  const int n_qt = (q_last - j0) / kBlockRows + 1, n_iter = group * n_qt;
   const float sl2 = p.scale * kLog2e;
 
-  load_tile<D>(sK, p.k, base, j0, n, p.n_head_kv, hk);
-  load_tile<D>(sV, p.v, base, j0, n, p.n_head_kv, hk);
+  stage_tile<D, Path::kAsync>(sK, p.k, base, j0, n, p.n_head_kv, hk);
+  stage_tile<D, Path::kAsync>(sV, p.v, base, j0, n, p.n_head_kv, hk);
+  if constexpr (Path::kAsync) {  // the first query tile joins the K/V group
+    stage_query_tile<D, true>(p, sQ, sO, sL, sD, base, n, hk, j0, n_qt, 0);
+    cp_async_commit();
+  }
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
 
-  for (int h = hk * group; h < (hk + 1) * group; ++h)
-    for (int qt = j0; qt <= q_last; qt += kBlockRows) {
+  for (int it = 0, buf = 0; it < n_iter; ++it, buf ^= kBufs - 1) {
+    if constexpr (Path::kAsync) {
+      if (it + 1 < n_iter)
+        stage_query_tile<D, true>(p, sQ + (buf ^ 1) * kTile, sO + (buf ^ 1) * kTile, sL + (buf ^ 1) * kBlockRows,
+                                  sD + (buf ^ 1) * kBlockRows, base, n, hk, j0, n_qt, it + 1);
+      cp_async_commit();
+      cp_async_wait_one();
       __syncthreads();
-      load_tile<D>(sQ, p.q, base, qt, n, p.n_head, h);
-      load_tile<D>(sO, p.d_out, base, qt, n, p.n_head, h);
-      for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
-        const bool in = qt + r < n;
-        sL[r] = in ? p.lse[(base + qt + r) * p.n_head + h] * kLog2e : 0.f;
-        sD[r] = in ? p.delta[(base + qt + r) * p.n_head + h] : 0.f;
-      }
+    } else {
+      __syncthreads();  // everyone is done with the previous query tile
+      stage_query_tile<D, false>(p, sQ, sO, sL, sD, base, n, hk, j0, n_qt, it);
       __syncthreads();
-      float s[8][4] = {}, dp[8][4] = {};  // transposed: rows are keys, columns queries
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        load_a(ak, sK, kS, warp * 16, kk * 16);
-        load_a(av, sV, kS, warp * 16, kk * 16);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          uint32_t b[2];
-          load_b_rows(b, sQ, kS, j * 8, kk * 16);
-          mma_bf16(s[j], ak, b);
-          load_b_rows(b, sO, kS, j * 8, kk * 16);
-          mma_bf16(dp[j], av, b);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = j * 8 + 2 * c + (e & 1), qi = qt + col;
-          const bool vis = qi < n && visible(e < 2 ? key_a : key_b, qi, n, p.window);
-          const float pr = vis ? exp2f(s[j][e] * sl2 - sL[col]) : 0.f;
-          s[j][e] = pr;
-          dp[j][e] = pr * (dp[j][e] - sD[col]);  // dSᵀ
-        }
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        uint32_t ap[4], ads[4];
-        c_to_a(ap, s, kc);
-        c_to_a(ads, dp, kc);
-#pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-          uint32_t b[2];
-          load_b_cols(b, sO, kS, kc * 16, dn * 8);
-          mma_bf16(dv[dn], ap, b);
-          load_b_cols(b, sQ, kS, kc * 16, dn * 8);
-          mma_bf16(dk[dn], ads, b);
-        }
-      }
     }
+    const int qt = j0 + (it % n_qt) * kBlockRows;
+    const bool masked = !Path::kUnmasked || p.window > 0 || qt < j0 + kBlockRows - 1 || qt + kBlockRows > n;
+    dkdv_tile<D, Path>(dk, dv, sK, sV, sQ + buf * kTile, sO + buf * kTile, sL + buf * kBlockRows,
+                       sD + buf * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
+    if constexpr (Path::kAsync) __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = r == 0 ? key_a : key_b;
@@ -218,21 +331,23 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(BwdParams p) {
   }
 }
 
-template <int D>
+template <int D, class Path>
 Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st) {
   const int rows = p.n_tokens * p.n_head;  // < 2^31, checked by the caller
   delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention delta launch"));
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
-  const int smem_dq = 4 * kBlockRows * (D + 8) * int(sizeof(bf16));
-  const int smem_dkdv = smem_dq + 2 * kBlockRows * int(sizeof(float));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq),
+  const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
+  const int smem_dq = (2 + 2 * Path::kBufs) * tile_bytes;
+  const int smem_dkdv = smem_dq + Path::kBufs * 2 * kBlockRows * int(sizeof(float));
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dq_kernel<D, Path>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq),
                        "cudaFuncSetAttribute(dq)"));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dkdv),
-                       "cudaFuncSetAttribute(dkdv)"));
-  dq_kernel<D><<<dim3(tiles, p.n_head, n_docs), kThreads, smem_dq, st>>>(p);
+  LATHE_TRY(cuda_check(
+      cudaFuncSetAttribute(dkdv_kernel<D, Path>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dkdv),
+      "cudaFuncSetAttribute(dkdv)"));
+  dq_kernel<D, Path><<<dim3(tiles, p.n_head, n_docs), kThreads, smem_dq, st>>>(p);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dq launch"));
-  dkdv_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem_dkdv, st>>>(p);
+  dkdv_kernel<D, Path><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem_dkdv, st>>>(p);
   return cuda_check(cudaGetLastError(), "attention dkdv launch");
 }
 
@@ -247,8 +362,8 @@ size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head) {
 
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   const char* kName = "attention_varlen_backward: ";
-  if (a.head_dim != 64 && a.head_dim != 128)
-    return unsupported(kName, "head_dim ", a.head_dim, " is not compiled (64 and 128 are)");
+  if (!attn::head_dim_compiled(a.head_dim))
+    return unsupported(kName, "head_dim ", a.head_dim, " is not compiled (" LATHE_ATTN_HEAD_DIMS " are)");
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
     return invalid_argument(kName, "n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
   if (a.n_docs < 0 || a.max_seqlen < 0 || a.n_tokens < 0 || a.window < 0)
@@ -273,8 +388,11 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
                     a.n_head,                          a.n_head_kv,
                     a.window,                          a.scale};
   auto st = static_cast<cudaStream_t>(a.stream);
-  return a.head_dim == 64 ? attn::launch<64>(p, a.n_docs, a.max_seqlen, st)
-                          : attn::launch<128>(p, a.n_docs, a.max_seqlen, st);
+  return attn::with_head_dim(a.head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st)
+                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st);
+  });
 }
 
 }  // namespace lathe::cuda

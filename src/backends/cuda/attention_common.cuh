@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/status.h"
 
@@ -109,6 +110,45 @@ __device__ __forceinline__ void load_b_cols_x2(uint32_t b0[2], uint32_t b1[2], c
   b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
+// load_a through ldmatrix: matrices (row0, col0), (row0+8, col0),
+// (row0, col0+8), (row0+8, col0+8) land in a0..a3.
+__device__ __forceinline__ void load_a_x4(uint32_t a[4], const bf16* s, int stride, int row0, int col0) {
+  const int lane = threadIdx.x % 32, mi = lane / 8;
+  ldmatrix_x4(a, s + (row0 + (mi % 2) * 8 + lane % 8) * stride + col0 + (mi / 2) * 8);
+}
+
+// The fragment loads with the instruction picked at compile time: kLdmatrix
+// through ldmatrix, otherwise element by element (the simple kernels).
+// Both give the same registers.
+template <bool kLdmatrix>
+__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16* s, int stride, int row0, int col0) {
+  if constexpr (kLdmatrix) {
+    load_a_x4(a, s, stride, row0, col0);
+  } else {
+    load_a(a, s, stride, row0, col0);
+  }
+}
+template <bool kLdmatrix>
+__device__ __forceinline__ void frag_b_rows2(uint32_t b0[2], uint32_t b1[2], const bf16* s, int stride, int n0,
+                                             int k0) {
+  if constexpr (kLdmatrix) {
+    load_b_rows_x2(b0, b1, s, stride, n0, k0);
+  } else {
+    load_b_rows(b0, s, stride, n0, k0);
+    load_b_rows(b1, s, stride, n0 + 8, k0);
+  }
+}
+template <bool kLdmatrix>
+__device__ __forceinline__ void frag_b_cols2(uint32_t b0[2], uint32_t b1[2], const bf16* s, int stride, int k0,
+                                             int n0) {
+  if constexpr (kLdmatrix) {
+    load_b_cols_x2(b0, b1, s, stride, k0, n0);
+  } else {
+    load_b_cols(b0, s, stride, k0, n0);
+    load_b_cols(b1, s, stride, k0, n0 + 8);
+  }
+}
+
 // The A fragment for keys kc*16 .. kc*16+15 built from C fragments of the
 // 8-column tiles 2kc and 2kc+1 (a score tile feeding the next product).
 __device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*s)[4], int kc) {
@@ -132,6 +172,46 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* g, int64_t base_r
   }
 }
 
+// 16-byte global → shared copy that bypasses registers; rows past the end
+// are zero-filled (source size 0) from a valid address.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// The same for one 4-byte word (a float of lse or delta).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// load_tile through cp.async (the caller commits and waits).
+template <int D>
+__device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t base_row, int row0, int n_rows,
+                                                int heads, int h) {
+  constexpr int kVec = D / 8;
+  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kThreads) {
+    const int r = i / kVec, c = i % kVec;
+    const bool valid = row0 + r < n_rows;
+    const bf16* src = valid ? g + ((base_row + row0 + r) * heads + h) * D + c * 8 : g;
+    cp_async16(s + r * (D + 8) + c * 8, src, valid);
+  }
+}
+
+// load_tile or load_tile_async, picked at compile time.
+template <int D, bool kAsync>
+__device__ __forceinline__ void stage_tile(bf16* s, const bf16* g, int64_t base_row, int row0, int n_rows, int heads,
+                                           int h) {
+  if constexpr (kAsync) {
+    load_tile_async<D>(s, g, base_row, row0, n_rows, heads, h);
+  } else {
+    load_tile<D>(s, g, base_row, row0, n_rows, heads, h);
+  }
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -150,6 +230,20 @@ __device__ __forceinline__ bool visible(int j, int pos, int n_k, int window) {
 // With cu_seqlens null there is one sequence: n_q query rows at positions
 // q_pos0.., keys 0 .. q_pos0 + n_q − 1 from k/v (which may have other strides
 // of rows than q: both are [rows, heads, D]).
+// The head sizes the kernels are compiled for, and a dispatch from the
+// run-time size to the template: f(std::integral_constant<int, D>{}).
+inline bool head_dim_compiled(int d) { return d == 32 || d == 64 || d == 128; }
+#define LATHE_ATTN_HEAD_DIMS "32, 64 and 128"
+template <typename F>
+Status with_head_dim(int d, F&& f) {
+  switch (d) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return unsupported("attention: head_dim ", d, " is not compiled (" LATHE_ATTN_HEAD_DIMS " are)");
+  }
+}
+
 struct FwdParams {
   const bf16* q;
   const bf16* k;

@@ -140,8 +140,8 @@ void plan_splits(int len, int* chunk, int* n_splits) {
 }
 
 Status check_shape(const char* name, int head_dim, int n_head, int n_head_kv, int window) {
-  if (head_dim != 64 && head_dim != 128)
-    return unsupported(name, "head_dim ", head_dim, " is not compiled (64 and 128 are)");
+  if (!head_dim_compiled(head_dim))
+    return unsupported(name, "head_dim ", head_dim, " is not compiled (" LATHE_ATTN_HEAD_DIMS " are)");
   if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0)
     return invalid_argument(name, "n_head ", n_head, " is not a multiple of n_head_kv ", n_head_kv);
   if (window < 0) return invalid_argument(name, "negative window");
@@ -183,7 +183,7 @@ Status attention_decode(const AttentionDecodeArgs& a) {
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, a.pos0, a.window, chunk, n_splits,
                        a.scale};
   auto st = static_cast<cudaStream_t>(a.stream);
-  return a.head_dim == 64 ? attn::launch_decode<64>(p, 1, st) : attn::launch_decode<128>(p, 1, st);
+  return attn::with_head_dim(a.head_dim, [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, 1, st); });
 }
 
 Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
@@ -204,7 +204,8 @@ Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
                        a.scale, reinterpret_cast<const bf16* const*>(a.k_caches),
                        reinterpret_cast<const bf16* const*>(a.v_caches), a.pos};
   auto st = static_cast<cudaStream_t>(a.stream);
-  return a.head_dim == 64 ? attn::launch_decode<64>(p, a.n_seqs, st) : attn::launch_decode<128>(p, a.n_seqs, st);
+  return attn::with_head_dim(a.head_dim,
+                             [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, a.n_seqs, st); });
 }
 
 }  // namespace lathe::cuda

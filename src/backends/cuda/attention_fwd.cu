@@ -11,6 +11,23 @@
 
 #include <cmath>
 
+// Compile-time switches, to bisect the fast kernel on the device: skip the
+// mask on tiles wholly below the diagonal (1), and the thread blocks per SM
+// the registers must allow per head_dim (more blocks hide more latency; too
+// many make ptxas spill: 4 at head_dim 64 does, check with -Xptxas -v).
+#ifndef LATHE_ATTN_FWD_UNMASKED
+#define LATHE_ATTN_FWD_UNMASKED 1
+#endif
+#ifndef LATHE_ATTN_FWD_MIN_BLOCKS_128
+#define LATHE_ATTN_FWD_MIN_BLOCKS_128 3
+#endif
+#ifndef LATHE_ATTN_FWD_MIN_BLOCKS_64
+#define LATHE_ATTN_FWD_MIN_BLOCKS_64 3
+#endif
+#ifndef LATHE_ATTN_FWD_MIN_BLOCKS_32
+#define LATHE_ATTN_FWD_MIN_BLOCKS_32 4
+#endif
+
 namespace lathe::cuda {
 namespace attn {
 
@@ -22,13 +39,16 @@ Status cuda_check(cudaError_t err, const char* what) {
 namespace {
 
 // One K/V tile of 64 keys starting at key kt: S = Q·Kᵀ, mask, online
-// softmax update of (m, l, o), O += P·V. All arrays stay in registers.
+// softmax update of (m, l, o), O += P·V. All arrays stay in registers; m is
+// kept in scaled log2 units, so P = exp2(S·scale·log2e − m) is one FMA and
+// one exp2 per score. `masked` false: every key of the tile is visible to
+// every row (the caller checked), so the visibility test is skipped.
 // kLdmatrix: B fragments through ldmatrix (two n tiles per instruction),
 // otherwise through the plain element loads; the fragments are the same.
 template <int D, bool kLdmatrix>
 __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[4], float m[2], float l[2],
-                                            const bf16* sK, const bf16* sV, int kt, int pos_a, int pos_b, int n_k,
-                                            int window, float sl2) {
+                                            const bf16* sK, const bf16* sV, bool masked, int kt, int pos_a,
+                                            int pos_b, int n_k, int window, float sl2) {
   constexpr int kS = D + 8;
   const int c = threadIdx.x % 4;
   float s[8][4] = {};
@@ -37,12 +57,7 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
 #pragma unroll
     for (int n = 0; n < 8; n += 2) {
       uint32_t b0[2], b1[2];
-      if constexpr (kLdmatrix) {
-        load_b_rows_x2(b0, b1, sK, kS, n * 8, kk * 16);
-      } else {
-        load_b_rows(b0, sK, kS, n * 8, kk * 16);
-        load_b_rows(b1, sK, kS, n * 8 + 8, kk * 16);
-      }
+      frag_b_rows2<kLdmatrix>(b0, b1, sK, kS, n * 8, kk * 16);
       mma_bf16(s[n], qf[kk], b0);
       mma_bf16(s[n + 1], qf[kk], b1);
     }
@@ -52,15 +67,16 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int j = kt + n * 8 + 2 * c + (e & 1);
-      const bool vis = visible(j, e < 2 ? pos_a : pos_b, n_k, window);
-      s[n][e] = vis ? s[n][e] * sl2 : -INFINITY;
+      if (masked) {
+        const int j = kt + n * 8 + 2 * c + (e & 1);
+        if (!visible(j, e < 2 ? pos_a : pos_b, n_k, window)) s[n][e] = -INFINITY;
+      }
       mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
     }
   float alpha[2], base[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], quad_max(mx[r]));
+    const float m_new = fmaxf(m[r], quad_max(mx[r]) * sl2);
     base[r] = m_new == -INFINITY ? 0.f : m_new;
     alpha[r] = exp2f(m[r] - base[r]);  // 0 when m was -inf
     m[r] = m_new;
@@ -70,7 +86,7 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[n][e] = exp2f(s[n][e] - base[e / 2]);
+      s[n][e] = exp2f(fmaf(s[n][e], sl2, -base[e / 2]));
       l[e / 2] += s[n][e];
     }
 #pragma unroll
@@ -87,52 +103,36 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
 #pragma unroll
     for (int dn = 0; dn < D / 8; dn += 2) {
       uint32_t b0[2], b1[2];
-      if constexpr (kLdmatrix) {
-        load_b_cols_x2(b0, b1, sV, kS, kc * 16, dn * 8);
-      } else {
-        load_b_cols(b0, sV, kS, kc * 16, dn * 8);
-        load_b_cols(b1, sV, kS, kc * 16, dn * 8 + 8);
-      }
+      frag_b_cols2<kLdmatrix>(b0, b1, sV, kS, kc * 16, dn * 8);
       mma_bf16(o[dn], a, b0);
       mma_bf16(o[dn + 1], a, b1);
     }
   }
 }
 
-// 16-byte global → shared copy that bypasses registers; rows past the end
-// are zero-filled (source size 0) from a valid address.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
-// load_tile through cp.async (the caller commits and waits).
+// Thread blocks per SM the register allocation must allow for the pipelined
+// kernel (its shared memory allows 3 at head_dim 128).
 template <int D>
-__device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t base_row, int row0, int n_rows,
-                                                int heads, int h) {
-  constexpr int kVec = D / 8;
-  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kThreads) {
-    const int r = i / kVec, c = i % kVec;
-    const bool valid = row0 + r < n_rows;
-    const bf16* src = valid ? g + ((base_row + row0 + r) * heads + h) * D + c * 8 : g;
-    cp_async16(s + r * (D + 8) + c * 8, src, valid);
-  }
+constexpr int min_blocks() {
+  if (D == 128) return LATHE_ATTN_FWD_MIN_BLOCKS_128;
+  return D == 64 ? LATHE_ATTN_FWD_MIN_BLOCKS_64 : LATHE_ATTN_FWD_MIN_BLOCKS_32;
 }
 
 // kPipelined: K/V tiles double-buffered through cp.async, the next tile in
-// flight while this one is computed, fragments read with ldmatrix. Otherwise
-// one buffer, plain loads, fragments gathered element by element (the simple
-// version, kept as an on-device oracle for the fast one).
+// flight while this one is computed, fragments read with ldmatrix; the Q
+// tile passes through the second K/V buffer before the loop, and tiles
+// wholly below the diagonal skip the mask. Otherwise a Q tile and one K/V
+// buffer, plain loads, fragments gathered element by element, every tile
+// masked (the simple version, kept as an on-device oracle for the fast one).
+// Blocks run in reverse tile order: the last query tiles see the most keys
+// and start first, so the short ones fill the tail.
 template <int D, bool kPipelined>
-__global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
+__global__ void __launch_bounds__(kThreads, kPipelined ? min_blocks<D>() : 1) flash_forward_kernel(FwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS;  // shared row stride, elements per tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sK = sQ + kTile;                       // kPipelined: two K tiles, then two V tiles
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // kPipelined: two K tiles, then two V tiles
   bf16* sV = sK + (kPipelined ? 2 : 1) * kTile;
+  bf16* sQ = kPipelined ? sK + kTile : sV + kTile;
 
   const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   int64_t q_base = 0, k_base = 0;
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
     q_base = k_base = p.cu[blockIdx.z];
     n_q = n_k = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
   }
-  const int i0 = blockIdx.x * kBlockRows;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
   if (i0 >= n_q) return;
 
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
@@ -151,20 +151,21 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
   const int k_last = min(n_k - 1, last_row + p.q_pos0);
   const int k_first = p.window > 0 ? max(0, i0 + p.q_pos0 - p.window + 1) : 0;
   const float sl2 = p.scale * kLog2e;
-
-  load_tile<D>(sQ, p.q, q_base, i0, n_q, p.n_head, h);
-  __syncthreads();
   uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_a(qf[kk], sQ, kS, warp * 16, kk * 16);
-
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   if constexpr (kPipelined) {
+    load_tile_async<D>(sQ, p.q, q_base, i0, n_q, p.n_head, h);
+    cp_async_commit();
     load_tile_async<D>(sK, p.k, k_base, k_first, k_last + 1, p.n_head_kv, hk);
     load_tile_async<D>(sV, p.v, k_base, k_first, k_last + 1, p.n_head_kv, hk);
     cp_async_commit();
+    cp_async_wait_one();  // the Q group
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a_x4(qf[kk], sQ, kS, warp * 16, kk * 16);
+    __syncthreads();  // everyone holds its Q fragments before the buffer takes K/V
     for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
       if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
         load_tile_async<D>(sK + (buf ^ 1) * kTile, p.k, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
@@ -173,16 +174,22 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
       cp_async_commit();   // possibly empty: keeps "all but the newest group" meaning this tile
       cp_async_wait_one();
       __syncthreads();     // this tile's copies from every thread are visible
-      attend_tile<D, true>(qf, o, m, l, sK + buf * kTile, sV + buf * kTile, kt, pos_a, pos_b, n_k, p.window, sl2);
+      const bool masked = !LATHE_ATTN_FWD_UNMASKED || p.window > 0 || kt + kBlockRows - 1 > i0 + p.q_pos0;
+      attend_tile<D, true>(qf, o, m, l, sK + buf * kTile, sV + buf * kTile, masked, kt, pos_a, pos_b, n_k, p.window,
+                           sl2);
       __syncthreads();     // everyone is done with this buffer before it is refilled
     }
   } else {
+    load_tile<D>(sQ, p.q, q_base, i0, n_q, p.n_head, h);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a(qf[kk], sQ, kS, warp * 16, kk * 16);
     for (int kt = k_first; kt <= k_last; kt += kBlockRows) {
       __syncthreads();  // everyone is done with the previous K/V tile
       load_tile<D>(sK, p.k, k_base, kt, k_last + 1, p.n_head_kv, hk);
       load_tile<D>(sV, p.v, k_base, kt, k_last + 1, p.n_head_kv, hk);
       __syncthreads();
-      attend_tile<D, false>(qf, o, m, l, sK, sV, kt, pos_a, pos_b, n_k, p.window, sl2);
+      attend_tile<D, false>(qf, o, m, l, sK, sV, true, kt, pos_a, pos_b, n_k, p.window, sl2);
     }
   }
 
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FwdParams p) {
 
 template <int D, bool kPipelined>
 Status launch(const FwdParams& p, void* stream) {
-  const int smem = (kPipelined ? 5 : 3) * kBlockRows * (D + 8) * int(sizeof(bf16));
+  const int smem = (kPipelined ? 4 : 3) * kBlockRows * (D + 8) * int(sizeof(bf16));
   auto* kernel = flash_forward_kernel<D, kPipelined>;
   LATHE_TRY(cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "cudaFuncSetAttribute(flash_forward)"));
@@ -216,8 +223,9 @@ Status launch(const FwdParams& p, void* stream) {
 
 Status launch_flash_forward(const FwdParams& p, void* stream) {
   if (p.max_q <= 0) return Status::ok();
-  if (p.simple) return p.head_dim == 64 ? launch<64, false>(p, stream) : launch<128, false>(p, stream);
-  return p.head_dim == 64 ? launch<64, true>(p, stream) : launch<128, true>(p, stream);
+  return with_head_dim(p.head_dim, [&](auto d) {
+    return p.simple ? launch<decltype(d)::value, false>(p, stream) : launch<decltype(d)::value, true>(p, stream);
+  });
 }
 
 }  // namespace attn
@@ -227,8 +235,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
-  if (a.head_dim != 64 && a.head_dim != 128)
-    return unsupported("attention_varlen_forward: head_dim ", a.head_dim, " is not compiled (64 and 128 are)");
+  if (!attn::head_dim_compiled(a.head_dim))
+    return unsupported("attention_varlen_forward: head_dim ", a.head_dim,
+                       " is not compiled (" LATHE_ATTN_HEAD_DIMS " are)");
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
     return invalid_argument("attention_varlen_forward: n_head ", a.n_head, " is not a multiple of n_head_kv ",
                             a.n_head_kv);
