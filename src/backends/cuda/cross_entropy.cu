@@ -1,12 +1,18 @@
 // LM head fused with cross-entropy, chunked over tokens so only one chunk's
 // [chunk_rows, vocab] logits exist at a time. Per chunk: a GEMM writes f32
-// logits into the workspace; one block per row finds max and Σ exp, adds the
+// logits into the workspace; one block per row finds max and Σ exp (in one
+// online pass), adds the
 // row's loss to device counters and writes the bf16 gradient
 // grad_scale·(softmax − onehot) (zeros for ignored rows); two GEMMs then give
 // d_hidden for the chunk and accumulate d_w. Ignored rows still go through the
 // GEMMs (simple first; gathering supervised rows is the next step). A target
 // outside [0, vocab) that is not the ignore index is counted on the device
 // and reported as an error after the call.
+// Chunk size: every chunk's GEMMs read the whole [vocab, dim] head, so the
+// CPU's cache-sized chunks (~65 rows at vocab 128256) would read it ~130
+// times per pass on the device; here a chunk is as many rows as fit in about
+// 768 MiB of workspace (960 rows at vocab 128256), which keeps the GEMMs
+// compute-bound.
 #include <algorithm>
 
 #include "backends/cuda/context_impl.h"
@@ -18,6 +24,13 @@ constexpr int kThreads = 512;
 constexpr size_t kAlign = 256;
 
 size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+// Rows per chunk when the caller leaves it to us: f32 logits + bf16 gradient
+// (6 bytes a cell) in about 768 MiB, a multiple of 64, between 64 and 4096.
+int64_t device_chunk_rows(int64_t vocab) {
+  const int64_t rows = (int64_t{768} << 20) / (6 * std::max<int64_t>(vocab, 1));
+  return std::clamp<int64_t>(rows / 64 * 64, 64, 4096);
+}
 
 struct Stats {
   double loss_sum;
@@ -48,12 +61,21 @@ __global__ void ce_rows(RowArgs a) {
     if (bad && threadIdx.x == 0) atomicAdd(&a.stats->n_bad, 1ull);
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < a.vocab; j += blockDim.x) mx = fmaxf(mx, l[j]);
-  mx = dev::block_max(mx, scratch);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < a.vocab; j += blockDim.x) sum += expf(l[j] - mx);
-  sum = dev::block_sum(sum, scratch);
+  // One pass: each thread keeps a running max and a sum of exp relative to
+  // it, rescaled when the max grows; then the block's max, and each thread's
+  // sum moved onto it.
+  float m_t = -INFINITY, s_t = 0.0f;
+  for (int64_t j = threadIdx.x; j < a.vocab; j += blockDim.x) {
+    const float v = l[j];
+    if (v > m_t) {
+      s_t = s_t * expf(m_t - v) + 1.0f;
+      m_t = v;
+    } else if (v > -INFINITY) {
+      s_t += expf(v - m_t);
+    }
+  }
+  const float mx = dev::block_max(m_t, scratch);
+  const float sum = dev::block_sum(m_t == -INFINITY ? 0.0f : s_t * expf(m_t - mx), scratch);
   const float lse = mx + logf(sum);
   if (threadIdx.x == 0) {
     atomicAdd(&a.stats->loss_sum, static_cast<double>(lse - l[t]));
@@ -81,14 +103,14 @@ Status check_args(const CrossEntropyCudaArgs& a) {
 }  // namespace
 
 size_t cross_entropy_workspace_bytes(int64_t vocab, int64_t chunk_rows) {
-  if (chunk_rows <= 0) chunk_rows = cross_entropy_chunk_rows(vocab);
+  if (chunk_rows <= 0) chunk_rows = device_chunk_rows(vocab);
   const size_t cells = static_cast<size_t>(vocab) * static_cast<size_t>(chunk_rows);
   return aligned(sizeof(Stats)) + aligned(cells * sizeof(float)) + aligned(cells * sizeof(bf16_bits));
 }
 
 Result<CrossEntropyStats> cross_entropy(CudaContext& ctx, const CrossEntropyCudaArgs& a) {
   LATHE_TRY(check_args(a));
-  const int64_t chunk = a.chunk_rows > 0 ? a.chunk_rows : cross_entropy_chunk_rows(a.vocab);
+  const int64_t chunk = a.chunk_rows > 0 ? a.chunk_rows : device_chunk_rows(a.vocab);
   char* ws = static_cast<char*>(a.workspace);
   Stats* stats = reinterpret_cast<Stats*>(ws);
   float* logits = reinterpret_cast<float*>(ws + aligned(sizeof(Stats)));

@@ -225,7 +225,7 @@ struct CrossEntropyCudaArgs {
   float* d_w = nullptr;               // [vocab, dim] accumulated, or null (head frozen)
   void* workspace = nullptr;          // cross_entropy_workspace_bytes(vocab, chunk_rows)
   int64_t n = 0, vocab = 0, dim = 0;
-  int64_t chunk_rows = 0;             // 0: cross_entropy_chunk_rows(vocab)
+  int64_t chunk_rows = 0;             // 0: as many as fit in ~768 MiB of workspace (cross_entropy.cu)
   float grad_scale = 1.0f;
 };
 size_t cross_entropy_workspace_bytes(int64_t vocab, int64_t chunk_rows);
