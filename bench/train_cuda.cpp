@@ -6,10 +6,14 @@
 // memory in use (everything is allocated up front, so this is the peak),
 // model FLOP/s (forward + input gradients of the frozen base, the LM head,
 // causal attention forward and backward, LoRA; recomputation not counted)
-// and its fraction of the 810 TFLOP/s bf16 GEMM peak.
+// and its fraction of the 810 TFLOP/s bf16 GEMM peak. With --profile 1 (the
+// default) two more steps run with the model's phase timer on, and a second
+// table gives each phase's milliseconds per step (CUDA events between phase
+// changes; those steps are not in the throughput figures).
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute 0|1] [--r N]
+//                         [--profile 0|1]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
 // 10 timed steps after 3 warm-up steps, recomputation off for 1B and on for 8B.
 #include <chrono>
@@ -49,6 +53,7 @@ struct Args {
   std::string shape = "all";
   int64_t micro_batch = 0, seq = 2048, steps = 10, warmup = 3, r = 32;
   int recompute = -1;
+  int profile = 1;
 };
 
 double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r) {
@@ -93,6 +98,29 @@ double used_gib() {
 #endif
 }
 
+// Two steps under the phase timer; prints ms per step of each phase.
+template <class Step>
+int profile_phases(const BenchShape& s, CudaTrainableModel& m, Step& step) {
+  constexpr int kSteps = 2;
+  Status st = m.set_phase_timing(true);
+  for (int i = 0; st.is_ok() && i < kSteps; ++i) st = step();
+  auto times = st.is_ok() ? m.phase_times_ms() : Result<std::vector<std::pair<std::string, double>>>(st);
+  (void)m.set_phase_timing(false);
+  if (!times.is_ok()) {
+    std::fprintf(stderr, "%s: phase timing: %s\n", s.name, times.status().message().c_str());
+    return 1;
+  }
+  double total = 0;
+  for (const auto& [name, ms] : *times) total += ms;
+  std::printf("\n%s, ms per step by phase (%d steps under the timer):\n\n| phase | ms | share |\n|---|---|---|\n",
+              s.name, kSteps);
+  for (const auto& [name, ms] : *times)
+    std::printf("| %s | %.2f | %.1f%% |\n", name.c_str(), ms / kSteps, total > 0 ? 100.0 * ms / total : 0.0);
+  std::printf("| total | %.2f | |\n\n", total / kSteps);
+  std::fflush(stdout);
+  return 0;
+}
+
 int run_shape(const BenchShape& s, const Args& a) {
   const int64_t mbs = a.micro_batch > 0 ? a.micro_batch : s.micro_batch;
   const bool recompute = a.recompute >= 0 ? a.recompute != 0 : s.recompute;
@@ -133,10 +161,13 @@ int run_shape(const BenchShape& s, const Args& a) {
   const double tokens = double(mb.n_tokens()) * double(a.steps);
   const double tps = tokens / dt;
   const double tflops = tps * model_flops_per_token(s, a.seq, a.r) / 1e12;
+  std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
               (long long)mbs, (long long)a.seq, recompute ? "on" : "off", tps, 1e3 * dt / double(a.steps),
               double(m.arena_bytes()) / double(1ull << 30), used_gib(), tflops, 100.0 * tflops / 810.0, loss);
   std::fflush(stdout);
+  if (a.profile) return profile_phases(s, m, step);
   return 0;
 }
 
@@ -154,6 +185,7 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::atoll(v);
     else if (k == "--recompute") a.recompute = std::atoi(v);
     else if (k == "--r") a.r = std::atoll(v);
+    else if (k == "--profile") a.profile = std::atoi(v);
     else {
       std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
       return 2;
@@ -163,8 +195,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_train_cuda: no CUDA device visible\n");
     return 1;
   }
-  std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   int rc = 0;
   for (const BenchShape& s : kShapes)
     if (a.shape == "all" || (a.shape == "1b" && s.hidden == 2048) || (a.shape == "8b" && s.hidden == 4096))

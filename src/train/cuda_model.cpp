@@ -91,10 +91,13 @@ Status carve_weights(CudaModelImpl& m, C& c) {
       }
     }
   }
-  // LoRA: fp32 masters and grads, bf16 working copies, same offsets.
+  // LoRA: fp32 masters and grads, 4-term bf16 copies at 4× the offsets.
   LATHE_ASSIGN_OR_RETURN(m.params, f32(std::max<int64_t>(m.n_flat, 1), "LoRA params"));
   LATHE_ASSIGN_OR_RETURN(m.grads, f32(std::max<int64_t>(m.n_flat, 1), "LoRA grads"));
-  LATHE_ASSIGN_OR_RETURN(m.working, bf(std::max<int64_t>(m.n_flat, 1), "LoRA working copies"));
+  LATHE_ASSIGN_OR_RETURN(m.split, bf(4 * std::max<int64_t>(m.n_flat, 1), "LoRA 4-term copies"));
+  LATHE_ASSIGN_OR_RETURN(void* table, c.alloc(std::max<size_t>(m.table.size(), 1) * sizeof(cuda::LoraSplitFactor),
+                                              "LoRA split table"));
+  m.split_table = static_cast<cuda::LoraSplitFactor*>(table);
   return Status::ok();
 }
 
@@ -130,7 +133,7 @@ Status carve_acts(CudaModelImpl& m, C& c) {
     LATHE_ASSIGN_OR_RETURN(a.up, bf(T * F, "up"));
     for (int j = 0; j < kCnumProj; ++j) {
       if (m.o.targets[size_t(j)]) {
-        LATHE_ASSIGN_OR_RETURN(a.u[size_t(j)], bf(T * r, "LoRA u"));
+        LATHE_ASSIGN_OR_RETURN(a.u[size_t(j)], bf(T * 4 * r, "LoRA u"));
       }
     }
   }
@@ -158,7 +161,9 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.dh_bf, bf(T * H, "dh bf16"));
   LATHE_ASSIGN_OR_RETURN(x.xf, bf(T * H, "final norm out"));
   LATHE_ASSIGN_OR_RETURN(x.d_xf, bf(T * H, "d final norm out"));
-  LATHE_ASSIGN_OR_RETURN(x.du, bf(T * r, "LoRA du"));
+  LATHE_ASSIGN_OR_RETURN(x.du, bf(T * 4 * r, "LoRA du"));
+  const int64_t widest = std::max({H, F, qd});
+  LATHE_ASSIGN_OR_RETURN(x.lora_f32, f32(std::max(T * 4 * r, widest * 2 * r), "LoRA partial products"));
   LATHE_ASSIGN_OR_RETURN(x.ones8, bf(T * 8, "bias ones"));
   LATHE_ASSIGN_OR_RETURN(x.dh, f32(T * H, "dh"));
   LATHE_ASSIGN_OR_RETURN(x.rstd_f, f32(T, "final rstd"));
@@ -271,12 +276,17 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
   LATHE_TRY(cuda::fill_zero(m->ctx, m->arena.base(), total));
   name_base(*m);
+  std::vector<cuda::LoraSplitFactor> factors;
   for (size_t k = 0; k < m->loras.size(); ++k) {
     CLora& a = m->loras[k];
     const int64_t oa = m->table[2 * k].offset, ob = m->table[2 * k + 1].offset;
-    a.a = m->params + oa, a.da = m->grads + oa, a.wa = m->working + oa;
-    a.b = m->params + ob, a.db = m->grads + ob, a.wb = m->working + ob;
+    a.a = m->params + oa, a.da = m->grads + oa, a.a4 = m->split + 4 * oa;
+    a.b = m->params + ob, a.db = m->grads + ob, a.b4 = m->split + 4 * ob;
+    factors.push_back({.src = oa, .dst = 4 * oa, .rows = a.r, .cols = a.in, .by_row = 0});
+    factors.push_back({.src = ob, .dst = 4 * ob, .rows = a.out, .cols = a.r, .by_row = 1});
+    m->max_factor_numel = std::max({m->max_factor_numel, a.r * a.in, a.out * a.r});
   }
+  LATHE_TRY(cuda::copy_to_device(m->ctx, m->split_table, factors.data(), factors.size() * sizeof(factors[0])));
   std::vector<uint16_t> ones(size_t(options.max_tokens * 8), 0);
   for (int64_t t = 0; t < options.max_tokens; ++t) ones[size_t(t * 8)] = f32_to_bf16(1.0f);
   LATHE_TRY(cuda::copy_to_device(m->ctx, m->x.ones8, ones.data(), ones.size() * 2));
@@ -284,7 +294,7 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   std::vector<cuda::CudaAdamWParam> ps;
   for (const ParamInfo& p : m->table)
     ps.push_back({.name = p.name, .param = m->params + p.offset, .grad = m->grads + p.offset,
-                  .working = m->working + p.offset, .n = p.numel(), .decay = true});
+                  .working = nullptr, .n = p.numel(), .decay = true});
   LATHE_ASSIGN_OR_RETURN(cuda::CudaAdamW opt, cuda::CudaAdamW::create(m->ctx, options.adamw, std::move(ps)));
   m->adamw.emplace(std::move(opt));
   LATHE_TRY(m->ctx.synchronize());
@@ -352,7 +362,12 @@ Status CudaTrainableModel::upload_params(std::span<const float> host) {
     return invalid_argument("cuda trainer: ", host.size(), " parameters given, the model has ", m.n_flat);
   if (m.n_flat == 0) return Status::ok();
   LATHE_TRY(cuda::copy_to_device(m.ctx, m.params, host.data(), host.size_bytes()));
-  return cuda::f32_to_bf16(m.ctx, m.params, m.working, m.n_flat);
+  return m.refresh_split();
+}
+
+Status CudaModelImpl::refresh_split() {
+  return cuda::lora_split_weights(ctx, {.factors = split_table, .n_factors = int(loras.size() * 2),
+                                        .max_numel = max_factor_numel, .src = params, .dst = split});
 }
 
 Status CudaTrainableModel::download_params(std::span<float> host) {
@@ -376,9 +391,34 @@ Status CudaTrainableModel::zero_grads() {
   return cuda::fill_zero(impl_->ctx, impl_->grads, size_t(std::max<int64_t>(impl_->n_flat, 1)) * 4);
 }
 Result<double> CudaTrainableModel::clip_grad_norm(double max_norm) {
+  LATHE_TRY(impl_->phase(kPhOptimizer));
   return impl_->adamw->clip_grad_norm(impl_->ctx, max_norm);
 }
-Status CudaTrainableModel::adamw_step(double lr) { return impl_->adamw->step(impl_->ctx, lr); }
+Status CudaTrainableModel::adamw_step(double lr) {
+  LATHE_TRY(impl_->phase(kPhOptimizer));
+  LATHE_TRY(impl_->adamw->step(impl_->ctx, lr));
+  return impl_->refresh_split();
+}
+
+Status CudaTrainableModel::set_phase_timing(bool on) {
+  if (!on) {
+    impl_->timer.reset();
+    return Status::ok();
+  }
+  LATHE_ASSIGN_OR_RETURN(cuda::PhaseTimer t,
+                         cuda::PhaseTimer::create(std::vector<std::string>(kCudaPhaseNames, kCudaPhaseNames + kPhNum)));
+  impl_->timer.emplace(std::move(t));
+  return Status::ok();
+}
+
+Result<std::vector<std::pair<std::string, double>>> CudaTrainableModel::phase_times_ms() {
+  if (!impl_->timer) return invalid_argument("cuda trainer: phase timing is off (set_phase_timing(true) first)");
+  LATHE_ASSIGN_OR_RETURN(std::vector<double> ms, impl_->timer->totals_ms(impl_->ctx));
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < ms.size(); ++i) out.emplace_back(impl_->timer->names()[i], ms[i]);
+  impl_->timer->reset();
+  return out;
+}
 cuda::CudaAdamW& CudaTrainableModel::optimizer() { return *impl_->adamw; }
 cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }

@@ -4,11 +4,19 @@
 // Numerics: the frozen base (embedding, norms, projections, biases, LM head)
 // lives on the device in bf16; activations are bf16, every GEMM and row
 // kernel accumulates in fp32, the residual stream's gradient is carried in
-// fp32. LoRA A and B have fp32 masters, fp32 gradients and bf16 working
-// copies that the GEMMs read (CudaAdamW rewrites them after each update).
-// Per projection y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ: u = x·Aᵀ is kept in bf16 for
-// the backward. A bias goes in as a GEMM with k = 8 against a ones column,
-// so no extra kernel is needed.
+// fp32. The LoRA branch is fp32 as in PEFT (adapters in f32, x upcast):
+// A and B have fp32 masters and gradients, and the GEMMs read 4-term bf16
+// copies of them (backends/cuda/lora_ops.h, rewritten after each update),
+// which makes every LoRA product an f32 one on the tensor cores. Per
+// projection y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ, what is rounded to bf16 where:
+//   forward:  x·Wᵀ once (as HF's bf16 base layer); u = x·Aᵀ stays f32 (kept
+//             for the backward as hi + lo terms, 2⁻¹⁶ relative); s·u·Bᵀ is
+//             added to the bf16 base output in f32 and the sum rounded once.
+//   backward: du = s·dy·B, dA = duᵀ·x and dB = s·dyᵀ·u in f32 (summed into
+//             the f32 gradients); dx = dy·W rounded once, then du·A added to
+//             it in f32 and rounded once (HF rounds both parts, then the sum).
+// A bias goes in as a GEMM with k = 8 against a ones column, so no extra
+// kernel is needed.
 //
 // Memory: everything, weights, per-layer activations and scratch, comes from
 // one device arena whose layout is planned at create() for max_tokens tokens
@@ -28,6 +36,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_ops.h"
@@ -96,6 +105,15 @@ class CudaTrainableModel {
   cuda::CudaContext& context();
 
   int64_t arena_bytes() const;  // device memory this model holds
+
+  // Profiling: with timing on, CUDA events cut the stream's timeline into
+  // phases (base GEMMs, LoRA, attention, elementwise, LM head, optimizer,
+  // upload); phase_times_ms() waits for the stream and returns the
+  // milliseconds of each since timing was switched on or last read (idle
+  // stream time counts to the phase then open). Costs an event per phase
+  // change: leave it off for throughput runs.
+  Status set_phase_timing(bool on);
+  Result<std::vector<std::pair<std::string, double>>> phase_times_ms();
 
  private:
   explicit CudaTrainableModel(std::unique_ptr<CudaModelImpl> impl);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/lora_ops.h"
+#include "backends/cuda/phase_timer.h"
 #include "train/cuda_model.h"
 
 namespace lathe {
@@ -17,6 +19,15 @@ namespace lathe {
 using bf16p = cuda::bf16_bits*;
 
 enum CudaProj : int { kCq, kCk, kCv, kCo, kCgate, kCup, kCdown, kCnumProj };
+
+// What the phase timer (CudaTrainableModel::set_phase_timing) charges time to.
+enum CudaPhase : int {
+  kPhGemmFwd, kPhGemmBwd, kPhLora, kPhAttnFwd, kPhAttnBwd, kPhElementwise, kPhHead, kPhOptimizer, kPhInput,
+  kPhNum
+};
+inline const char* const kCudaPhaseNames[kPhNum] = {
+    "base GEMM fwd", "base GEMM bwd", "LoRA (f32 branch)", "attention fwd", "attention bwd",
+    "norms, RoPE, SwiGLU, casts", "LM head + CE", "clip + AdamW + LoRA copies", "batch upload"};
 
 struct CLinear {
   bf16p w = nullptr;      // [out, in]
@@ -27,7 +38,7 @@ struct CLinear {
 
 struct CLora {
   float *a = nullptr, *b = nullptr, *da = nullptr, *db = nullptr;  // fp32 masters and grads
-  bf16p wa = nullptr, wb = nullptr;                                   // bf16 working copies
+  bf16p a4 = nullptr, b4 = nullptr;  // 4-term bf16 copies (lora_ops.h): [4r, in], [out, 4r]
   int64_t r = 0, in = 0, out = 0;
 };
 
@@ -41,13 +52,15 @@ struct CActs {
   bf16p xn1 = nullptr, q_raw = nullptr, k_raw = nullptr, q = nullptr, k = nullptr, v = nullptr, attn = nullptr;
   bf16p h_mid = nullptr, xn2 = nullptr, gate = nullptr, up = nullptr;
   float *rstd1 = nullptr, *q_rstd = nullptr, *k_rstd = nullptr, *lse = nullptr, *rstd2 = nullptr;
-  std::array<bf16p, kCnumProj> u{};  // x·Aᵀ per LoRA projection
+  std::array<bf16p, kCnumProj> u{};  // x·Aᵀ per LoRA projection, 4-term [T, 4r]
 };
 
 // Buffers every layer reuses, and the batch's inputs.
 struct CScratch {
   bf16p tmp_h = nullptr, act = nullptr, d_act = nullptr, d_xn = nullptr, d_attn = nullptr;
-  bf16p dq = nullptr, dk = nullptr, dv = nullptr, dh_bf = nullptr, xf = nullptr, d_xf = nullptr, du = nullptr;
+  bf16p dq = nullptr, dk = nullptr, dv = nullptr, dh_bf = nullptr, xf = nullptr, d_xf = nullptr;
+  bf16p du = nullptr;         // s·dy·B, 4-term [T, 4r]
+  float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
   bf16p ones8 = nullptr;  // [max_tokens, 8], column 0 ones
   float *dh = nullptr, *rstd_f = nullptr, *dqk = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;
@@ -67,14 +80,20 @@ struct CudaModelImpl {
   CScratch x;
   float* params = nullptr;   // flat LoRA masters
   float* grads = nullptr;
-  bf16p working = nullptr;
+  bf16p split = nullptr;  // 4-term copies of the masters, factor at 4·offset
+  cuda::LoraSplitFactor* split_table = nullptr;  // device, one entry per factor
+  int64_t max_factor_numel = 0;
   int64_t n_flat = 0;
   std::vector<ParamInfo> table;
   std::map<std::string, std::pair<bf16p, int64_t>> base;  // name -> (device tensor, elements)
   std::optional<cuda::CudaAdamW> adamw;
+  std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on
+  // Charges what is enqueued from here on to phase p (no-op without a timer).
+  Status phase(CudaPhase p) { return timer ? timer->mark(ctx, p) : Status::ok(); }
 
   CActs& act_of(int64_t l) { return acts[acts.size() == 1 ? 0 : size_t(l)]; }
   Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
+  Status refresh_split();  // the 4-term copies from the masters
 
  private:
   Status upload_batch(const MicroBatch& mb, int* n_docs, int* max_seqlen);

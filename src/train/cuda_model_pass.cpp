@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "backends/cuda/attention.h"
+#include "backends/cuda/lora_ops.h"
 #include "train/cuda_model_impl.h"
 
 namespace lathe {
@@ -57,33 +58,58 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
                                                .rstd = rstd, .rows = rows, .dim = dim, .eps = s.eps});
 }
 
-// y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ, u = x·Aᵀ saved in the layer's acts.
+// y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ with the LoRA branch in f32 (lora_ops.h):
+// u = x·Aᵀ is the sum of x times A's three terms (exact: x is bf16), kept as
+// its 4-term copy for the backward; the bf16 base output is added to the
+// f32 s·u·Bᵀ inside the second GEMM and rounded once.
 Status CudaModelImpl::lin_forward(int64_t l, int j, const bf16p xin, bf16p y, int64_t n) {
   const CLinear& L = blocks[size_t(l)].proj[size_t(j)];
+  LATHE_TRY(phase(kPhGemmFwd));
   LATHE_TRY(mm(ctx, xin, L.w, y, n, L.out, L.in, false, true, DType::BF16, 1.0f, 0.0f));
   if (L.bias8) LATHE_TRY(mm(ctx, x.ones8, L.bias8, y, n, L.out, 8, false, false, DType::BF16, 1.0f, 1.0f));
   if (L.lora < 0) return Status::ok();
+  LATHE_TRY(phase(kPhLora));
   const CLora& a = loras[size_t(L.lora)];
   bf16p u = act_of(l).u[size_t(j)];
-  LATHE_TRY(mm(ctx, xin, a.wa, u, n, a.r, a.in, false, true, DType::BF16, 1.0f, 0.0f));
-  return mm(ctx, u, a.wb, y, n, a.out, a.r, false, true, DType::BF16, o.lora_scale, 1.0f);
+  const int64_t r = a.r;
+  LATHE_TRY(mm(ctx, xin, a.a4, x.lora_f32, n, 4 * r, a.in, false, true, DType::F32, 1.0f, 0.0f));
+  LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_parts = 3, .row_stride = 4 * r,
+                                       .part_stride = r, .split = u}));
+  return mm(ctx, u, a.b4, y, n, a.out, 4 * r, false, true, DType::BF16, o.lora_scale, 1.0f);
 }
 
-// dx (= or +=) dy·W + s·(dy·B)·A; dB += s·dyᵀ·u, dA += s·(dy·B)ᵀ·x. The LoRA
+// dx (= or +=) dy·W + du·A with du = s·dy·B; dB += s·dyᵀ·u, dA += duᵀ·x, all
+// LoRA products in f32 (dy and x are bf16, so exact against the split
+// factors); du·A is added to the bf16 dx in f32 and rounded once. The LoRA
 // gradients read x before dx is written.
 Status CudaModelImpl::lin_backward(int64_t l, int j, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
                                    bool accumulate) {
   const CLinear& L = blocks[size_t(l)].proj[size_t(j)];
   const CLora* a = L.lora >= 0 ? &loras[size_t(L.lora)] : nullptr;
-  const float sc = o.lora_scale;
   if (a) {
-    LATHE_TRY(mm(ctx, dy, act_of(l).u[size_t(j)], a->db, a->out, a->r, n, true, false, DType::F32, sc, 1.0f));
-    LATHE_TRY(mm(ctx, dy, a->wb, x.du, n, a->r, a->out, false, false, DType::BF16, 1.0f, 0.0f));
-    LATHE_TRY(mm(ctx, x.du, xin, a->da, a->r, a->in, n, true, false, DType::F32, sc, 1.0f));
+    LATHE_TRY(phase(kPhLora));
+    const int64_t r = a->r;
+    float* part = x.lora_f32;
+    // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed.
+    LATHE_TRY(cuda::gemm(ctx, {.a = dy, .b = act_of(l).u[size_t(j)] + 2 * r, .c = part, .m = a->out, .n = 2 * r,
+                               .k = n, .trans_a = true, .c_dtype = DType::F32, .ldb = 4 * r}));
+    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a->out, .cols = r, .n_parts = 2, .row_stride = 2 * r,
+                                         .part_stride = r, .scale = o.lora_scale, .sum = a->db, .accumulate = true}));
+    // du = s·dy·B: dy times B's three terms, summed.
+    LATHE_TRY(mm(ctx, dy, a->b4, part, n, 4 * r, a->out, false, false, DType::F32, 1.0f, 0.0f));
+    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_parts = 3, .row_stride = 4 * r,
+                                         .part_stride = r, .scale = o.lora_scale, .split = x.du}));
+    // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed.
+    LATHE_TRY(cuda::gemm(ctx, {.a = x.du + 2 * r, .b = xin, .c = part, .m = 2 * r, .n = a->in, .k = n,
+                               .trans_a = true, .c_dtype = DType::F32, .lda = 4 * r}));
+    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = a->in, .n_parts = 2, .row_stride = a->in,
+                                         .part_stride = r * a->in, .sum = a->da, .accumulate = true}));
   }
+  LATHE_TRY(phase(kPhGemmBwd));
   LATHE_TRY(mm(ctx, dy, L.w, dx, n, L.in, L.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));
-  if (a) LATHE_TRY(mm(ctx, x.du, a->wa, dx, n, a->in, a->r, false, false, DType::BF16, sc, 1.0f));
-  return Status::ok();
+  if (!a) return Status::ok();
+  LATHE_TRY(phase(kPhLora));
+  return mm(ctx, x.du, a->a4, dx, n, a->in, 4 * a->r, false, false, DType::BF16, 1.0f, 1.0f);
 }
 
 // Layer l's forward from hs[l] and acts.xn1 / rstd1; leaves the MLP output
@@ -96,21 +122,25 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
   LATHE_TRY(lin_forward(l, kCq, a.xn1, qk ? a.q_raw : a.q, n));
   LATHE_TRY(lin_forward(l, kCk, a.xn1, qk ? a.k_raw : a.k, n));
   LATHE_TRY(lin_forward(l, kCv, a.xn1, a.v, n));
+  LATHE_TRY(phase(kPhElementwise));
   if (qk) {
     LATHE_TRY(norm(a.q_raw, nullptr, nullptr, b.q_norm, a.q, a.q_rstd, n * nh, hd));
     LATHE_TRY(norm(a.k_raw, nullptr, nullptr, b.k_norm, a.k, a.k_rstd, n * nkv, hd));
   }
   LATHE_TRY(cuda::rope_apply(ctx, {.x = a.q, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh, .half = hd / 2}));
   LATHE_TRY(cuda::rope_apply(ctx, {.x = a.k, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv, .half = hd / 2}));
+  LATHE_TRY(phase(kPhAttnFwd));
   LATHE_TRY(cuda::attention_varlen_forward({.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse,
                                             .cu_seqlens = x.cu_seqlens, .n_docs = n_docs, .max_seqlen = max_seqlen,
                                             .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv),
                                             .head_dim = int(hd), .window = s.window,
                                             .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
   LATHE_TRY(lin_forward(l, kCo, a.attn, x.tmp_h, n));
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, H));
   LATHE_TRY(lin_forward(l, kCgate, a.xn2, a.gate, n));
   LATHE_TRY(lin_forward(l, kCup, a.xn2, a.up, n));
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = a.gate, .up = a.up, .out = x.act, .n = n * s.inter}));
   return lin_forward(l, kCdown, x.act, x.tmp_h, n);
 }
@@ -121,23 +151,28 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   CActs& a = act_of(l);
   const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv, F = s.inter;
   // MLP.
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
   LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = a.gate, .up = a.up, .out = x.act, .n = n * F}));
   LATHE_TRY(lin_backward(l, kCdown, x.act, x.dh_bf, x.d_act, n, false));
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::swiglu_backward(ctx, {.gate = a.gate, .up = a.up, .d_out = x.d_act, .d_gate = a.gate,
                                         .d_up = a.up, .n = n * F}));
   LATHE_TRY(lin_backward(l, kCgate, a.xn2, a.gate, x.d_xn, n, false));
   LATHE_TRY(lin_backward(l, kCup, a.xn2, a.up, x.d_xn, n, true));
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.h_mid, .w = b.mlp_norm, .rstd = a.rstd2, .dy = x.d_xn,
                                                    .dh = x.dh, .rows = n, .dim = H, .accumulate = true}));
   // Attention.
   LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
   LATHE_TRY(lin_backward(l, kCo, a.attn, x.dh_bf, x.d_attn, n, false));
+  LATHE_TRY(phase(kPhAttnBwd));
   LATHE_TRY(cuda::attention_varlen_backward(
       {.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
        .d_v = x.dv, .cu_seqlens = x.cu_seqlens, .workspace = x.attn_ws, .n_docs = n_docs, .max_seqlen = max_seqlen,
        .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv), .head_dim = int(hd), .window = s.window,
        .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dq, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh,
                                    .half = hd / 2, .inverse = true}));
   LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dk, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv,
@@ -153,6 +188,7 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   LATHE_TRY(lin_backward(l, kCq, a.xn1, x.dq, x.d_xn, n, false));
   LATHE_TRY(lin_backward(l, kCk, a.xn1, x.dk, x.d_xn, n, true));
   LATHE_TRY(lin_backward(l, kCv, a.xn1, x.dv, x.d_xn, n, true));
+  LATHE_TRY(phase(kPhElementwise));
   return cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(l)], .w = b.attn_norm, .rstd = a.rstd1,
                                                 .dy = x.d_xn, .dh = x.dh, .rows = n, .dim = H, .accumulate = true});
 }
@@ -172,7 +208,9 @@ Status CudaModelImpl::upload_batch(const MicroBatch& mb, int* n_docs, int* max_s
 
 Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool backward) {
   int n_docs = 0, max_seqlen = 0;
+  LATHE_TRY(phase(kPhInput));
   LATHE_TRY(upload_batch(mb, &n_docs, &max_seqlen));
+  LATHE_TRY(phase(kPhElementwise));
   const int64_t n = mb.n_tokens(), H = s.hidden, L = s.n_layer;
   const bool ckpt = acts.size() == 1 && L > 1;
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = x.inv_freq, .positions = x.positions, .cos = x.cos, .sin = x.sin,
@@ -182,10 +220,12 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, act_of(0).xn1, act_of(0).rstd1, n, H));
   for (int64_t l = 0; l < L; ++l) {
     LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
+    LATHE_TRY(phase(kPhElementwise));
     const bool last = l + 1 == L;
     LATHE_TRY(norm(x.tmp_h, act_of(l).h_mid, hs[size_t(l + 1)], last ? final_norm : blocks[size_t(l + 1)].attn_norm,
                    last ? x.xf : act_of(l + 1).xn1, last ? x.rstd_f : act_of(l + 1).rstd1, n, H));
   }
+  LATHE_TRY(phase(kPhHead));
   auto ce = cuda::cross_entropy(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
                                       .d_hidden = backward ? x.d_xf : nullptr, .d_w = nullptr,
                                       .workspace = x.ce_ws, .n = n, .vocab = s.vocab, .dim = H,
@@ -193,12 +233,14 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   if (!ce.is_ok()) return ce.status().with_context("cuda forward");
   PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
   if (!backward) return loss;
+  LATHE_TRY(phase(kPhElementwise));
 
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
                                                    .dy = x.d_xf, .dh = x.dh, .rows = n, .dim = H}));
   for (int64_t l = L - 1; l >= 0; --l) {
     if (ckpt) {
       CActs& a = act_of(l);
+      LATHE_TRY(phase(kPhElementwise));
       LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, blocks[size_t(l)].attn_norm, a.xn1, a.rstd1, n, H));
       LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
     }

@@ -32,8 +32,10 @@ struct GemmPlan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
 };
-// m, n, k, trans_a, trans_b, c dtype, accumulate, pointer alignments.
-using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, bool, int, int, int>;
+// m, n, k, trans_a, trans_b, c dtype, accumulate, pointer alignments, row
+// strides of A, B and C.
+using GemmKey =
+    std::tuple<int64_t, int64_t, int64_t, bool, bool, int, bool, int, int, int, int64_t, int64_t, int64_t>;
 
 struct CudaContext::Impl {
   int device = 0;

@@ -100,7 +100,10 @@ class DeviceArena {
 
 // Row-major C[m, n] = alpha · op(A)·op(B) + beta · C, bf16 inputs, fp32
 // accumulation, C bf16 or f32. A is stored [m, k] (or [k, m] when trans_a),
-// B is stored [k, n] (or [n, k] when trans_b), all densely packed. The three
+// B is stored [k, n] (or [n, k] when trans_b), densely packed unless a row
+// stride lda / ldb / ldc (elements between consecutive stored rows, >= the
+// stored row length) says otherwise: column blocks of a wider matrix, such as
+// one projection's slice of a fused q|k|v output. The three
 // uses of a linear layer y = x·Wᵀ (W [out, in]):
 //   forward  y[T, out]  = x·Wᵀ   : A = x,  B = W,  trans_b
 //   dX       dx[T, in]  = dy·W   : A = dy, B = W
@@ -113,6 +116,7 @@ struct GemmArgs {
   bool trans_a = false, trans_b = false;
   DType c_dtype = DType::BF16;  // BF16 or F32
   float alpha = 1.0f, beta = 0.0f;
+  int64_t lda = 0, ldb = 0, ldc = 0;  // row strides in elements; 0: packed
 };
 Status gemm(CudaContext& ctx, const GemmArgs& a);  // messages start with "cuda gemm: "
 

@@ -4,7 +4,8 @@
 // in as cuBLAS's first operand, A as its second, and m and n swap. Each
 // shape's descriptors and heuristic algorithm are made once and cached in the
 // context, keyed also by pointer alignment (the heuristic may pick kernels
-// that need 16-byte alignment).
+// that need 16-byte alignment) and by the row strides (a row-major row
+// stride is cuBLAS's leading dimension).
 #include <algorithm>
 #include <cstdint>
 
@@ -35,17 +36,17 @@ Status make_plan(CudaContext::Impl& im, const GemmArgs& g, const GemmKey& key, G
   LATHE_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
   // Stored shapes, column-major: B is [n, k] (ld n) or, transposed, [k, n] (ld k).
   if (g.trans_b) {
-    LATHE_TRY(layout(&plan->a, CUDA_R_16BF, g.k, g.n, g.k));
+    LATHE_TRY(layout(&plan->a, CUDA_R_16BF, g.k, g.n, std::get<11>(key)));
   } else {
-    LATHE_TRY(layout(&plan->a, CUDA_R_16BF, g.n, g.k, g.n));
+    LATHE_TRY(layout(&plan->a, CUDA_R_16BF, g.n, g.k, std::get<11>(key)));
   }
   // A is [k, m] (ld k) or, transposed, [m, k] (ld m).
   if (g.trans_a) {
-    LATHE_TRY(layout(&plan->b, CUDA_R_16BF, g.m, g.k, g.m));
+    LATHE_TRY(layout(&plan->b, CUDA_R_16BF, g.m, g.k, std::get<10>(key)));
   } else {
-    LATHE_TRY(layout(&plan->b, CUDA_R_16BF, g.k, g.m, g.k));
+    LATHE_TRY(layout(&plan->b, CUDA_R_16BF, g.k, g.m, std::get<10>(key)));
   }
-  LATHE_TRY(layout(&plan->c, ct, g.n, g.m, g.n));
+  LATHE_TRY(layout(&plan->c, ct, g.n, g.m, std::get<12>(key)));
 
   cublasLtMatmulPreference_t pref = nullptr;
   LATHE_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
@@ -88,8 +89,20 @@ Status check_args(const GemmArgs& g) {
   if ((g.m && g.n && !g.c) || (g.m && g.n && g.k && (!g.a || !g.b))) {
     return invalid_argument("cuda gemm: null operand for m=", g.m, " n=", g.n, " k=", g.k);
   }
+  // A stored row holds k (or m when transposed) elements, B's n (or k), C's n.
+  const int64_t row_a = g.trans_a ? g.m : g.k, row_b = g.trans_b ? g.k : g.n;
+  if ((g.lda && g.lda < row_a) || (g.ldb && g.ldb < row_b) || (g.ldc && g.ldc < g.n) || g.lda < 0 || g.ldb < 0 ||
+      g.ldc < 0) {
+    return invalid_argument("cuda gemm: row stride shorter than a row: lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
+                            " for m=", g.m, " n=", g.n, " k=", g.k);
+  }
   return Status::ok();
 }
+
+// Row strides with 0 resolved to the packed length.
+int64_t ld_a(const GemmArgs& g) { return g.lda ? g.lda : (g.trans_a ? g.m : g.k); }
+int64_t ld_b(const GemmArgs& g) { return g.ldb ? g.ldb : (g.trans_b ? g.k : g.n); }
+int64_t ld_c(const GemmArgs& g) { return g.ldc ? g.ldc : g.n; }
 
 }  // namespace
 
@@ -101,7 +114,7 @@ Status gemm(CudaContext& ctx, const GemmArgs& g) {
   }
   CudaContext::Impl& im = *ctx.impl();
   const GemmKey key{g.m, g.n, g.k, g.trans_a, g.trans_b, static_cast<int>(g.c_dtype), g.beta != 0.0f,
-                    alignment_of(g.b), alignment_of(g.a), alignment_of(g.c)};
+                    alignment_of(g.b), alignment_of(g.a), alignment_of(g.c), ld_a(g), ld_b(g), ld_c(g)};
   auto it = im.plans.find(key);
   if (it == im.plans.end()) {
     GemmPlan plan;

@@ -1,0 +1,61 @@
+// The LoRA branch of the GPU trainer at fp32 precision on bf16 tensor cores.
+// An f32 value v is carried as bf16 terms: hi = bf16(v), mid = bf16(v − hi),
+// lo = bf16(v − hi − mid), with hi + mid + lo = v to f32 precision (each
+// subtraction is exact). A product of an exact bf16 operand (an activation,
+// an incoming gradient) with a split f32 one is then a bf16 GEMM with fp32
+// accumulation over the stacked terms, as accurate as an f32 GEMM; a product
+// of two f32 operands keeps the three largest cross terms, u·B ≈ u_hi·B +
+// u_lo·B_hi, off by ~2⁻¹⁶ relative (bf16 itself: 2⁻⁸).
+//
+// Layouts ("4-term" copies, terms in the order hi, mid, lo, hi):
+//   a factor A [r, in]: four planes [4, r, in] (A4, read as [4r, in]);
+//   a factor B [out, r]: [out, 4, r] (B4, read as [out, 4r]);
+//   an activation-side f32 value u [rows, cols]: [rows, 4, cols] holding
+//   (hi, hi, hi, lo), so that [hi|hi|hi|lo]·A4 = hi·A + lo·A_hi.
+// Calls enqueue on the context's stream; in a build without CUDA they return
+// "no CUDA" (lora_stub.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_ops.h"
+
+namespace lathe::cuda {
+
+// One f32 matrix of the flat LoRA parameters and where its 4-term copy goes.
+struct LoraSplitFactor {
+  int64_t src = 0;   // offset of the f32 values [rows, cols]
+  int64_t dst = 0;   // offset of the bf16 copy (4·rows·cols elements)
+  int64_t rows = 0, cols = 0;
+  int64_t by_row = 0;  // 0: planes [4, rows, cols] (A); 1: [rows, 4, cols] (B)
+};
+
+// Rewrites every factor's 4-term copy from the f32 masters in one launch.
+// `factors` is a device array of n_factors entries; max_numel bounds rows·cols.
+struct LoraSplitWeightsArgs {
+  const LoraSplitFactor* factors = nullptr;  // device
+  int n_factors = 0;
+  int64_t max_numel = 0;
+  const float* src = nullptr;  // flat f32 parameters
+  bf16_bits* dst = nullptr;    // flat 4-term copies
+};
+Status lora_split_weights(CudaContext& ctx, const LoraSplitWeightsArgs& a);
+
+// Sums the n_parts f32 partial products of a stacked GEMM:
+//   v[row, g, col] = scale · Σ_p src[row·row_stride + g·group_stride + p·part_stride + col]
+// for rows × n_groups × cols values, then
+//   sum (f32 [rows, n_groups·cols]) = v, or += v with accumulate, and/or
+//   split (bf16 [rows, n_groups, 4, cols]) = (hi, hi, hi, lo) of v.
+// Either output may be null (not both).
+struct LoraPartsArgs {
+  const float* src = nullptr;
+  int64_t rows = 0, cols = 0, n_groups = 1, n_parts = 1;
+  int64_t row_stride = 0, group_stride = 0, part_stride = 0;
+  float scale = 1.0f;
+  float* sum = nullptr;
+  bool accumulate = false;
+  bf16_bits* split = nullptr;
+};
+Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a);
+
+}  // namespace lathe::cuda

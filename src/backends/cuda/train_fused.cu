@@ -1,0 +1,105 @@
+// The fused-projection kernels of train_fused.h: one thread per (token,
+// head, rotation pair) for the q|k|v split and merge, one per (token,
+// feature) for SwiGLU on [gate | up] rows.
+#include "backends/cuda/context_impl.h"
+#include "backends/cuda/train_fused.h"
+
+namespace lathe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Thread i: token t, head slot h of n_head + 2·n_head_kv (q heads, k heads,
+// v heads), pair p of hd / 2. Elements p and p + half of that head.
+template <bool kMerge>
+__global__ void qkv_kernel(QkvSplitArgs a) {
+  const int64_t half = a.head_dim / 2, slots = a.n_head + 2 * a.n_head_kv;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * slots * half) return;
+  const int64_t p = i % half, th = i / half, t = th / slots, h = th % slots;
+  const int64_t row = slots * a.head_dim;
+  bf16_bits* dense;
+  int64_t head, heads;
+  if (h < a.n_head) {
+    dense = a.q, head = h, heads = a.n_head;
+  } else if (h < a.n_head + a.n_head_kv) {
+    dense = a.k, head = h - a.n_head, heads = a.n_head_kv;
+  } else {
+    dense = a.v, head = h - a.n_head - a.n_head_kv, heads = a.n_head_kv;
+  }
+  const bool rotate = a.cos && h < a.n_head + a.n_head_kv;
+  const int64_t fused = t * row + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
+  bf16_bits* src = kMerge ? dense : a.qkv;
+  bf16_bits* dst = kMerge ? a.qkv : dense;
+  const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
+  float x1 = dev::ld(src, from + p), x2 = dev::ld(src, from + p + half);
+  if (rotate) {
+    const float c = a.cos[t * half + p];
+    const float s = kMerge ? -a.sin[t * half + p] : a.sin[t * half + p];
+    const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+    x1 = y1, x2 = y2;
+  }
+  dev::st(dst, to + p, x1);
+  dev::st(dst, to + p + half, x2);
+}
+
+__global__ void swiglu_rows_fwd(SwigluRowsArgs a) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * a.inter) return;
+  const int64_t t = i / a.inter, f = i % a.inter, base = t * 2 * a.inter + f;
+  const float g = dev::ld(a.gu, base), u = dev::ld(a.gu, base + a.inter);
+  dev::st(a.out, i, g / (1.0f + expf(-g)) * u);
+}
+
+__global__ void swiglu_rows_bwd(SwigluRowsBackwardArgs a) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * a.inter) return;
+  const int64_t t = i / a.inter, f = i % a.inter, base = t * 2 * a.inter + f;
+  const float g = dev::ld(a.gu, base), u = dev::ld(a.gu, base + a.inter), d = dev::ld(a.d_out, i);
+  const float s = 1.0f / (1.0f + expf(-g));
+  dev::st(a.d_gu, base + a.inter, d * g * s);
+  dev::st(a.d_gu, base, d * u * s * (1.0f + g * (1.0f - s)));
+}
+
+Status check_qkv(const QkvSplitArgs& a, const char* what) {
+  if (a.n_tokens < 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.head_dim <= 0 || a.head_dim % 2 != 0)
+    return invalid_argument("cuda ", what, ": bad shape tokens=", a.n_tokens, " heads=", a.n_head, "/", a.n_head_kv,
+                            " head_dim=", a.head_dim);
+  if (!a.qkv || !a.q || !a.k || !a.v || (a.cos == nullptr) != (a.sin == nullptr))
+    return invalid_argument("cuda ", what, ": null argument");
+  return Status::ok();
+}
+
+template <bool kMerge>
+Status launch_qkv(CudaContext& ctx, const QkvSplitArgs& a, const char* what) {
+  LATHE_TRY(check_qkv(a, what));
+  const int64_t n = a.n_tokens * (a.n_head + 2 * a.n_head_kv) * (a.head_dim / 2);
+  if (n == 0) return Status::ok();
+  qkv_kernel<kMerge><<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  return ctx.check_launch(what);
+}
+
+}  // namespace
+
+Status qkv_split(CudaContext& ctx, const QkvSplitArgs& a) { return launch_qkv<false>(ctx, a, "qkv_split"); }
+Status qkv_merge(CudaContext& ctx, const QkvSplitArgs& a) { return launch_qkv<true>(ctx, a, "qkv_merge"); }
+
+Status swiglu_rows_forward(CudaContext& ctx, const SwigluRowsArgs& a) {
+  if (a.n_tokens < 0 || a.inter < 0) return invalid_argument("cuda swiglu_rows: negative size");
+  const int64_t n = a.n_tokens * a.inter;
+  if (n == 0) return Status::ok();
+  if (!a.gu || !a.out) return invalid_argument("cuda swiglu_rows: null argument");
+  swiglu_rows_fwd<<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  return ctx.check_launch("swiglu_rows_fwd");
+}
+
+Status swiglu_rows_backward(CudaContext& ctx, const SwigluRowsBackwardArgs& a) {
+  if (a.n_tokens < 0 || a.inter < 0) return invalid_argument("cuda swiglu_rows_backward: negative size");
+  const int64_t n = a.n_tokens * a.inter;
+  if (n == 0) return Status::ok();
+  if (!a.gu || !a.d_out || !a.d_gu) return invalid_argument("cuda swiglu_rows_backward: null argument");
+  swiglu_rows_bwd<<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  return ctx.check_launch("swiglu_rows_bwd");
+}
+
+}  // namespace lathe::cuda
