@@ -1,7 +1,8 @@
 // `lathe eval`: loss, perplexity, exact match and token F1 of a model (and,
 // with --compare, of the same model without and with an adapter) on a data
 // set. Flags in, library calls (train/evaluate.h, train/eval_report.h), table
-// or JSON out.
+// or JSON out. --device reads as generate's (auto: the GPU when there is one);
+// the device that ran is named on stderr, under the table and in the report.
 #include <cstdio>
 #include <filesystem>
 
@@ -28,6 +29,7 @@ struct EvalFlags {
   std::string prompt_template = "{input} {output}";
   std::string label_key = "output";
   int seq_length = 2048;
+  std::string device = "auto";
 };
 
 constexpr const char* kDescription =
@@ -50,14 +52,27 @@ Result<std::string> data_file(const std::string& path) {
   return *test;
 }
 
+// One column on *device. With --device auto, a model the GPU cannot take
+// (kUnsupported) runs on the CPU instead and *device says so from then on.
 Result<EvalResult> eval_one(const EvalFlags& fl, const std::string& adapter, const std::vector<EvalRecord>& records,
-                            const EvalOptions& opts) {
+                            const EvalOptions& opts, Device* device) {
+  if (!device->is_cpu()) {
+    auto gpu = cuda_eval_model({.model_dir = fl.model_dir, .adapter_dir = adapter, .device = device->index,
+                                .max_new_tokens = opts.generate ? opts.max_new_tokens : 0},
+                               records);
+    if (gpu.is_ok()) return evaluate(**gpu, records, opts);
+    if (fl.device != "auto" || gpu.status().code() != StatusCode::kUnsupported) return gpu.status();
+    std::fprintf(stderr, "lathe eval: the GPU cannot run this model, using the CPU (%s)\n",
+                 gpu.status().message().c_str());
+    *device = Device::cpu();
+  }
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, CausalLM::load(fl.model_dir, {.adapter_dir = adapter}));
   return evaluate(*model, records, opts);
 }
 
 Status run_eval(const EvalFlags& fl) {
   if (fl.compare && fl.adapter_dir.empty()) return invalid_argument("eval: --compare needs --adapter");
+  LATHE_ASSIGN_OR_RETURN(Device device, parse_device(fl.device));
   LATHE_ASSIGN_OR_RETURN(std::string file, data_file(fl.data));
   LATHE_ASSIGN_OR_RETURN(TextCodec codec, load_text_codec(fl.model_dir));
   LATHE_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(fl.model_dir));
@@ -74,16 +89,22 @@ Status run_eval(const EvalFlags& fl) {
 
   std::vector<EvalColumn> columns;
   if (fl.compare) {
-    LATHE_ASSIGN_OR_RETURN(EvalResult base, eval_one(fl, "", records, opts));
+    LATHE_ASSIGN_OR_RETURN(EvalResult base, eval_one(fl, "", records, opts, &device));
     columns.push_back({"base", std::move(base)});
   }
-  LATHE_ASSIGN_OR_RETURN(EvalResult adapted, eval_one(fl, fl.adapter_dir, records, opts));
+  LATHE_ASSIGN_OR_RETURN(EvalResult adapted, eval_one(fl, fl.adapter_dir, records, opts, &device));
   columns.push_back({fl.adapter_dir.empty() ? "model" : "adapted", std::move(adapted)});
 
-  std::printf("%s", fl.json ? (eval_columns_json(columns) + "\n").c_str() : format_eval_table(columns).c_str());
+  std::fprintf(stderr, "lathe eval: device %s\n", device.str().c_str());
+  if (fl.json) {
+    std::printf("%s\n", eval_columns_json(columns).c_str());
+  } else {
+    std::printf("%sdevice: %s\n", format_eval_table(columns).c_str(), device.str().c_str());
+  }
   if (fl.report_dir.empty()) return Status::ok();
   std::optional<std::string> metrics = fl.metrics.empty() ? find_run_metrics(fl.adapter_dir) : fl.metrics;
-  LATHE_TRY(write_eval_report({.dir = fl.report_dir, .data_file = file, .metrics_path = metrics}, columns, records));
+  LATHE_TRY(write_eval_report(
+      {.dir = fl.report_dir, .data_file = file, .metrics_path = metrics, .device = device.str()}, columns, records));
   if (!fl.json) std::printf("report: %s/report.md\n", fl.report_dir.c_str());
   return Status::ok();
 }
@@ -106,6 +127,10 @@ void add_eval(CLI::App& app, int* rc) {
       ->capture_default_str();
   cmd->add_option("--label-key", fl->label_key, "The supervised field of the template")->capture_default_str();
   cmd->add_option("--seq-length", fl->seq_length, "Tokens per record; longer ones are cut")->capture_default_str();
+  cmd->add_option("--device", fl->device,
+                  "auto (a GPU when there is one and it can run the model, else the CPU), cpu, cuda or cuda:N; "
+                  "the GPU runs the model in bf16")
+      ->capture_default_str();
   cmd->callback([fl, rc] {
     EvalFlags f = *fl;
     *rc = report("eval", run_eval(f));

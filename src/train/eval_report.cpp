@@ -160,6 +160,7 @@ Status write_eval_report(const EvalReportOptions& options, const std::vector<Eva
   std::ostringstream md;
   md << "# " << options.title << "\n\n";
   if (!options.data_file.empty()) md << "Data: `" << options.data_file << "`\n\n";
+  if (!options.device.empty()) md << "Device: " << options.device << "\n\n";
   md << md_table(columns) << "\n";
   md << "Loss is the mean over supervised tokens; perplexity is exp(loss). Exact match and F1 compare the "
         "greedy continuation with the reference after normalization (lowercase, punctuation removed, "

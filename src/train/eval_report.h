@@ -32,6 +32,7 @@ struct EvalReportOptions {
   std::string data_file;            // named in the report
   size_t max_records = 20;          // per-record predictions listed
   std::optional<std::string> metrics_path;  // training metrics.jsonl; none: no loss curves
+  std::string device;               // what ran the model ("cpu", "cuda:0"); "": not named
 };
 
 // Writes dir/report.md and, with a metrics path, dir/loss_curves.svg.

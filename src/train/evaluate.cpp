@@ -1,6 +1,7 @@
 // Evaluation: records from JSONL through the data pipeline's example
-// builders, the loss from one all-logits forward pass per record, and greedy
-// continuations scored against the reference. The answer normalization works
+// builders, the loss from one all-logits forward pass per record (the CPU's
+// EvalModel here; the GPU's in evaluate_cuda.cpp), and greedy continuations
+// scored against the reference. The answer normalization works
 // on code points: UTF-8 is decoded, lowercased where the script has case,
 // punctuation and separators replaced by spaces, then re-encoded.
 #include "train/evaluate.h"
@@ -207,19 +208,23 @@ Result<std::vector<EvalRecord>> load_eval_records(const std::string& file, const
   return out;
 }
 
-double example_nll_sum(const Example& ex, TensorView logits) {
-  const int64_t vocab = logits.shape[1];
+double example_nll_sum_rows(const Example& ex, TensorView logits, int64_t first) {
+  const int64_t rows = logits.shape[0], vocab = logits.shape[1];
+  const auto n = int64_t(ex.input_ids.size());
   double sum = 0;
-  for (size_t i = 1; i < ex.input_ids.size(); ++i) {
-    if (!ex.loss_mask[i]) continue;
-    const float* row = logits.ptr<const float>() + int64_t(i - 1) * vocab;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = first + r + 1;  // the token this row predicts
+    if (i >= n || !ex.loss_mask[size_t(i)]) continue;
+    const float* row = logits.ptr<const float>() + r * vocab;
     const float mx = *std::max_element(row, row + vocab);
     double z = 0;
     for (int64_t v = 0; v < vocab; ++v) z += std::exp(double(row[v]) - mx);
-    sum += std::log(z) + mx - row[ex.input_ids[i]];
+    sum += std::log(z) + mx - row[ex.input_ids[size_t(i)]];
   }
   return sum;
 }
+
+double example_nll_sum(const Example& ex, TensorView logits) { return example_nll_sum_rows(ex, logits, 0); }
 
 Result<std::vector<int32_t>> greedy_generate(const CausalLM& model, std::span<const int32_t> context,
                                              int max_new_tokens, std::span<const int32_t> stop_ids) {
@@ -241,26 +246,49 @@ Result<std::vector<int32_t>> greedy_generate(const CausalLM& model, std::span<co
   return out;
 }
 
-Result<EvalResult> evaluate(const CausalLM& model, std::span<const EvalRecord> records, const EvalOptions& options) {
+namespace {
+
+// The CPU's EvalModel: one all-logits forward per example, greedy_generate().
+class CpuEvalModel : public EvalModel {
+ public:
+  explicit CpuEvalModel(const CausalLM& model) : model_(model) {}
+  const ModelConfig& config() const override { return model_.config(); }
+  Device device() const override { return Device::cpu(); }
+  Result<double> nll_sum(const Example& ex) override {
+    const auto n = int64_t(ex.input_ids.size());
+    KvCache cache = model_.new_cache(int(n));
+    Tensor logits = Tensor::empty(DType::F32, {n, model_.config().vocab_size});
+    LATHE_TRY(model_.forward(ex.input_ids, cache, logits, true));
+    return example_nll_sum(ex, logits);
+  }
+  Result<std::vector<int32_t>> greedy(std::span<const int32_t> context, int max_new_tokens,
+                                      std::span<const int32_t> stop_ids) override {
+    return greedy_generate(model_, context, max_new_tokens, stop_ids);
+  }
+
+ private:
+  const CausalLM& model_;
+};
+
+}  // namespace
+
+std::unique_ptr<EvalModel> cpu_eval_model(const CausalLM& model) { return std::make_unique<CpuEvalModel>(model); }
+
+Result<EvalResult> evaluate(EvalModel& model, std::span<const EvalRecord> records, const EvalOptions& options) {
   if (options.generate && !options.decode) return invalid_argument("evaluate: generation needs a decode function");
   EvalResult r;
-  const int64_t vocab = model.config().vocab_size;
   double nll = 0, em = 0, f1 = 0;
   for (const EvalRecord& rec : records) {
     const Example& ex = rec.example;
-    const auto n = int64_t(ex.input_ids.size());
     RecordResult out;
-    KvCache cache = model.new_cache(int(n));
-    Tensor logits = Tensor::empty(DType::F32, {n, vocab});
-    LATHE_TRY(model.forward(ex.input_ids, cache, logits, true));
-    const double sum = example_nll_sum(ex, logits);
+    LATHE_ASSIGN_OR_RETURN(const double sum, model.nll_sum(ex));
     out.n_targets = ex.n_targets();
     out.loss = out.n_targets > 0 ? sum / double(out.n_targets) : 0.0;
     nll += sum;
     r.n_supervised_tokens += out.n_targets;
     if (options.generate && rec.generation_context && rec.reference && !rec.generation_context->empty()) {
       LATHE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                             greedy_generate(model, *rec.generation_context, options.max_new_tokens, options.stop_ids));
+                             model.greedy(*rec.generation_context, options.max_new_tokens, options.stop_ids));
       out.prediction = options.decode(ids);
       out.exact_match = exact_match_score(*out.prediction, *rec.reference);
       out.f1 = token_f1_score(*out.prediction, *rec.reference);
@@ -278,6 +306,11 @@ Result<EvalResult> evaluate(const CausalLM& model, std::span<const EvalRecord> r
     r.f1 = f1 / double(r.n_generated);
   }
   return r;
+}
+
+Result<EvalResult> evaluate(const CausalLM& model, std::span<const EvalRecord> records, const EvalOptions& options) {
+  CpuEvalModel m(model);
+  return evaluate(m, records, options);
 }
 
 std::string eval_result_json(const EvalResult& r) {

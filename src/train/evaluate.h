@@ -12,10 +12,17 @@
 // The loss is token-weighted: sum of −log p(target) over every supervised
 // token of every record, divided by their count, the same quantity the
 // trainer's validation loss reports.
+//
+// evaluate() runs on an EvalModel: the two things it asks of a model (the
+// summed loss of one example, a greedy continuation) with one implementation
+// per device side by side, the CPU's over CausalLM and the GPU's over
+// CudaCausalLM (evaluate_cuda.cpp). The scoring is shared, so a number
+// differs between devices only by what the model computes.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +30,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/tensor.h"
 #include "models/causal_lm.h"
 #include "train/dataset.h"
 #include "train/example.h"
@@ -86,14 +94,51 @@ struct EvalResult {
 // Sum of −log softmax(logits[i−1])[ids[i]] over the targets of ex. logits:
 // [n_tokens, vocab] f32 from a forward pass over ex.input_ids.
 double example_nll_sum(const Example& ex, TensorView logits);
+// The same sum over the targets that rows first .. first + rows − 1 of the
+// logits predict: logits [rows, vocab] f32, row r the prediction after token
+// first + r (so it scores ex.input_ids[first + r + 1]). Summing this over
+// consecutive chunks of a pass gives example_nll_sum.
+double example_nll_sum_rows(const Example& ex, TensorView logits, int64_t first);
 
 // Greedy continuation of context: up to max_new_tokens ids, stopping after
 // (and excluding) the first id in stop_ids.
 Result<std::vector<int32_t>> greedy_generate(const CausalLM& model, std::span<const int32_t> context,
                                              int max_new_tokens, std::span<const int32_t> stop_ids);
 
-// Runs every record through model (borrowed for the call). Single caller;
-// the model's forward uses the process's threads.
+// What evaluate() needs of a model, on whatever device holds it. One thread
+// drives an EvalModel; each call starts a fresh sequence.
+class EvalModel {
+ public:
+  virtual ~EvalModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual Device device() const = 0;
+  // example_nll_sum of one forward pass over ex.input_ids.
+  virtual Result<double> nll_sum(const Example& ex) = 0;
+  // As greedy_generate().
+  virtual Result<std::vector<int32_t>> greedy(std::span<const int32_t> context, int max_new_tokens,
+                                              std::span<const int32_t> stop_ids) = 0;
+};
+
+// Borrows model for the EvalModel's lifetime.
+std::unique_ptr<EvalModel> cpu_eval_model(const CausalLM& model);
+
+// Loads model_dir (with adapter_dir merged when not empty) onto CUDA device
+// `device` in bf16, sized for records: the KV cache holds the longest record
+// or generation context + max_new_tokens (capped at the model's context); the
+// loss runs in chunks of at most chunk_tokens, whose logits come to the host.
+// Errors as CudaCausalLM::load (kUnsupported without CUDA or a GPU).
+struct CudaEvalOptions {
+  std::string model_dir;
+  std::string adapter_dir;
+  int device = 0;
+  int max_new_tokens = 64;
+  int chunk_tokens = 256;
+};
+Result<std::unique_ptr<EvalModel>> cuda_eval_model(const CudaEvalOptions& options, std::span<const EvalRecord> records);
+
+// Runs every record through model (borrowed for the call). Single caller.
+Result<EvalResult> evaluate(EvalModel& model, std::span<const EvalRecord> records, const EvalOptions& options);
+// The CPU model; its forward uses the process's threads.
 Result<EvalResult> evaluate(const CausalLM& model, std::span<const EvalRecord> records, const EvalOptions& options);
 
 // {"loss":..,"perplexity":..,"exact_match":..,"f1":..,"n_records":..}

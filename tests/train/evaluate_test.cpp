@@ -150,6 +150,36 @@ TEST_F(EvalFile, LossIsTokenWeightedMeanOverTargets) {
   EXPECT_DOUBLE_EQ(j["loss"].get<double>(), res->loss);
 }
 
+// The chunked form (what the GPU's EvalModel sums, a chunk of logit rows at a
+// time) adds up to the whole pass; a wrong offset does not.
+TEST_F(EvalFile, ChunkedNllSumsToTheWholeExample) {
+  auto model = load_model();
+  int64_t dropped = 0;
+  auto recs = load_eval_records(path_.string(), DataOptions{}, byte_codec(), &dropped);
+  ASSERT_TRUE(recs.is_ok());
+  const Example& ex = (*recs)[1].example;
+  const auto n = int64_t(ex.input_ids.size());
+  KvCache cache = model->new_cache(int(n));
+  Tensor logits = Tensor::empty(DType::F32, {n, model->config().vocab_size});
+  ASSERT_TRUE(model->forward(ex.input_ids, cache, logits, true).is_ok());
+  const double whole = example_nll_sum(ex, logits.view());
+  for (int64_t chunk : {1, 3, 5, n}) {
+    double sum = 0, shifted = 0;
+    for (int64_t first = 0; first < n; first += chunk) {
+      TensorView rows = logits.view().slice_rows(first, std::min(n, first + chunk));
+      sum += example_nll_sum_rows(ex, rows, first);
+      shifted += example_nll_sum_rows(ex, rows, first + 1);
+    }
+    EXPECT_NEAR(sum, whole, 1e-9 * whole) << "chunk " << chunk;
+    EXPECT_GT(std::abs(shifted - whole), 1e-3 * whole) << "chunk " << chunk;
+  }
+  auto cpu = cpu_eval_model(*model);
+  EXPECT_EQ(cpu->device(), Device::cpu());
+  auto via = cpu->nll_sum(ex);
+  ASSERT_TRUE(via.is_ok());
+  EXPECT_DOUBLE_EQ(*via, whole);
+}
+
 TEST_F(EvalFile, ExactMatchWhenTheReferenceIsTheGreedyOutput) {
   auto model = load_model();
   int64_t dropped = 0;

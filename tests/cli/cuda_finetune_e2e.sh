@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The GPU against the CPU, end to end through the CLI: the same LoRA recipe
+# (recipes/tiny_lora.yaml sped up to memorize the bundled sample data in 30
+# steps: lr 1e-2, 5 warmup steps) with --device cpu and --device cuda, then
+# generation and evaluation with the GPU-trained adapter on both devices.
+#
+# The model is the tiny preset with its attention regrouped to head_dim 64
+# (2 heads of 64 over hidden 128, 1 KV head: the same tensors, so only
+# config.json changes), which the GPU trainer's flash kernels take. Its
+# weights are written in bf16, so both devices train from the very same base
+# and differ only in arithmetic (the GPU computes in bf16 with f32
+# accumulation, the CPU in f32).
+#
+# Tolerances (none is a guess):
+# - loss curve: every step's |gpu − cpu| / cpu within 1.25 × the running
+#   maximum, up to that step, of how far Hugging Face + PEFT's own bf16 runs
+#   of this recipe on this model and data are from its f32 run
+#   (tests/data/cuda_finetune/bf16_curve_error.json, made by
+#   tools/bf16_curve_error.py: the larger of its sdpa and eager runs, two
+#   equally valid draws of bf16 rounding; 1.25 is the cuda trainer tests'
+#   factor for one draw). The final loss below 0.1 on both: the set
+#   is memorized (the CPU ends at 0.053; 0.1 is where greedy generation
+#   starts to reproduce the trained answers).
+# - logits of the trained model: max|Δz| / max|z| within Hugging Face's bf16
+#   logit error on a head_dim-64 Llama (random/llama64 of
+#   tests/data/models/bf16_error.json), as device_e2e.sh does.
+# - eval loss: a mean of lse(z) − z_target, so |Δloss| ≤ 2 · that error ·
+#   max|z| over the evaluated records' CPU logits.
+# - greedy tokens on trained prompts: identical.
+# Exits 77 (ctest's skip) when `nvidia-smi -L` lists no GPU or this lathe
+# has no CUDA backend. Usage: cuda_finetune_e2e.sh path/to/lathe (or
+# LATHE=path/to/lathe); needs python3 only (no packages).
+set -euo pipefail
+LATHE="${1:-${LATHE:-}}"
+[ -n "$LATHE" ] && [ -x "$LATHE" ] || { echo "usage: $0 path/to/lathe (or set LATHE)" >&2; exit 2; }
+SRC="$(cd "$(dirname "$0")/../.." && pwd)"
+STEPS=30
+FINAL_LOSS=0.1
+SKIP=77
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "cuda finetune e2e: FAIL: $*" >&2; exit 1; }
+skip() { echo "cuda finetune e2e: SKIP: $*"; exit "$SKIP"; }
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
+command -v nvidia-smi >/dev/null 2>&1 || skip "no nvidia-smi"
+nvidia-smi -L 2>/dev/null | grep -q "^GPU" || skip "nvidia-smi -L lists no GPU"
+
+# ---- the head_dim-64 tiny model -----------------------------------------------------
+M="$TMP/tiny64"
+"$LATHE" init-model --preset tiny --out "$M" --seed 1 --dtype bf16 >/dev/null
+python3 - "$M/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["hidden_size"] == 128 and c["num_attention_heads"] * c["head_dim"] == 128, c
+assert c["num_key_value_heads"] * c["head_dim"] == 64, c
+c.update(num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+json.dump(c, open(sys.argv[1], "w"), indent=2)
+PY
+if ! "$LATHE" generate --model "$M" --prompt-ids 1,2,3 --max-new-tokens 1 --device cuda --json >/dev/null 2>"$TMP/err"; then
+  grep -q "no CUDA backend\|no CUDA device is visible" "$TMP/err" && skip "$(cat "$TMP/err")"
+  fail "generate --device cuda on the head_dim-64 model: $(cat "$TMP/err")"
+fi
+
+# ---- the same recipe on both devices ------------------------------------------------
+train() {  # train DEVICE
+  local start=$(date +%s)
+  "$LATHE" finetune --model "$M" --data "$SRC/data/sample" --recipe "$SRC/recipes/tiny_lora.yaml" \
+    --run-dir "$TMP/$1" --progress lines --device "$1" trainer.max_steps="$STEPS" trainer.log_every_n_steps=1 \
+    trainer.val_check_interval=10 optim.lr=0.01 optim.sched.warmup_steps=5 >"$TMP/$1.summary" 2>"$TMP/$1.progress" \
+    || { cat "$TMP/$1.progress" >&2; fail "finetune --device $1 failed"; }
+  echo "finetune --device $1: $STEPS steps in $(( $(date +%s) - start )) s"
+}
+train cpu
+train cuda
+grep -q "device: cuda:0" "$TMP/cuda.progress" || fail "the GPU run does not say it ran on cuda:0: $(head -20 "$TMP/cuda.progress")"
+
+python3 - "$TMP/cpu/metrics.jsonl" "$TMP/cuda/metrics.jsonl" "$SRC/tests/data/cuda_finetune/bf16_curve_error.json" \
+  "$STEPS" "$FINAL_LOSS" <<'PY' || fail "the GPU's loss curve does not track the CPU's"
+import json, sys
+def curve(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "val_loss" not in r}
+cpu, gpu = curve(sys.argv[1]), curve(sys.argv[2])
+hf = json.load(open(sys.argv[3]))
+steps, final = int(sys.argv[4]), float(sys.argv[5])
+# HF bf16 vs f32, |Δ| / f32 loss, per step from 1: the larger of the two bf16 runs.
+hf_err = [max(a, b) for a, b in zip(hf["step_errors"], hf["step_errors_eager"])]
+assert len(hf_err) == steps, f"bf16_curve_error.json covers {len(hf_err)} steps, the run has {steps}"
+assert sorted(cpu) == sorted(gpu) == list(range(1, steps + 1)), (sorted(cpu), sorted(gpu))
+bad, running = [], 0.0
+print(" step   cpu loss   gpu loss   rel diff   bound")
+for s in range(1, steps + 1):
+    running = max(running, hf_err[s - 1])
+    bound = 1.25 * running
+    rel = abs(gpu[s] - cpu[s]) / cpu[s]
+    print(f"{s:5d} {cpu[s]:10.5f} {gpu[s]:10.5f} {rel:10.2e} {bound:8.2e}{'  <-- outside' if rel > bound else ''}")
+    if rel > bound: bad.append(s)
+assert not bad, f"steps {bad} are outside the bound"
+assert cpu[steps] < final and gpu[steps] < final, f"final loss cpu {cpu[steps]} gpu {gpu[steps]}, wanted < {final}"
+PY
+
+# ---- the GPU-trained adapter on both devices -----------------------------------------
+A="$TMP/cuda/adapter"
+[ -f "$A/adapter_model.safetensors" ] || fail "the GPU run wrote no adapter"
+E=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cases"]["random/llama64"]["error"])' \
+  "$SRC/tests/data/models/bf16_error.json")
+
+# Greedy tokens on trained prompts (questions of data/sample/training.jsonl;
+# the Korean answer is ~80 byte-level tokens).
+for q in "What is the daily ATM withdrawal limit?" "지점 영업시간은 어떻게 되나요?"; do
+  for d in cpu cuda; do
+    "$LATHE" generate --model "$M" --adapter "$A" --prompt "$q" --temperature 0 --max-new-tokens 96 --json \
+      --device "$d" >"$TMP/gen.$d" 2>"$TMP/gen.$d.err" || fail "generate --device $d: $(cat "$TMP/gen.$d.err")"
+  done
+  python3 - "$TMP/gen.cpu" "$TMP/gen.cuda" "$q" <<'PY' || fail "greedy tokens differ for '$q'"
+import json, sys
+cpu, gpu = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"{sys.argv[3]} -> cpu {cpu['text']!r}")
+assert cpu["token_ids"] == gpu["token_ids"], f"cpu {cpu['token_ids']}\ngpu {gpu['token_ids']} ({gpu['text']!r})"
+PY
+done
+
+# Logits of every test record (prompt and answer), CPU against GPU; max|z| for the eval bound.
+python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(json.dumps(r["input"] + " " + r["output"], ensure_ascii=False))' "$SRC/data/sample/test.jsonl" >"$TMP/texts.jsonl"
+"$LATHE" tokenize --tokenizer "$M" --jsonl "$TMP/texts.jsonl" --add-special-tokens >"$TMP/ids.jsonl"
+python3 - "$TMP/ids.jsonl" "$TMP" <<'PY'
+import json, struct, sys
+for k, line in enumerate(open(sys.argv[1])):
+    ids = json.loads(line)
+    h = json.dumps({"input_ids": {"dtype": "I64", "shape": [1, len(ids)], "data_offsets": [0, 8 * len(ids)]}}).encode()
+    h = h.ljust((len(h) + 7) // 8 * 8)
+    open(f"{sys.argv[2]}/ids{k}.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + struct.pack(f"<{len(ids)}q", *ids))
+PY
+for f in "$TMP"/ids[0-9]*.safetensors; do
+  "$LATHE" logits --model "$M" --adapter "$A" --input-ids "$f" --out "$f.cpu" --device cpu >/dev/null
+  "$LATHE" logits --model "$M" --adapter "$A" --input-ids "$f" --out "$f.gpu" --device cuda --reference "$f.cpu" \
+    --tolerance "$E" >/dev/null || fail "GPU logits of $(basename "$f") differ from the CPU's by more than $E"
+done
+ZMAX=$(python3 - "$TMP" <<'PY'
+import array, glob, json, struct, sys
+most = 0.0
+for path in glob.glob(sys.argv[1] + "/ids*.safetensors.cpu"):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        t = json.loads(f.read(n))["logits"]
+        assert t["dtype"] == "F32", t
+        a, b = t["data_offsets"]
+        f.seek(8 + n + a)
+        z = array.array("f")
+        z.frombytes(f.read(b - a))
+        most = max(most, max(abs(x) for x in z))
+print(most)
+PY
+)
+echo "logits: GPU within $E of the CPU on every test record; max|z| = $ZMAX"
+
+# Evaluation on both devices, then base vs adapted on the GPU.
+ev() {  # ev DEVICE WHERE_IT_MUST_RUN [flags]
+  local d="$1" want="$2"; shift 2
+  "$LATHE" eval --model "$M" --adapter "$A" --data "$SRC/data/sample/test.jsonl" --max-new-tokens 48 --json \
+    --device "$d" "$@" 2>"$TMP/eval.err" || fail "eval --device $d: $(cat "$TMP/eval.err")"
+  grep -q "device $want\$" "$TMP/eval.err" || fail "eval --device $d did not say it ran on $want: $(cat "$TMP/eval.err")"
+}
+ev cpu cpu >"$TMP/eval.cpu"
+ev cuda cuda:0 >"$TMP/eval.cuda"
+ev cuda cuda:0 --compare >"$TMP/eval.compare"
+python3 - "$TMP/eval.cpu" "$TMP/eval.cuda" "$TMP/eval.compare" "$E" "$ZMAX" <<'PY' || fail "eval on the GPU differs from the CPU"
+import json, sys
+cpu, gpu, both = (json.load(open(p)) for p in sys.argv[1:4])
+bound = 2 * float(sys.argv[4]) * float(sys.argv[5])
+for name, r in (("cpu", cpu), ("cuda", gpu), ("cuda adapted (--compare)", both["adapted"]),
+                ("cuda base (--compare)", both["base"])):
+    print(f"eval {name}: loss {r['loss']:.5f} perplexity {r['perplexity']:.4f} EM {r['exact_match']} F1 {r['f1']}")
+assert gpu["n_records"] == cpu["n_records"], (gpu, cpu)
+for name, r in (("cuda", gpu), ("cuda --compare", both["adapted"])):
+    d = abs(r["loss"] - cpu["loss"])
+    assert d <= bound, f"{name}: |loss - cpu loss| = {d} > {bound}"
+assert abs(both["base"]["loss"] - cpu["loss"]) > bound, "the base model's loss is inside the bound: it proves nothing"
+print(f"eval loss: GPU within {bound:.4f} of the CPU")
+PY
+echo "cuda finetune e2e: ok"

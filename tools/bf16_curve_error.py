@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""How far Hugging Face + PEFT's bf16 LoRA training curve drifts from its f32 curve.
+
+tests/cli/cuda_finetune_e2e.sh trains one LoRA recipe on the CPU (f32) and on
+the GPU (bf16 base, bf16 activations, f32 accumulation and LoRA masters) and
+asks every step's loss to agree. How close is close enough is what the
+reference stack gets on the same job: transformers + PEFT run with the base
+loaded in bfloat16 (PEFT keeps the adapter in f32 and runs its branch in f32,
+the analogue of lathe's GPU path) against the same run in f32, same adapter
+initialization, same batches, same optimizer. Per step, |bf16 − f32| / f32 of
+the training loss (the loss of the step's forward, before its update).
+
+The job mirrors the script's: the tiny preset of `lathe init-model` (seed 1,
+bf16 weights) regrouped to head_dim 64, data/sample/training.jsonl as
+"{input} {output}" examples (prompt unsupervised, EOS appended), and
+recipes/tiny_lora.yaml with the script's overrides (lr 1e-2, 5 warmup steps,
+so that 30 steps memorize the set): LoRA r 32 / alpha 32 on all seven
+projections, no dropout; AdamW, betas (0.9, 0.98), eps 1e-5, no weight decay;
+linear warmup then cosine to 1e-4 at the last step; gradient clipping at
+norm 1. Global batch 30 = the whole training set, so every step
+sees every example, one token-weighted mean loss.
+
+`step_errors` is the default (sdpa) attention; `step_errors_eager` the same
+bf16 run with eager attention, recorded to show how much the numbers move
+between two equally valid bf16 runs.
+
+Usage: python3 tools/bf16_curve_error.py --lathe build/bin/lathe
+         [--steps 30] [--out tests/data/cuda_finetune/bf16_curve_error.json]
+Needs torch, transformers, peft, tokenizers. Deterministic (one thread).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import tempfile
+
+import peft
+import torch
+import transformers
+from tokenizers import Tokenizer
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+LR, MIN_LR, WARMUP, BETAS, EPS, CLIP = 1e-2, 1e-4, 5, (0.9, 0.98), 1e-5, 1.0
+RANK, ALPHA = 32, 32
+MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_model(lathe, out):
+    """The script's model: init-model's tiny preset, attention regrouped to head_dim 64."""
+    subprocess.run([lathe, "init-model", "--preset", "tiny", "--out", out, "--seed", "1", "--dtype", "bf16"],
+                   check=True, stdout=subprocess.DEVNULL)
+    path = os.path.join(out, "config.json")
+    c = json.load(open(path))
+    c.update(num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    json.dump(c, open(path, "w"), indent=2)
+
+
+def batch(model_dir):
+    """Right-padded ids, attention mask and labels of the whole training set, built as lathe builds them."""
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    eos = json.load(open(os.path.join(model_dir, "config.json")))["eos_token_id"]
+    eos = eos[0] if isinstance(eos, list) else eos
+    docs = []
+    for line in open(os.path.join(ROOT, "data", "sample", "training.jsonl")):
+        r = json.loads(line)
+        ids = tok.encode(r["input"] + " " + r["output"], add_special_tokens=True).ids
+        prompt = tok.encode(r["input"].rstrip(), add_special_tokens=True).ids
+        boundary = 0
+        while boundary < min(len(ids), len(prompt)) and ids[boundary] == prompt[boundary]:
+            boundary += 1
+        mask = [0] * boundary + [1] * (len(ids) - boundary)
+        if ids[-1] != eos:
+            ids, mask = ids + [eos], mask + [1]
+        mask[0] = 0
+        docs.append((ids[:256], mask[:256]))
+    n = max(len(d[0]) for d in docs)
+    input_ids = torch.zeros(len(docs), n, dtype=torch.int64)
+    attn = torch.zeros(len(docs), n, dtype=torch.int64)
+    labels = torch.full((len(docs), n), -100, dtype=torch.int64)
+    for b, (ids, mask) in enumerate(docs):
+        input_ids[b, :len(ids)] = torch.tensor(ids)
+        attn[b, :len(ids)] = 1
+        for j, m in enumerate(mask):
+            if m:
+                labels[b, j] = ids[j]
+    return input_ids, attn, labels
+
+
+def lr_at(step, steps):  # lathe's lr_at, 0-based step
+    if step <= WARMUP:
+        return LR * (step + 1) / (WARMUP + 1)
+    progress = (step - WARMUP) / (steps - WARMUP)
+    return MIN_LR + (LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def curve(model_dir, dtype, attn_impl, data, steps):
+    torch.manual_seed(1234)  # the same LoRA A draw in every run
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_impl)
+    cfg = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=MODULES)
+    model = peft.get_peft_model(base, cfg).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.dtype == torch.float32 for p in params), "PEFT did not keep LoRA in f32"
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+    ids, mask, labels = data
+    losses = []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps)
+        opt.zero_grad()
+        # HF shifts labels inside and averages over every supervised token of the batch.
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lathe", required=True, help="the lathe binary (makes the model with init-model)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "cuda_finetune", "bf16_curve_error.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        make_model(args.lathe, tmp)
+        data = batch(tmp)
+        f32 = curve(tmp, torch.float32, "eager", data, args.steps)
+        runs = {a: curve(tmp, torch.bfloat16, a, data, args.steps) for a in ("sdpa", "eager")}
+    err = {a: [round(abs(b - f) / f, 6) for b, f in zip(r, f32)] for a, r in runs.items()}
+    doc = {"what": "HF + PEFT LoRA training, base bf16 (LoRA f32) vs f32: |loss_bf16 - loss_f32| / loss_f32 per step",
+           "made_by": "python3 tools/bf16_curve_error.py --lathe LATHE --steps %d" % args.steps,
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "peft": peft.__version__},
+           "job": "tiny preset (seed 1, bf16) at head_dim 64; data/sample/training.jsonl; "
+                  "recipes/tiny_lora.yaml with optim.lr=0.01 optim.sched.warmup_steps=5",
+           "step_errors": err["sdpa"], "step_errors_eager": err["eager"],
+           "f32_losses": [round(x, 6) for x in f32], "bf16_losses": [round(x, 6) for x in runs["sdpa"]]}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    for s, (f, b, e, ee) in enumerate(zip(f32, runs["sdpa"], err["sdpa"], err["eager"]), 1):
+        print(f"step {s:3d}  f32 {f:.5f}  bf16 {b:.5f}  rel {e:.2e}  (eager {ee:.2e})")
+
+
+if __name__ == "__main__":
+    main()
