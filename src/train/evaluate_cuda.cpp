@@ -37,7 +37,7 @@ class CudaEvalModel : public EvalModel {
       std::span<float> out(logits_.data(), static_cast<size_t>(rows * vocab));
       LATHE_TRY(model_->forward(std::span<const int32_t>(ex.input_ids).subspan(size_t(first), size_t(rows)), out,
                                 /*all_logits=*/true));
-      TensorView view{.data = logits_.data(), .dtype = DType::F32, .shape = Shape{rows, vocab}};
+      TensorView view{.data = logits_.data(), .dtype = DType::F32, .shape = Shape{rows, vocab}, .device = Device::cpu()};
       sum += example_nll_sum_rows(ex, view, first);
     }
     return sum;

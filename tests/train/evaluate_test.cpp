@@ -163,7 +163,7 @@ TEST_F(EvalFile, ChunkedNllSumsToTheWholeExample) {
   Tensor logits = Tensor::empty(DType::F32, {n, model->config().vocab_size});
   ASSERT_TRUE(model->forward(ex.input_ids, cache, logits, true).is_ok());
   const double whole = example_nll_sum(ex, logits.view());
-  for (int64_t chunk : {1, 3, 5, n}) {
+  for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(5), n}) {
     double sum = 0, shifted = 0;
     for (int64_t first = 0; first < n; first += chunk) {
       TensorView rows = logits.view().slice_rows(first, std::min(n, first + chunk));
