@@ -58,9 +58,10 @@ double time_it(const cuda::CudaStream& s, const std::function<Status()>& fn, int
   return t[t.size() / 2];
 }
 
-// Forward and backward over `docs` packed documents at head_dim d, fast or
-// simple kernels: one printed line each.
-void bench_training(const cuda::CudaStream& s, int docs, int d, bool simple) {
+// Forward and backward over `docs` packed documents at head_dim d for the
+// fast kernels (16 and 32 query rows per warp in the forward; the backward
+// has one fast version) and the simple ones: one printed line each.
+void bench_training(const cuda::CudaStream& s, int docs, int d) {
   const int n = docs * kSeq;
   const size_t nq = size_t(n) * kHeads * d, nkv = size_t(n) * kKvHeads * d;
   cuda::DeviceBuffer q = random_bf16(nq, 1), k = random_bf16(nkv, 2), v = random_bf16(nkv, 3);
@@ -75,22 +76,31 @@ void bench_training(const cuda::CudaStream& s, int docs, int d, bool simple) {
   (void)cu_dev.copy_from_host(cu.data(), cu.size() * 4);
   const auto* cu_ptr = static_cast<const int32_t*>(cu_dev.data());
   const float scale = 1.0f / std::sqrt(float(d));
-
-  cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()), cu_ptr,
-                                 docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle(), simple};
-  cuda::AttentionVarlenBwdArgs b{q.data(),     k.data(),  v.data(),  out.data(), static_cast<const float*>(lse.data()),
-                                 d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr,
-                                 ws.data(),    docs,      kSeq,      n,          kHeads,
-                                 kKvHeads,     d,         0,         scale,      s.handle(),
-                                 simple};
-  const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
-  const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
   // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
   const double fwd_tflop = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * d * 1e-12;
-  const double fwd_rate = fwd_tflop / t_fwd, bwd_rate = 2.5 * fwd_tflop / t_bwd;
-  std::printf("  d=%-3d %-6s  forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)", d, simple ? "simple" : "fast",
-              t_fwd * 1e3, fwd_rate, 100.0 * fwd_rate / kPeakTflops, kPeakTflops);
-  std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate, 100.0 * bwd_rate / kPeakTflops);
+
+  for (int warp_rows : {16, 32, 0}) {  // 0: the simple kernels
+    const bool simple = warp_rows == 0;
+    cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
+                                   cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle(), simple,
+                                   warp_rows};
+    const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+    const double fwd_rate = fwd_tflop / t_fwd;
+    std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)", d,
+                simple ? "simple" : warp_rows == 16 ? "fast w16" : "fast w32", t_fwd * 1e3, fwd_rate,
+                100.0 * fwd_rate / kPeakTflops, kPeakTflops);
+    if (warp_rows == 32) {  // the backward does not depend on it
+      std::printf("\n");
+      continue;
+    }
+    cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
+                                   d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
+                                   kHeads, kKvHeads, d, 0, scale, s.handle(), simple};
+    const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
+    const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
+    std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
+                100.0 * bwd_rate / kPeakTflops);
+  }
 }
 
 }  // namespace
@@ -105,8 +115,7 @@ int main(int argc, char** argv) {
   cuda::CudaStream s = std::move(cuda::CudaStream::create(0).value());
   std::printf("attention training  docs=%d seq=%d heads=%d/%d causal (backward FLOPs = 2.5x forward)\n", docs, kSeq,
               kHeads, kKvHeads);
-  for (int d : {128, 64, 32})
-    for (bool simple : {false, true}) bench_training(s, docs, d, simple);
+  for (int d : {128, 64, 32}) bench_training(s, docs, d);
 
   const float scale = 1.0f / std::sqrt(float(kDim));
   const size_t ncache = size_t(n_ctx) * kKvHeads * kDim;

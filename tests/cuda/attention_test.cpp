@@ -112,14 +112,15 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
     AttentionVarlenArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .out = want, .lse = want_lse,
                           .cu_seqlens = d.cu_host, .window = c.window, .scale = scale};
     ref::attention_varlen_forward(r);
-    for (bool simple : {false, true}) {
-      SCOPED_TRACE(simple ? "simple kernel" : "pipelined kernel");
+    for (int warp_rows : {0, 16, 32}) {  // 0: the simple kernel
+      SCOPED_TRACE(::testing::Message() << (warp_rows == 0 ? "simple kernel" : "pipelined kernel, warp rows ")
+                                        << warp_rows);
       cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
       cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
       cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                      static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
                                      int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                     c.window, scale, nullptr, simple};
+                                     c.window, scale, nullptr, warp_rows == 0, warp_rows};
       Status st = cuda::attention_varlen_forward(a);
       ASSERT_TRUE(st.is_ok()) << st.message();
       EXPECT_LE(testing::rel_error(download(out, DType::BF16, {d.n, c.n_head, c.head_dim}), want), 1e-2);
@@ -129,28 +130,33 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
 }
 
 // At training length, where the double reference would be slow, the
-// pipelined kernel must agree with the simple one: the same arithmetic in
-// the same order, so at most a rare bf16 rounding flip (or an fp32 ulp of
-// lse, should the compiler contract differently) apart.
+// pipelined kernels (16 and 32 rows per warp) must agree with the simple
+// one: the same arithmetic in the same order, so at most a rare bf16
+// rounding flip (or an fp32 ulp of lse, should the compiler contract
+// differently) apart.
 TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   SKIP_WITHOUT_GPU();
   const VarlenCase c{{1500, 700, 1}, 8, 2, 128, 0};
   VarlenData d = make_varlen(c, 4242);
-  Tensor outs[2], lses[2];
-  for (int simple = 0; simple < 2; ++simple) {
+  Tensor outs[3], lses[3];
+  const int warp_rows[3] = {0, 16, 32};  // 0: the simple kernel
+  for (int i = 0; i < 3; ++i) {
     cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
     cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
     cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                    static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()), 3,
                                    max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim, 0,
-                                   1.0f / std::sqrt(128.0f), nullptr, simple == 1};
+                                   1.0f / std::sqrt(128.0f), nullptr, warp_rows[i] == 0, warp_rows[i]};
     Status st = cuda::attention_varlen_forward(a);
     ASSERT_TRUE(st.is_ok()) << st.message();
-    outs[simple] = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
-    lses[simple] = download(lse, DType::F32, {d.n, c.n_head});
+    outs[i] = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
+    lses[i] = download(lse, DType::F32, {d.n, c.n_head});
   }
-  EXPECT_LE(testing::rel_error(outs[0], outs[1]), 5e-3);
-  EXPECT_LE(testing::rel_error(lses[0], lses[1]), 1e-5);
+  for (int i = 1; i < 3; ++i) {
+    SCOPED_TRACE(::testing::Message() << "warp rows " << warp_rows[i]);
+    EXPECT_LE(testing::rel_error(outs[i], outs[0]), 5e-3);
+    EXPECT_LE(testing::rel_error(lses[i], lses[0]), 1e-5);
+  }
 }
 
 // Forward on the device, then the backward (fast or simple kernels) into
@@ -338,6 +344,8 @@ TEST(CudaAttention, RejectsUncompiledHeadDimAndBadGroups) {
   f.n_tokens = 4, f.n_docs = 1, f.max_seqlen = 4, f.n_head = 4, f.n_head_kv = 2, f.head_dim = 96;
   EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
   f.head_dim = 64, f.n_head_kv = 3;
+  EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
+  f.n_head_kv = 2, f.warp_rows = 24;
   EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
   cuda::AttentionDecodeArgs d;
   d.n_tokens = 1, d.n_ctx = 4, d.pos0 = 4, d.n_head = 2, d.n_head_kv = 1, d.head_dim = 64;

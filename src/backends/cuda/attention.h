@@ -36,6 +36,7 @@ struct AttentionVarlenFwdArgs {
   float scale = 1.0f;
   void* stream = nullptr;
   bool simple = false;  // the plain single-buffered kernel, kept as an oracle for the pipelined one
+  int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 

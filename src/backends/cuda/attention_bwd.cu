@@ -37,6 +37,12 @@
 #ifndef LATHE_ATTN_BWD_UNMASKED
 #define LATHE_ATTN_BWD_UNMASKED 1
 #endif
+#ifndef LATHE_ATTN_BWD_MIN_BLOCKS_64
+#define LATHE_ATTN_BWD_MIN_BLOCKS_64 3
+#endif
+#ifndef LATHE_ATTN_BWD_MIN_BLOCKS_32
+#define LATHE_ATTN_BWD_MIN_BLOCKS_32 4
+#endif
 
 namespace lathe::cuda {
 namespace attn {
@@ -59,6 +65,15 @@ struct BwdPath {
 };
 using SimplePath = BwdPath<false, false, false>;
 using FastPath = BwdPath<LATHE_ATTN_BWD_LDMATRIX != 0, LATHE_ATTN_BWD_CP_ASYNC != 0, LATHE_ATTN_BWD_UNMASKED != 0>;
+
+// Thread blocks per SM the registers of the fast kernels must allow (their
+// shared memory allows 2 at head_dim 128, 4 at 64, 6 at 32; at 128 the
+// dK/dV accumulators alone take 128 registers, so 2 is all there is).
+template <int D, class Path>
+constexpr int bwd_min_blocks() {
+  if (!Path::kAsync) return 1;
+  return D == 128 ? 2 : D == 64 ? LATHE_ATTN_BWD_MIN_BLOCKS_64 : LATHE_ATTN_BWD_MIN_BLOCKS_32;
+}
 
 // One warp per (token, head); lanes stride over head_dim.
 __global__ void delta_kernel(BwdParams p, int d) {
@@ -117,7 +132,7 @@ __device__ __forceinline__ void dq_tile(float (*dq)[4], const uint32_t (*qf)[4],
 // Blocks run in reverse tile order: the last query tiles see the most keys
 // and start first, so the short ones fill the tail.
 template <int D, class Path>
-__global__ void __launch_bounds__(kThreads) dq_kernel(BwdParams p) {
+__global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dq_kernel(BwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
@@ -268,7 +283,7 @@ __device__ __forceinline__ void stage_query_tile(const BwdParams& p, bf16* sQ, b
 }
 
 template <int D, class Path>
-__global__ void __launch_bounds__(kThreads) dkdv_kernel(BwdParams p) {
+__global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kernel(BwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS, kBufs = Path::kBufs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);

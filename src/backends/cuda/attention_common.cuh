@@ -255,6 +255,7 @@ struct FwdParams {
   int n_head, n_head_kv, head_dim, window;
   float scale;
   bool simple = false;  // the unpipelined kernel
+  int warp_rows = 0;     // query rows per warp of the fast kernel: 16, 32; 0: the compiled default
 };
 Status launch_flash_forward(const FwdParams& p, void* stream);
 

@@ -15,6 +15,9 @@
 // mask on tiles wholly below the diagonal (1), and the thread blocks per SM
 // the registers must allow per head_dim (more blocks hide more latency; too
 // many make ptxas spill: 4 at head_dim 64 does, check with -Xptxas -v).
+#ifndef LATHE_ATTN_FWD_WARP_ROWS  // query rows per warp of the fast kernel: 16 or 32
+#define LATHE_ATTN_FWD_WARP_ROWS 16
+#endif
 #ifndef LATHE_ATTN_FWD_UNMASKED
 #define LATHE_ATTN_FWD_UNMASKED 1
 #endif
@@ -38,30 +41,15 @@ Status cuda_check(cudaError_t err, const char* what) {
 
 namespace {
 
-// One K/V tile of 64 keys starting at key kt: S = Q·Kᵀ, mask, online
-// softmax update of (m, l, o), O += P·V. All arrays stay in registers; m is
-// kept in scaled log2 units, so P = exp2(S·scale·log2e − m) is one FMA and
-// one exp2 per score. `masked` false: every key of the tile is visible to
-// every row (the caller checked), so the visibility test is skipped.
-// kLdmatrix: B fragments through ldmatrix (two n tiles per instruction),
-// otherwise through the plain element loads; the fragments are the same.
-template <int D, bool kLdmatrix>
-__device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[4], float m[2], float l[2],
-                                            const bf16* sK, const bf16* sV, bool masked, int kt, int pos_a,
-                                            int pos_b, int n_k, int window, float sl2) {
-  constexpr int kS = D + 8;
+// The online softmax of one 16-row score tile s (8 n tiles of 8 keys, C
+// fragments) against the running (m, l, o): mask, new max, rescale, P in
+// place of S. m is kept in scaled log2 units, so P = exp2(S·scale·log2e − m)
+// is one FMA and one exp2 per score. `masked` false: every key of the tile
+// is visible to every row (the caller checked), so the test is skipped.
+template <int D>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], float m[2], float l[2], bool masked,
+                                               int kt, int pos_a, int pos_b, int n_k, int window, float sl2) {
   const int c = threadIdx.x % 4;
-  float s[8][4] = {};
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-    for (int n = 0; n < 8; n += 2) {
-      uint32_t b0[2], b1[2];
-      frag_b_rows2<kLdmatrix>(b0, b1, sK, kS, n * 8, kk * 16);
-      mma_bf16(s[n], qf[kk], b0);
-      mma_bf16(s[n + 1], qf[kk], b1);
-    }
-
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -96,6 +84,28 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
     o[dn][2] *= alpha[1];
     o[dn][3] *= alpha[1];
   }
+}
+
+// One K/V tile of 64 keys starting at key kt for a warp's 16 rows: S = Q·Kᵀ
+// (Q fragments in registers), the online softmax, O += P·V.
+// kLdmatrix: B fragments through ldmatrix (two n tiles per instruction),
+// otherwise through the plain element loads; the fragments are the same.
+template <int D, bool kLdmatrix>
+__device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[4], float m[2], float l[2],
+                                            const bf16* sK, const bf16* sV, bool masked, int kt, int pos_a,
+                                            int pos_b, int n_k, int window, float sl2) {
+  constexpr int kS = D + 8;
+  float s[8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < 8; n += 2) {
+      uint32_t b0[2], b1[2];
+      frag_b_rows2<kLdmatrix>(b0, b1, sK, kS, n * 8, kk * 16);
+      mma_bf16(s[n], qf[kk], b0);
+      mma_bf16(s[n + 1], qf[kk], b1);
+    }
+  online_softmax<D>(s, o, m, l, masked, kt, pos_a, pos_b, n_k, window, sl2);
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) {
     uint32_t a[4];
@@ -110,12 +120,103 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
   }
 }
 
+// The same for a warp's 32 rows: two 16-row tiles, 64 rows apart (one in
+// each of the two Q tiles at sQ), share every K and V fragment read from
+// shared memory, which halves the shared-memory traffic per tensor-core
+// instruction. Q fragments are read from shared memory per 16 columns.
+// pos0: the position of this thread's first row (of the first Q tile).
+template <int D>
+__device__ __forceinline__ void attend_tile_wide(const bf16* sQ, float (*o)[D / 8][4], float (*m)[2], float (*l)[2],
+                                                 const bf16* sK, const bf16* sV, bool masked, int kt, int pos0,
+                                                 int n_k, int window, float sl2) {
+  constexpr int kS = D + 8, kTile = kBlockRows * kS;
+  const int warp = threadIdx.x / 32;
+  float s[2][8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a0[4], a1[4];
+    load_a_x4(a0, sQ, kS, warp * 16, kk * 16);
+    load_a_x4(a1, sQ + kTile, kS, warp * 16, kk * 16);
+#pragma unroll
+    for (int n = 0; n < 8; n += 2) {
+      uint32_t b0[2], b1[2];
+      load_b_rows_x2(b0, b1, sK, kS, n * 8, kk * 16);
+      mma_bf16(s[0][n], a0, b0);
+      mma_bf16(s[0][n + 1], a0, b1);
+      mma_bf16(s[1][n], a1, b0);
+      mma_bf16(s[1][n + 1], a1, b1);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+    online_softmax<D>(s[mt], o[mt], m[mt], l[mt], masked, kt, pos0 + mt * kBlockRows, pos0 + mt * kBlockRows + 8,
+                      n_k, window, sl2);
+  uint32_t pa[2][4][4];  // P in bf16 A fragments: half the registers of s
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    c_to_a(pa[0][kc], s[0], kc);
+    c_to_a(pa[1][kc], s[1], kc);
+  }
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      uint32_t b0[2], b1[2];
+      load_b_cols_x2(b0, b1, sV, kS, kc * 16, dn * 8);
+      mma_bf16(o[0][dn], pa[0][kc], b0);
+      mma_bf16(o[0][dn + 1], pa[0][kc], b1);
+      mma_bf16(o[1][dn], pa[1][kc], b0);
+      mma_bf16(o[1][dn + 1], pa[1][kc], b1);
+    }
+}
+
 // Thread blocks per SM the register allocation must allow for the pipelined
 // kernel (its shared memory allows 3 at head_dim 128).
 template <int D>
 constexpr int min_blocks() {
   if (D == 128) return LATHE_ATTN_FWD_MIN_BLOCKS_128;
   return D == 64 ? LATHE_ATTN_FWD_MIN_BLOCKS_64 : LATHE_ATTN_FWD_MIN_BLOCKS_32;
+}
+// The same for the 32-rows-per-warp kernel (shared memory: 2 blocks at 128).
+template <int D>
+constexpr int min_blocks_wide() {
+  return D == 128 ? 2 : D == 64 ? 2 : 3;
+}
+
+// Writes a warp's 16 finished rows (row_a: this thread's upper row, row_b =
+// row_a + 8): out = o / l in bf16 and lse = (m + log2 l)·ln 2.
+template <int D>
+__device__ __forceinline__ void store_rows(const FwdParams& p, const float (*o)[4], const float m[2],
+                                           const float l[2], int64_t q_base, int row_a, int row_b, int n_q, int h) {
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    const float sum = quad_sum(l[r]);
+    if (row >= n_q) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    bf16* dst = p.out + ((q_base + row) * p.n_head + h) * D + 2 * c;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn)
+      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
+          __floats2bfloat162_rn(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+    if (p.lse && c == 0) p.lse[(q_base + row) * p.n_head + h] = sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+  }
+}
+
+// The sequence a block works on: its rows of q (and keys of k, v) start at
+// q_base (k_base); n_q query rows, n_k keys.
+struct BlockSeq {
+  int64_t q_base = 0, k_base = 0;
+  int n_q = 0, n_k = 0;
+};
+__device__ __forceinline__ BlockSeq block_seq(const FwdParams& p) {
+  BlockSeq b{0, 0, p.n_q, p.q_pos0 + p.n_q};
+  if (p.cu) {
+    b.q_base = b.k_base = p.cu[blockIdx.z];
+    b.n_q = b.n_k = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
+  }
+  return b;
 }
 
 // kPipelined: K/V tiles double-buffered through cp.async, the next tile in
@@ -135,12 +236,7 @@ __global__ void __launch_bounds__(kThreads, kPipelined ? min_blocks<D>() : 1) fl
   bf16* sQ = kPipelined ? sK + kTile : sV + kTile;
 
   const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
-  int64_t q_base = 0, k_base = 0;
-  int n_q = p.n_q, n_k = p.q_pos0 + p.n_q;
-  if (p.cu) {
-    q_base = k_base = p.cu[blockIdx.z];
-    n_q = n_k = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  }
+  const auto [q_base, k_base, n_q, n_k] = block_seq(p);
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
   if (i0 >= n_q) return;
 
@@ -193,18 +289,55 @@ __global__ void __launch_bounds__(kThreads, kPipelined ? min_blocks<D>() : 1) fl
     }
   }
 
+  store_rows<D>(p, o, m, l, q_base, row_a, row_b, n_q, h);
+}
+
+// The fast kernel with 32 rows per warp: 128 query rows per block (two Q
+// tiles, kept in shared memory), K/V double-buffered through cp.async as
+// above; warp w owns rows w·16.. of each Q tile.
+template <int D>
+__global__ void __launch_bounds__(kThreads, min_blocks_wide<D>()) flash_forward_wide_kernel(FwdParams p) {
+  constexpr int kS = D + 8, kTile = kBlockRows * kS, kRows = 2 * kBlockRows;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // two Q tiles, two K tiles, two V tiles
+  bf16* sK = sQ + 2 * kTile;
+  bf16* sV = sK + 2 * kTile;
+
+  const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
+  const auto [q_base, k_base, n_q, n_k] = block_seq(p);
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  if (i0 >= n_q) return;
+
+  const int row0 = i0 + threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4;  // this thread's first row
+  const int last_row = min(i0 + kRows, n_q) - 1;
+  const int k_last = min(n_k - 1, last_row + p.q_pos0);
+  const int k_first = p.window > 0 ? max(0, i0 + p.q_pos0 - p.window + 1) : 0;
+  const float sl2 = p.scale * kLog2e;
+  float o[2][D / 8][4] = {};
+  float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {};
+
+  load_tile_async<D>(sQ, p.q, q_base, i0, n_q, p.n_head, h);
+  load_tile_async<D>(sQ + kTile, p.q, q_base, i0 + kBlockRows, n_q, p.n_head, h);
+  load_tile_async<D>(sK, p.k, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+  load_tile_async<D>(sV, p.v, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+  cp_async_commit();
+  for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
+    if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
+      load_tile_async<D>(sK + (buf ^ 1) * kTile, p.k, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_async<D>(sV + (buf ^ 1) * kTile, p.v, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this tile
+    cp_async_wait_one();
+    __syncthreads();  // this tile's copies (and the first time Q's) from every thread are visible
+    const bool masked = !LATHE_ATTN_FWD_UNMASKED || p.window > 0 || kt + kBlockRows - 1 > i0 + p.q_pos0;
+    attend_tile_wide<D>(sQ, o, m, l, sK + buf * kTile, sV + buf * kTile, masked, kt, row0 + p.q_pos0, n_k, p.window,
+                        sl2);
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row_a : row_b;
-    const float sum = quad_sum(l[r]);
-    if (row >= n_q) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    bf16* dst = p.out + ((q_base + row) * p.n_head + h) * D + 2 * c;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn)
-      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-          __floats2bfloat162_rn(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
-    if (p.lse && c == 0) p.lse[(q_base + row) * p.n_head + h] = sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+  for (int mt = 0; mt < 2; ++mt) {
+    const int row = row0 + mt * kBlockRows;
+    store_rows<D>(p, o[mt], m[mt], l[mt], q_base, row, row + 8, n_q, h);
   }
 }
 
@@ -219,12 +352,26 @@ Status launch(const FwdParams& p, void* stream) {
   return cuda_check(cudaGetLastError(), "flash_forward launch");
 }
 
+template <int D>
+Status launch_wide(const FwdParams& p, void* stream) {
+  const int smem = 6 * kBlockRows * (D + 8) * int(sizeof(bf16));
+  auto* kernel = flash_forward_wide_kernel<D>;
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                       "cudaFuncSetAttribute(flash_forward_wide)"));
+  const dim3 grid((p.max_q + 2 * kBlockRows - 1) / (2 * kBlockRows), p.n_head, p.cu ? p.n_docs : 1);
+  kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  return cuda_check(cudaGetLastError(), "flash_forward_wide launch");
+}
+
 }  // namespace
 
 Status launch_flash_forward(const FwdParams& p, void* stream) {
   if (p.max_q <= 0) return Status::ok();
+  const int warp_rows = p.warp_rows != 0 ? p.warp_rows : LATHE_ATTN_FWD_WARP_ROWS;
   return with_head_dim(p.head_dim, [&](auto d) {
-    return p.simple ? launch<decltype(d)::value, false>(p, stream) : launch<decltype(d)::value, true>(p, stream);
+    constexpr int D = decltype(d)::value;
+    if (p.simple) return launch<D, false>(p, stream);
+    return warp_rows == 32 ? launch_wide<D>(p, stream) : launch<D, true>(p, stream);
   });
 }
 
@@ -243,6 +390,8 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
                             a.n_head_kv);
   if (a.n_docs < 0 || a.max_seqlen < 0 || a.n_tokens < 0 || a.window < 0)
     return invalid_argument("attention_varlen_forward: negative n_docs, max_seqlen, n_tokens or window");
+  if (a.warp_rows != 0 && a.warp_rows != 16 && a.warp_rows != 32)
+    return invalid_argument("attention_varlen_forward: warp_rows ", a.warp_rows, " (0, 16 or 32)");
   if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
   if (a.max_seqlen == 0)
     return invalid_argument("attention_varlen_forward: max_seqlen is 0 with ", a.n_tokens, " tokens");
@@ -252,7 +401,8 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
     return invalid_argument("attention_varlen_forward: q, k, v and out must be 16-byte aligned");
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
-                    a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple};
+                    a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple,
+                    a.warp_rows};
   return attn::launch_flash_forward(p, a.stream);
 }
 
