@@ -7,6 +7,8 @@
 // Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full] [32|bf16-mixed]
 // Defaults: 2 threads, the 58M-parameter shape (512, 8, 1376, 32000), batch 4 x 256, r 16, precision 32
 // (bf16-mixed: the frozen base in bf16, trainer.precision's other value).
+// The bf16 GEMM path (amx, avx512bf16 or f32; LATHE_CPU_GEMM forces one) is
+// printed with the result.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/gemm_bf16.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
 #include "train/trainable_model.h"
@@ -117,8 +120,11 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   const double tokens = double(B) * S;
+  const char* kPathNames[] = {"f32", "avx512bf16", "amx"};
+  const std::string precision =
+      bf16 ? std::string("bf16-mixed (") + kPathNames[int(cpu::bf16_gemm_path())] + " GEMM)" : "32";
   std::printf("| lathe %s %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",
-              full ? "full SFT" : ("LoRA r=" + std::to_string(r)).c_str(), bf16 ? "bf16-mixed" : "32", threads, B,
+              full ? "full SFT" : ("LoRA r=" + std::to_string(r)).c_str(), precision.c_str(), threads, B,
               S, times.front(),
               times[times.size() / 2], tokens / times[times.size() / 2],
               double((*model)->activation_bytes()) / (1 << 20));

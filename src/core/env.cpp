@@ -25,6 +25,8 @@ Result<int64_t> get_int(const char* name, int64_t fallback, int64_t min_value, i
 
 std::string log_level() { return get("LATHE_LOG_LEVEL", "info"); }
 
+std::string cpu_gemm() { return get("LATHE_CPU_GEMM"); }
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

@@ -34,6 +34,10 @@ Result<int64_t> s3_backoff_ms();
 // writer sleeps before each file it writes, so a test can kill a run
 // mid-save deterministically. Default: 0.
 int checkpoint_write_delay_ms();
+// LATHE_CPU_GEMM: amx | avx512bf16 | f32 — the kernel for GEMMs with a bf16
+// operand on the CPU (benchmarks, tests). Default: empty, the fastest the
+// machine runs. An unknown value or one the machine cannot run falls back.
+std::string cpu_gemm();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

@@ -1,17 +1,23 @@
-// gemm_bf16 against a naive double-precision reference, on both paths
-// (AVX512-BF16 where the machine has it, and the forced portable one), with
-// edges in every dimension: rows not a multiple of the register tile,
-// columns past a panel and past a thread block, odd k, k over several packed
-// blocks, leading dimensions wider than the matrices, accumulate and alpha.
+// gemm_bf16 against a naive double-precision reference, on every path
+// (AMX and AVX512-BF16 where the machine has them, the AMX kernel with its
+// tile instructions emulated, and the forced portable one), with edges in
+// every dimension: rows not a multiple of the register tile or tile block,
+// columns past a panel and past a thread block, odd k, k tails inside a
+// tile, k over several packed blocks, leading dimensions wider than the
+// matrices, accumulate and alpha.
 // Then the LM head + cross-entropy with a bf16 (frozen) head, whose softmax
 // is vectorized, against the reference on the same rounded weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
+#include <span>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/gemm_amx.h"
 #include "backends/cpu/gemm_bf16.h"
 #include "core/dtype.h"
 #include "ops/op_test_util.h"
@@ -27,13 +33,27 @@ struct Case {
   bool accumulate;
 };
 
-struct Run {
+struct Outcome {
   std::vector<float> got, exact_ref, rounded_ref;  // [m, ldc]
 };
 
+// gemm_bf16's signature: the dispatched entry point or one kernel.
+using GemmFn = std::function<void(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const uint16_t*,
+                                  int64_t, bool, float*, int64_t)>;
+
+void dispatched(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  cpu::gemm_bf16(trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+void amx_emulated(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  cpu::gemm_bf16_amx(trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc, cpu::AmxTiles::kEmulated);
+}
+
 // ref_rounded: Σ bf16(a)·b in double (what the kernel computes up to f32
 // summation order); ref_exact: Σ a·b with a unrounded (the f32 model's GEMM).
-Run run_case(const Case& c, uint32_t seed) {
+Outcome run_case(const Case& c, uint32_t seed, const GemmFn& gemm = dispatched) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
   const int64_t lda = c.k + 3, ldb = (c.trans_b ? c.k : c.n) + 5, ldc = c.n + 2;
@@ -44,11 +64,11 @@ Run run_case(const Case& c, uint32_t seed) {
   for (float& x : a) x = d(rng);
   for (uint16_t& x : b) x = f32_to_bf16(d(rng));
   for (float& x : c0) x = d(rng);
-  Run r;
+  Outcome r;
   r.got = c0;
   r.exact_ref = c0;
   r.rounded_ref = c0;
-  cpu::gemm_bf16(c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.accumulate, r.got.data(), ldc);
+  gemm(c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.accumulate, r.got.data(), ldc);
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double exact = 0, rounded = 0;
@@ -93,40 +113,105 @@ const Case kCases[] = {
     {false, 100, 17, 1100, 1.0f, false},  // one narrow panel, long k
 };
 
-void check_all(bool portable) {
-  cpu::set_portable_only(portable);
+// The AMX kernel's own edges: 32-row and 32-column tile blocks, 64-column
+// thread blocks, 32-wide k tiles, k blocks of up to 16 tiles.
+const Case kAmxCases[] = {
+    {true, 33, 65, 33, 1.0f, false},     // one past a tile block / thread block / k tile
+    {false, 33, 65, 33, 1.0f, true},
+    {true, 1, 1, 1, 1.0f, false},        // one element
+    {false, 1, 1, 2, -1.5f, true},
+    {true, 31, 129, 529, 0.25f, true},   // k: 17 tiles in two blocks, a 17-wide tail
+    {false, 47, 100, 1024, 1.0f, false}, // k: exactly two full blocks
+    {true, 16, 16, 32, 1.0f, false},     // exactly one tile of each
+    {false, 70, 31, 63, 1.0f, false},    // odd k with a 31-wide tail
+};
+
+// Checks `gemm` on `cases`; rounds_a: whether the path rounds A to bf16.
+void check_cases(std::span<const Case> cases, const GemmFn& gemm, bool rounds_a, const char* path) {
   uint32_t seed = 11;
-  for (const Case& c : kCases) {
-    Run r = run_case(c, seed++);
+  for (const Case& c : cases) {
+    Outcome r = run_case(c, seed++, gemm);
     SCOPED_TRACE(::testing::Message() << "trans_b " << c.trans_b << " m " << c.m << " n " << c.n << " k " << c.k
-                                      << (portable ? " portable" : " vector"));
-    // The vector path rounds A to bf16 exactly as the reference does, so what
-    // is left is f32 summation order (~k · 2⁻²⁴ relative); the portable path
-    // keeps A in f32 and matches the exact reference to the same order.
-    const bool rounds_a = !portable && cpu::has_avx512_bf16();
+                                      << " " << path);
+    // A path that rounds A to bf16 does so exactly as the reference does, so
+    // what is left is f32 summation order (~k · 2⁻²⁴ relative); the portable
+    // path keeps A in f32 and matches the exact reference to the same order.
     EXPECT_LT(rel_err(r.got, rounds_a ? r.rounded_ref : r.exact_ref, c), 2e-6 * std::sqrt(double(c.k)) + 1e-6);
     // Against the f32 GEMM: bf16 rounding of A is 2⁻⁹ relative per element;
     // errors of random sign over k terms stay near that relative to the output.
     EXPECT_LT(rel_err(r.got, r.exact_ref, c), 8e-3);
   }
-  cpu::set_portable_only(false);
+}
+
+// 1 + 2⁻¹² is not a bf16 value: rounded it is 1, so 1 x 1 gives exactly 1.
+void check_rounds_a(const GemmFn& gemm) {
+  const float a[2] = {1.0f + 0x1.0p-12f, 0.0f};
+  const uint16_t b[2] = {f32_to_bf16(1.0f), f32_to_bf16(1.0f)};
+  float c = -1.0f;
+  gemm(true, 1, 1, 2, 1.0f, a, 2, b, 2, false, &c, 1);
+  EXPECT_EQ(c, 1.0f);
 }
 
 TEST(GemmBf16, MatchesReferenceOnTheVectorPath) {
   if (!cpu::has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this machine";
-  check_all(false);
+  cpu::force_bf16_gemm_path(cpu::Bf16GemmPath::kAvx512Bf16);
+  ASSERT_EQ(cpu::bf16_gemm_path(), cpu::Bf16GemmPath::kAvx512Bf16);
+  check_cases(kCases, dispatched, true, "avx512bf16");
+  check_cases(kAmxCases, dispatched, true, "avx512bf16");
+  check_rounds_a(dispatched);
+  cpu::force_bf16_gemm_path(std::nullopt);
 }
 
-TEST(GemmBf16, MatchesReferenceOnThePortablePath) { check_all(true); }
+TEST(GemmBf16, MatchesReferenceOnThePortablePath) {
+  cpu::set_portable_only(true);
+  ASSERT_EQ(cpu::bf16_gemm_path(), cpu::Bf16GemmPath::kF32);
+  check_cases(kCases, dispatched, false, "portable");
+  cpu::set_portable_only(false);
+}
 
-TEST(GemmBf16, RoundsTheLeftOperandToBf16) {
-  if (!cpu::has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this machine";
-  // 1 + 2⁻¹² is not a bf16 value: rounded it is 1, so 1 x 1 gives exactly 1.
-  const float a[2] = {1.0f + 0x1.0p-12f, 0.0f};
-  const uint16_t b[2] = {f32_to_bf16(1.0f), f32_to_bf16(1.0f)};
-  float c = -1.0f;
-  cpu::gemm_bf16(true, 1, 1, 2, 1.0f, a, 2, b, 2, false, &c, 1);
-  EXPECT_EQ(c, 1.0f);
+// Packing, blocking, edges and the store, with the tile instructions done in
+// scalar code: runs wherever AVX512-BF16 does.
+TEST(GemmBf16, AmxKernelMatchesReferenceWithEmulatedTiles) {
+  if (!cpu::has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this machine (the AMX kernel packs with it)";
+  check_cases(kCases, amx_emulated, true, "amx emulated");
+  check_cases(kAmxCases, amx_emulated, true, "amx emulated");
+  check_rounds_a(amx_emulated);
+}
+
+TEST(GemmBf16, MatchesReferenceOnTheAmxPath) {
+  if (!cpu::amx_bf16_available())
+    GTEST_SKIP() << "no AMX-BF16 on this machine, or the OS did not grant the tile state: the AMX path is not "
+                    "tested here (it runs on Intel Xeon 4th generation and later)";
+  cpu::force_bf16_gemm_path(cpu::Bf16GemmPath::kAmx);
+  ASSERT_EQ(cpu::bf16_gemm_path(), cpu::Bf16GemmPath::kAmx);
+  check_cases(kCases, dispatched, true, "amx");
+  check_cases(kAmxCases, dispatched, true, "amx");
+  check_rounds_a(dispatched);
+  // The tile configuration is per thread: calls from threads of the
+  // caller's own, at once, must work as well as from the main thread.
+  std::vector<int> ok(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t, &ok] {
+      const Case c{t % 2 == 0, 20 + t, 40 + t, 70 + t, 1.0f, false};
+      Outcome r = run_case(c, 100 + uint32_t(t));
+      ok[size_t(t)] = rel_err(r.got, r.rounded_ref, c) < 2e-6 * std::sqrt(double(c.k)) + 1e-6;
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_TRUE(ok[size_t(t)]) << "call from thread " << t;
+  cpu::force_bf16_gemm_path(std::nullopt);
+}
+
+// An unrunnable forced path falls back instead of failing.
+TEST(GemmBf16, ForcedPathFallsBackWhenUnavailable) {
+  cpu::force_bf16_gemm_path(cpu::Bf16GemmPath::kAmx);
+  const cpu::Bf16GemmPath want = cpu::amx_bf16_available()   ? cpu::Bf16GemmPath::kAmx
+                                 : cpu::has_avx512_bf16()     ? cpu::Bf16GemmPath::kAvx512Bf16
+                                                              : cpu::Bf16GemmPath::kF32;
+  EXPECT_EQ(cpu::bf16_gemm_path(), want);
+  cpu::force_bf16_gemm_path(cpu::Bf16GemmPath::kF32);
+  EXPECT_EQ(cpu::bf16_gemm_path(), cpu::Bf16GemmPath::kF32);
+  cpu::force_bf16_gemm_path(std::nullopt);
 }
 
 // Bf16 head vs the f32 reference on the same (bf16-valued) weights: the only

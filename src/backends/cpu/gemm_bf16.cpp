@@ -14,12 +14,16 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/gemm_amx.h"
 #include "core/dtype.h"
+#include "core/env.h"
+#include "core/log.h"
 #include "core/parallel.h"
 
 #define LATHE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -196,15 +200,53 @@ void gemm_portable(const Problem& P) {
   }
 }
 
+constexpr int kNotForced = -1;
+std::atomic<int> g_forced_path{kNotForced};
+
+// LATHE_CPU_GEMM, read once.
+int env_path() {
+  static const int path = [] {
+    const std::string v = env::cpu_gemm();
+    if (v.empty()) return kNotForced;
+    if (v == "amx") return int(Bf16GemmPath::kAmx);
+    if (v == "avx512bf16") return int(Bf16GemmPath::kAvx512Bf16);
+    if (v == "f32") return int(Bf16GemmPath::kF32);
+    LATHE_LOG(kWarn, "LATHE_CPU_GEMM=", v, " is not amx, avx512bf16 or f32; ignored");
+    return kNotForced;
+  }();
+  return path;
+}
+
 }  // namespace
+
+Bf16GemmPath bf16_gemm_path() {
+  int want = g_forced_path.load(std::memory_order_relaxed);
+  if (want == kNotForced) want = env_path();
+  if (want == kNotForced) want = int(Bf16GemmPath::kAmx);
+  // Every faster path also needs AVX512-BF16 (has_avx512_bf16() is false
+  // while the portable kernels are forced).
+  if (!has_avx512_bf16()) return Bf16GemmPath::kF32;
+  if (want == int(Bf16GemmPath::kAmx) && amx_bf16_available()) return Bf16GemmPath::kAmx;
+  return want == int(Bf16GemmPath::kF32) ? Bf16GemmPath::kF32 : Bf16GemmPath::kAvx512Bf16;
+}
+
+void force_bf16_gemm_path(std::optional<Bf16GemmPath> path) {
+  g_forced_path.store(path ? int(*path) : kNotForced, std::memory_order_relaxed);
+}
 
 void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   const Problem P{trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc, (k + 1) / 2};
   if (k <= 0) return sgemm(false, false, m, n, 0, alpha, a, lda, nullptr, n, accumulate ? 1.0f : 0.0f, c, ldc);
-  if (has_avx512_bf16()) return gemm_avx512(P);
-  gemm_portable(P);
+  switch (bf16_gemm_path()) {
+    case Bf16GemmPath::kAmx:
+      return gemm_bf16_amx(trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+    case Bf16GemmPath::kAvx512Bf16:
+      return gemm_avx512(P);
+    case Bf16GemmPath::kF32:
+      return gemm_portable(P);
+  }
 }
 
 }  // namespace lathe::cpu

@@ -11,12 +11,25 @@
 // block at a time and multiplied by sgemm (A then stays f32: the portable
 // path is slower and slightly more exact, never different in meaning).
 // Scratch is per thread and kept from call to call: steady state allocates
-// nothing. cpu::has_avx512_bf16() (cpu_ops.h) says which path runs.
+// nothing. Where the CPU has AMX-BF16 and the OS grants the tile state,
+// the AMX kernel (gemm_amx.h) runs instead; bf16_gemm_path() says which
+// path runs, LATHE_CPU_GEMM (env.h) or force_bf16_gemm_path() picks one.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 namespace lathe::cpu {
+
+enum class Bf16GemmPath : uint8_t { kF32, kAvx512Bf16, kAmx };
+
+// The path gemm_bf16 takes now: the forced one (force_bf16_gemm_path, else
+// LATHE_CPU_GEMM) when this machine can run it, else the fastest it can
+// (kF32 while set_portable_only is on). Thread-safe.
+Bf16GemmPath bf16_gemm_path();
+// Forces a path (tests and benchmarks); nullopt goes back to LATHE_CPU_GEMM
+// or the default. A path the machine cannot run falls back as above.
+void force_bf16_gemm_path(std::optional<Bf16GemmPath> path);
 
 void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);

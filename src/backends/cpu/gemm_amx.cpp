@@ -1,0 +1,353 @@
+// gemm_bf16_amx (see gemm_amx.h). Every operand the tiles read is packed
+// into 1 KiB tiles of 16 rows x 64 bytes, zero-padded, so that the tile
+// configuration never changes and no tile load reads past a matrix:
+//   A: per call, tile (row block rb of 16, k tile kt of 32) holds 16 rows of
+//      32 consecutive bf16 (f32 rounded to nearest-even while packed);
+//   B: per column block of kNC and k block of up to kMaxSteps tiles, panels
+//      of 16 columns; tile row p holds, for each of the 16 columns, the pair
+//      (b[2p][j], b[2p + 1][j]) in one 32-bit lane (the VNNI pair layout
+//      TDPBF16PS reads as its second source), low half the even k.
+// The micro-kernel holds a 32 x 32 block of C in four f32 tiles (tmm0-3),
+// two A tiles (tmm4-5) and two B tiles (tmm6-7), and runs the k block; the
+// block goes through a 4 KiB scratch to C with alpha, masks at the edges and
+// (after the first k block, or when accumulating) an add. Threads share the
+// column blocks; each loads the tile configuration before its first tile
+// instruction and releases the tiles after its last.
+//
+// GCC's tile intrinsics are asm statements that name no memory, so each tile
+// routine is a noinline function fenced by compiler memory barriers: packed
+// data is stored before the loads, the scratch is read after the stores.
+#include "backends/cpu/gemm_amx.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/parallel.h"
+
+#define LATHE_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define LATHE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16"), noinline))
+
+namespace lathe::cpu {
+namespace {
+
+constexpr int kTileRows = 16;       // rows of every tile
+constexpr int kTileBytes = 64;      // bytes of every tile row
+constexpr int kTileK = 32;          // k per tile: 32 bf16 (A) or 16 pairs (B)
+constexpr int kTileWords = 256;     // 32-bit words per tile (1 KiB)
+constexpr int kBlock = 32;          // rows and columns of C per micro-kernel call
+constexpr int64_t kNC = 64;         // columns of C per thread task
+constexpr int64_t kMaxSteps = 16;   // k tiles per packed B block: 32 KiB per 32 columns
+
+struct Problem {
+  bool trans_b;
+  int64_t m, n, k;
+  float alpha;
+  const float* a;
+  int64_t lda;
+  const uint16_t* b;
+  int64_t ldb;
+  bool accumulate;
+  float* c;
+  int64_t ldc;
+  int64_t kt;  // k tiles, ceil(k / 32)
+};
+
+// LDTILECFG's 64-byte operand, palette 1.
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];  // bytes per row of tile i
+  uint8_t rows[16];    // rows of tile i
+};
+static_assert(sizeof(TileConfig) == 64);
+
+inline void compiler_barrier() { asm volatile("" ::: "memory"); }
+
+// ---- the hardware tiles -------------------------------------------------
+
+LATHE_AMX void tiles_configure() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = kTileBytes;
+    cfg.rows[t] = kTileRows;
+  }
+  compiler_barrier();
+  _tile_loadconfig(&cfg);
+  compiler_barrier();
+}
+
+LATHE_AMX void tiles_release() { _tile_release(); }
+
+// out[32][32] = A rows (a0: 0-15, a1: 16-31) · B columns (b0: 0-15, b1:
+// 16-31) over `steps` consecutive tiles of each.
+LATHE_AMX void block_hardware(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1,
+                              int64_t steps, float* out) {
+  compiler_barrier();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a0 + s * 2 * kTileWords, kTileBytes);
+    _tile_loadd(5, a1 + s * 2 * kTileWords, kTileBytes);
+    _tile_loadd(6, b0 + s * kTileWords, kTileBytes);
+    _tile_loadd(7, b1 + s * kTileWords, kTileBytes);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  constexpr long kStride = kBlock * sizeof(float);
+  _tile_stored(0, out, kStride);
+  _tile_stored(1, out + 16, kStride);
+  _tile_stored(2, out + 16 * kBlock, kStride);
+  _tile_stored(3, out + 16 * kBlock + 16, kStride);
+  compiler_barrier();
+}
+
+// ---- the same arithmetic in scalar code ---------------------------------
+
+// TDPBF16PS as documented: per row i, pair p, column j,
+//   c[i][j] += a[i][2p]·b[p][j].lo; c[i][j] += a[i][2p+1]·b[p][j].hi
+// (bf16 products are exact in f32; each add rounds to nearest-even).
+void tile_dp_emulated(float* c, int64_t ldc, const uint16_t* a, const uint32_t* b) {
+  for (int i = 0; i < kTileRows; ++i)
+    for (int p = 0; p < kTileK / 2; ++p) {
+      const float a0 = bf16_to_f32(a[i * kTileK + 2 * p]), a1 = bf16_to_f32(a[i * kTileK + 2 * p + 1]);
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t w = b[p * 16 + j];
+        float& acc = c[i * ldc + j];
+        acc = acc + a0 * bf16_to_f32(uint16_t(w & 0xffff));
+        acc = acc + a1 * bf16_to_f32(uint16_t(w >> 16));
+      }
+    }
+}
+
+void block_emulated(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1, int64_t steps,
+                    float* out) {
+  std::fill(out, out + kBlock * kBlock, 0.0f);
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint16_t* as[2] = {a0 + s * 2 * kTileWords, a1 + s * 2 * kTileWords};
+    const uint32_t* bs[2] = {b0 + s * kTileWords, b1 + s * kTileWords};
+    for (int r = 0; r < 2; ++r)
+      for (int q = 0; q < 2; ++q) tile_dp_emulated(out + r * 16 * kBlock + q * 16, kBlock, as[r], bs[q]);
+  }
+}
+
+using BlockFn = void (*)(const uint16_t*, const uint16_t*, const uint32_t*, const uint32_t*, int64_t, float*);
+
+// ---- packing ------------------------------------------------------------
+
+inline __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n > 0 ? __mmask16((1u << n) - 1) : 0; }
+inline __mmask32 mask32(int64_t n) { return n >= 32 ? ~__mmask32(0) : n > 0 ? __mmask32((1u << n) - 1) : 0; }
+
+// Row block rb of A: tiles (rb, 0 .. kt-1) at dst + (rb · kt + t) · 512 bf16.
+LATHE_AVX512BF16 void pack_a_block(const Problem& P, int64_t rb, uint16_t* dst) {
+  for (int r = 0; r < kTileRows; ++r) {
+    const int64_t i = rb * kTileRows + r;
+    for (int64_t t = 0; t < P.kt; ++t) {
+      uint16_t* row = dst + (rb * P.kt + t) * 2 * kTileWords + r * kTileK;
+      if (i >= P.m) {
+        _mm512_storeu_si512(row, _mm512_setzero_si512());
+        continue;
+      }
+      const int64_t e0 = t * kTileK, left = P.k - e0;
+      const float* src = P.a + i * P.lda + e0;
+      const __m512 lo = _mm512_maskz_loadu_ps(mask16(left), src);
+      const __m512 hi = left > 16 ? _mm512_maskz_loadu_ps(mask16(left - 16), src + 16) : _mm512_setzero_ps();
+      _mm512_storeu_si512(row, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
+// 16 x 16 transpose of 32-bit lanes: four butterfly stages; at stage b the
+// lanes whose row and column differ in bit b swap across rows i and i ^ b.
+LATHE_AVX512BF16 void transpose16(__m512i r[16]) {
+  for (int b = 1; b < 16; b <<= 1) {
+    alignas(64) int32_t lo_idx[16], hi_idx[16];
+    for (int c = 0; c < 16; ++c) {
+      lo_idx[c] = (c & b) ? 16 + (c ^ b) : c;
+      hi_idx[c] = (c & b) ? 16 + c : (c ^ b);
+    }
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const __m512i x = r[i], y = r[i | b];
+      r[i] = _mm512_permutex2var_epi32(x, lo, y);
+      r[i | b] = _mm512_permutex2var_epi32(x, hi, y);
+    }
+  }
+}
+
+// B [n, k]: tile rows are the pairs of 16 rows of B, transposed.
+LATHE_AVX512BF16 void pack_b_tile_nk(const Problem& P, int64_t col, int64_t t, uint32_t* dst) {
+  __m512i r[16];
+  const int64_t e0 = t * kTileK;
+  const __mmask32 km = mask32(P.k - e0);
+  for (int j = 0; j < 16; ++j)
+    r[j] = col + j < P.n ? _mm512_maskz_loadu_epi16(km, P.b + (col + j) * P.ldb + e0) : _mm512_setzero_si512();
+  transpose16(r);
+  for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * 16, r[p]);
+}
+
+// B [k, n]: tile row p interleaves rows 2p and 2p + 1 of 16 columns.
+// (GCC 12 warns about the undefined source operand inside the widening
+// intrinsics, which the full mask never reads.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LATHE_AVX512BF16 void pack_b_tile_kn(const Problem& P, int64_t col, int64_t t, uint32_t* dst) {
+  const __mmask16 cm = mask16(P.n - col);
+  for (int p = 0; p < 16; ++p) {
+    const int64_t e = t * kTileK + 2 * p;
+    __m256i r0 = _mm256_setzero_si256(), r1 = _mm256_setzero_si256();
+    if (cm && e < P.k) r0 = _mm256_maskz_loadu_epi16(cm, P.b + e * P.ldb + col);
+    if (cm && e + 1 < P.k) r1 = _mm256_maskz_loadu_epi16(cm, P.b + (e + 1) * P.ldb + col);
+    const __m512i v = _mm512_or_si512(_mm512_cvtepu16_epi32(r0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(r1), 16));
+    _mm512_storeu_si512(dst + p * 16, v);
+  }
+}
+#pragma GCC diagnostic pop
+
+// Columns [j0, j0 + nc) rounded up to whole blocks of 32, k tiles [t0, t0 +
+// steps): panel q's tile s at dst + (q · steps + s) · 256 words.
+void pack_b_block(const Problem& P, int64_t j0, int64_t nc, int64_t t0, int64_t steps, uint32_t* dst) {
+  const int64_t panels = (nc + kBlock - 1) / kBlock * 2;
+  for (int64_t q = 0; q < panels; ++q)
+    for (int64_t s = 0; s < steps; ++s) {
+      uint32_t* tile = dst + (q * steps + s) * kTileWords;
+      if (P.trans_b)
+        pack_b_tile_nk(P, j0 + q * 16, t0 + s, tile);
+      else
+        pack_b_tile_kn(P, j0 + q * 16, t0 + s, tile);
+    }
+}
+
+// ---- blocking -----------------------------------------------------------
+
+// C[rows, cols] = alpha · out (+ C when add).
+LATHE_AVX512BF16 void store_block(const float* out, float* c, int64_t ldc, int rows, int cols, float alpha, bool add) {
+  const __mmask16 m0 = mask16(cols), m1 = mask16(cols - 16);
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(_mm512_loadu_ps(out + r * kBlock), va);
+    __m512 v1 = _mm512_mul_ps(_mm512_loadu_ps(out + r * kBlock + 16), va);
+    if (add) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, v0);
+    _mm512_mask_storeu_ps(cr + 16, m1, v1);
+  }
+}
+
+struct Scratch {
+  std::vector<uint32_t> b;                 // one packed B block
+  alignas(64) float out[kBlock * kBlock];  // one C block from the tiles
+};
+
+// One column block [j0, j0 + nc) of C over every row block and k block.
+void column_block(const Problem& P, const uint16_t* apack, int64_t j0, int64_t nc, Scratch& s, BlockFn block) {
+  const int64_t kblocks = (P.kt + kMaxSteps - 1) / kMaxSteps;
+  const int64_t steps_even = (P.kt + kblocks - 1) / kblocks;
+  const int64_t col_pairs = (nc + kBlock - 1) / kBlock, row_pairs = (P.m + kBlock - 1) / kBlock;
+  s.b.resize(size_t(col_pairs * 2 * steps_even * kTileWords));
+  for (int64_t t0 = 0; t0 < P.kt; t0 += steps_even) {
+    const int64_t steps = std::min(steps_even, P.kt - t0);
+    const bool add = P.accumulate || t0 > 0;
+    pack_b_block(P, j0, nc, t0, steps, s.b.data());
+    for (int64_t ip = 0; ip < row_pairs; ++ip) {
+      const int rows = int(std::min<int64_t>(kBlock, P.m - ip * kBlock));
+      const uint16_t* a0 = apack + ((2 * ip) * P.kt + t0) * 2 * kTileWords;
+      const uint16_t* a1 = a0 + P.kt * 2 * kTileWords;
+      for (int64_t jp = 0; jp < col_pairs; ++jp) {
+        const int cols = int(std::min<int64_t>(kBlock, nc - jp * kBlock));
+        const uint32_t* b0 = s.b.data() + 2 * jp * steps * kTileWords;
+        block(a0, a1, b0, b0 + steps * kTileWords, steps, s.out);
+        store_block(s.out, P.c + ip * kBlock * P.ldc + j0 + jp * kBlock, P.ldc, rows, cols, P.alpha, add);
+      }
+    }
+  }
+}
+
+void run(const Problem& P, AmxTiles tiles) {
+  const bool hw = tiles == AmxTiles::kHardware;
+  const BlockFn block = hw ? block_hardware : block_emulated;
+  const int64_t row_blocks = (P.m + kBlock - 1) / kBlock * 2;
+  thread_local std::vector<uint16_t> apack;
+  apack.resize(size_t(row_blocks * P.kt * 2 * kTileWords));
+  uint16_t* ap = apack.data();
+  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
+  const bool par = threads > 1 && P.m * P.n * P.k >= (int64_t{1} << 18);
+#pragma omp parallel for num_threads(int(threads)) schedule(static) if (par)
+  for (int64_t rb = 0; rb < row_blocks; ++rb) pack_a_block(P, rb, ap);
+  const int64_t blocks = (P.n + kNC - 1) / kNC;
+#pragma omp parallel num_threads(int(std::min(threads, blocks))) if (par)
+  {
+    thread_local Scratch scratch;
+    if (hw) tiles_configure();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t j0 = blk * kNC;
+      column_block(P, ap, j0, std::min(kNC, P.n - j0), scratch, block);
+    }
+    if (hw) tiles_release();
+  }
+}
+
+bool cpu_has_avx512_bf16() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+// CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; XCR0 bits 17-18 the
+// tile state enabled by the OS; then Linux's per-process permission.
+bool request_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!(d & (1u << 22)) || !(d & (1u << 24)) || !cpu_has_avx512_bf16()) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  asm volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) {
+    LATHE_LOG(kWarn, "gemm_bf16: the CPU has AMX but the OS does not enable its tile state; using AVX-512");
+    return false;
+  }
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    LATHE_LOG(kWarn, "gemm_bf16: the CPU has AMX but arch_prctl(ARCH_REQ_XCOMP_PERM) was refused; using AVX-512");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool amx_bf16_available() {
+  static const bool ok = request_amx();
+  return ok;
+}
+
+void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc, AmxTiles tiles) {
+  LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
+              "gemm_bf16_amx: this machine cannot run the requested path");
+  LATHE_CHECK(k > 0, "gemm_bf16_amx: k must be positive");
+  if (m <= 0 || n <= 0) return;
+  run({trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc, (k + kTileK - 1) / kTileK}, tiles);
+}
+
+}  // namespace lathe::cpu

@@ -1,0 +1,34 @@
+// Internal to the CPU backend: gemm_bf16 (gemm_bf16.h) on Intel AMX tiles,
+// same contract: C[m, n] = alpha · round_bf16(A)[m, k] · op(B) (+ C), A f32,
+// B bf16 ([n, k] when trans_b, else [k, n]), products exact, sums in f32.
+//
+// AMX is opt-in per process on Linux (arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XTILEDATA)); amx_bf16_available() asks for it once and says whether the
+// CPU has AMX-BF16 + AMX-TILE (+ AVX512-BF16, used to pack) and the OS
+// granted the tile state. The tile configuration is per thread: every
+// thread that runs tiles loads it first and releases the tiles when done.
+//
+// AmxTiles::kEmulated runs the same packing, blocking and edge handling with
+// the tile instructions done in scalar code (the instruction's documented
+// arithmetic), so that everything but the three tile instructions is tested
+// on machines without AMX; it needs AVX512-BF16 and is slow (tests only).
+#pragma once
+
+#include <cstdint>
+
+namespace lathe::cpu {
+
+enum class AmxTiles : uint8_t { kHardware, kEmulated };
+
+// True when the hardware path can run in this process. Thread-safe; the
+// first call makes the arch_prctl request.
+bool amx_bf16_available();
+
+// Borrows a, b and c for the call; any thread may call it (outside a
+// parallel region it uses the OpenMP threads). kHardware requires
+// amx_bf16_available(), kEmulated has_avx512_bf16() (checked: abort if not).
+void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
+                   AmxTiles tiles = AmxTiles::kHardware);
+
+}  // namespace lathe::cpu
