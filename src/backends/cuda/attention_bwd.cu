@@ -112,7 +112,7 @@ __device__ __forceinline__ void dq_tile(float (*dq)[4], const uint32_t (*qf)[4],
     for (int e = 0; e < 4; ++e) {
       const int key = kt + j * 8 + 2 * c + (e & 1);
       const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
-      const float pr = vis ? exp2f(fmaf(s[j][e], sl2, -lse2[e / 2])) : 0.f;
+      const float pr = vis ? fast_exp2(fmaf(s[j][e], sl2, -lse2[e / 2])) : 0.f;
       s[j][e] = pr * (dp[j][e] - dlt[e / 2]);  // dS
     }
 #pragma unroll
@@ -239,7 +239,7 @@ __device__ __forceinline__ void dkdv_tile(float (*dk)[4], float (*dv)[4], const 
     for (int e = 0; e < 4; ++e) {
       const int col = j * 8 + 2 * c + (e & 1), qi = qt + col;
       const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
-      const float pr = vis ? exp2f(fmaf(s[j][e], sl2, -sL[col] * kLog2e)) : 0.f;
+      const float pr = vis ? fast_exp2(fmaf(s[j][e], sl2, -sL[col] * kLog2e)) : 0.f;
       s[j][e] = pr;
       dp[j][e] = pr * (dp[j][e] - sD[col]);  // dSᵀ
     }

@@ -212,6 +212,23 @@ __device__ __forceinline__ void stage_tile(bf16* s, const bf16* g, int64_t base_
   }
 }
 
+// 2^x in one MUFU instruction: ex2.approx with results below 2^-126 flushed
+// to zero (exp2f also rescales to keep those denormals, three more
+// instructions per score for values that vanish beside the row's sum).
+// exp2(-inf) = 0. LATHE_ATTN_FAST_EXP2=0 builds exp2f instead.
+#ifndef LATHE_ATTN_FAST_EXP2
+#define LATHE_ATTN_FAST_EXP2 1
+#endif
+__device__ __forceinline__ float fast_exp2(float x) {
+#if LATHE_ATTN_FAST_EXP2
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -66,7 +66,7 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], flo
   for (int r = 0; r < 2; ++r) {
     const float m_new = fmaxf(m[r], quad_max(mx[r]) * sl2);
     base[r] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[r] = exp2f(m[r] - base[r]);  // 0 when m was -inf
+    alpha[r] = fast_exp2(m[r] - base[r]);  // 0 when m was -inf
     m[r] = m_new;
     l[r] *= alpha[r];
   }
@@ -74,7 +74,7 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], flo
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[n][e] = exp2f(fmaf(s[n][e], sl2, -base[e / 2]));
+      s[n][e] = fast_exp2(fmaf(s[n][e], sl2, -base[e / 2]));
       l[e / 2] += s[n][e];
     }
 #pragma unroll
