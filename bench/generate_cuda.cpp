@@ -1,13 +1,16 @@
 // Generation on one GPU at Llama-3.2-1B and Llama-3.1-8B shapes with random
 // bf16 weights made on the device: prefill tokens/s over a prompt, and
-// batch-1 decode tokens/s with and without CUDA graphs (greedy on the
-// device), each beside its floor: decode against the memory-bandwidth floor
-// (every weight and the KV cache read once per token at the measured
-// ~4.3 TB/s of the H200), prefill against the bf16 GEMM peak (~810 TFLOP/s
-// through cuBLASLt). The baseline, transformers generate on the same
-// machine, is bench/generate_hf.py.
+// decode tokens/s of B sequences at once (every sequence gets the same
+// prompt, then one token each per step, greedy on the device) with and
+// without CUDA graphs, each beside its floor: decode against the
+// memory-bandwidth floor (every weight read once per step plus each
+// sequence's KV cache, at the measured ~4.3 TB/s of the H200; tokens/s
+// counts all B sequences), prefill against the bf16 GEMM peak
+// (~810 TFLOP/s through cuBLASLt). A decode step is 9·n_layer + 4 kernels
+// (cuda_causal_lm.cpp) plus the argmax. The baseline, transformers generate
+// on the same machine, is bench/generate_hf.py (same --batch).
 //
-//   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256]
+//   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -64,13 +67,14 @@ std::vector<int32_t> prompt_ids(int n, int vocab) {
   return ids;
 }
 
-// Weights read per decoded token (the embedding contributes one row; a tied
-// head is the embedding read once) plus the KV cache at mean context ctx.
-double decode_bytes(const ModelConfig& c, int64_t n_params, double ctx) {
+// Bytes read per decode step of `batch` sequences: the weights once (the
+// embedding contributes a row per sequence, neglected; a tied head is the
+// embedding read once) plus each sequence's KV cache at mean context ctx.
+double decode_bytes(const ModelConfig& c, int64_t n_params, double ctx, int batch) {
   const double embed = double(c.vocab_size) * c.hidden_size;
   const double weights = 2.0 * (n_params - (c.tie_word_embeddings ? 0.0 : embed));
   const double kv = 2.0 * 2.0 * c.num_hidden_layers * ctx * c.num_key_value_heads * c.head_dim;
-  return weights + kv;
+  return weights + batch * kv;
 }
 
 // Best of reps: prefill seconds for the prompt; decode seconds for n tokens after it.
@@ -78,40 +82,45 @@ struct Timing {
   double prefill_s = 1e30, decode_s = 1e30;
 };
 
-Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_decode, bool graphs, int reps) {
+Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_decode, int batch, bool graphs,
+                  int reps) {
   Timing t;
   m.set_use_graphs(graphs);
+  std::vector<int32_t> cur(static_cast<size_t>(batch)), next(static_cast<size_t>(batch));
   for (int r = 0; r < reps; ++r) {
     m.clear();
-    Clock::time_point t0 = Clock::now();
-    auto first = m.forward_greedy(prompt);  // waits for the device (the id comes back)
-    if (!first.is_ok()) {
-      std::fprintf(stderr, "prefill: %s\n", first.status().message().c_str());
-      return t;
-    }
-    t.prefill_s = std::min(t.prefill_s, seconds_since(t0));
-    int32_t next = *first;
-    Clock::time_point t1 = Clock::now();
-    for (int i = 0; i < n_decode; ++i) {
-      auto id = m.forward_greedy(std::span<const int32_t>(&next, 1));
-      if (!id.is_ok()) {
-        std::fprintf(stderr, "decode: %s\n", id.status().message().c_str());
+    for (int s = 0; s < batch; ++s) {
+      Clock::time_point t0 = Clock::now();
+      std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+      lathe::Status st = m.forward_seq(s, prompt, logits);  // waits for the device (the logits come back)
+      if (!st.is_ok()) {
+        std::fprintf(stderr, "prefill: %s\n", st.message().c_str());
         return t;
       }
-      next = *id;
+      if (s == 0) t.prefill_s = std::min(t.prefill_s, seconds_since(t0));
+      cur[s] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    Clock::time_point t1 = Clock::now();
+    for (int i = 0; i < n_decode; ++i) {
+      lathe::Status st = m.decode_batch_greedy(cur, next);
+      if (!st.is_ok()) {
+        std::fprintf(stderr, "decode: %s\n", st.message().c_str());
+        return t;
+      }
+      cur.swap(next);
     }
     t.decode_s = std::min(t.decode_s, seconds_since(t1));
   }
   return t;
 }
 
-void run_shape(const Shape& s, int n_prompt, int n_decode) {
+void run_shape(const Shape& s, int n_prompt, int n_decode, int batch) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
     return;
   }
-  lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt};
+  lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -119,16 +128,17 @@ void run_shape(const Shape& s, int n_prompt, int n_decode) {
   }
   CudaCausalLM& m = **model;
   const std::vector<int32_t> prompt = prompt_ids(n_prompt, s.cfg.vocab_size);
-  const Timing eager = time_model(m, prompt, n_decode, /*graphs=*/false, 2);
-  const Timing graph = time_model(m, prompt, n_decode, /*graphs=*/true, 3);
+  const Timing eager = time_model(m, prompt, n_decode, batch, /*graphs=*/false, 2);
+  const Timing graph = time_model(m, prompt, n_decode, batch, /*graphs=*/true, 3);
   const double params = double(m.n_params());
   const double prefill_flops = 2.0 * params * n_prompt;
-  const double bytes = decode_bytes(s.cfg, m.n_params(), n_prompt + n_decode / 2.0);
-  const double floor_tps = kBandwidth / bytes;
-  const double tps_graph = n_decode / graph.decode_s, tps_eager = n_decode / eager.decode_s;
-  std::printf("| %s | %.2fB | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9, n_prompt,
-              n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak, tps_eager, tps_graph,
-              floor_tps, 100.0 * tps_graph / floor_tps);
+  const double bytes = decode_bytes(s.cfg, m.n_params(), n_prompt + n_decode / 2.0, batch);
+  const double floor_tps = batch * kBandwidth / bytes;
+  const double tps_graph = double(batch) * n_decode / graph.decode_s;
+  const double tps_eager = double(batch) * n_decode / eager.decode_s;
+  std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9,
+              batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
+              tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
   std::fflush(stdout);
 }
 
@@ -136,30 +146,32 @@ void run_shape(const Shape& s, int n_prompt, int n_decode) {
 
 int main(int argc, char** argv) {
   std::string which = "all";
-  int n_prompt = 512, n_decode = 256;
+  int n_prompt = 512, n_decode = 256, batch = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--decode")) n_decode = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
     return 1;
   }
-  if (n_prompt < 2 || n_decode < 1) {
-    std::fprintf(stderr, "bench_generate_cuda: --prompt must be >= 2 and --decode >= 1\n");
+  if (n_prompt < 2 || n_decode < 1 || batch < 1 || batch > 256) {
+    std::fprintf(stderr, "bench_generate_cuda: --prompt must be >= 2, --decode >= 1 and --batch in [1, 256]\n");
     return 1;
   }
   const Shape shapes[] = {
       {"Llama-3.2-1B", llama3(2048, 16, 32, 8, 8192, /*tied=*/true)},
       {"Llama-3.1-8B", llama3(4096, 32, 32, 8, 14336, /*tied=*/false)},
   };
-  std::printf("generation, batch 1, bf16, random weights; decode greedy on the device\n");
-  std::printf("| shape | params | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
-              "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 9 kernels per layer + 4 "
+              "per step; tok/s counts all sequences\n", batch);
+  std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
+              "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
-    if (which == "all" || (which == "1b" && is_1b) || (which == "8b" && !is_1b)) run_shape(s, n_prompt, n_decode);
+    if (which == "all" || (which == "1b" && is_1b) || (which == "8b" && !is_1b)) run_shape(s, n_prompt, n_decode, batch);
   }
   return 0;
 }

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Baseline for bench_generate_cuda: transformers on the same GPU at the same
 shapes (Llama-3.2-1B, Llama-3.1-8B; random init made on the device, bf16,
-sdpa attention), the same prompt length and number of new tokens, batch 1,
-greedy. Prefill is one forward over the prompt; decode is generate() with a
-static cache (when this transformers has it) minus that prefill, per token.
+sdpa attention), the same prompt length and number of new tokens, greedy,
+batch B (B copies of the prompt, as bench_generate_cuda --batch B gives
+every sequence the same prompt). Prefill is one forward over the B prompts;
+decode is generate() with a static cache (when this transformers has it)
+minus that prefill, per step; decode tokens/s counts all B sequences.
 
-  python3 bench/generate_hf.py [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--compile]
+  python3 bench/generate_hf.py [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--compile]
 """
 import argparse
 import time
@@ -42,12 +44,12 @@ def sync_time(fn):
     return time.perf_counter() - t0, out
 
 
-def run(name, kw, n_prompt, n_decode, compile_forward):
+def run(name, kw, n_prompt, n_decode, batch, compile_forward):
     model = make_model(kw)
     if compile_forward:
         model.forward = torch.compile(model.forward, mode="reduce-overhead")
     params = sum(p.numel() for p in model.parameters())
-    ids = torch.tensor([[(i * 7919 + 13) % 128256 for i in range(n_prompt)]], device="cuda")
+    ids = torch.tensor([[(i * 7919 + 13) % 128256 for i in range(n_prompt)]] * batch, device="cuda")
     gen_kw = dict(max_new_tokens=n_decode, min_new_tokens=n_decode, do_sample=False)
     cache = "static"
     with torch.inference_mode():
@@ -60,8 +62,9 @@ def run(name, kw, n_prompt, n_decode, compile_forward):
         prefill = min(sync_time(lambda: model(ids))[0] for _ in range(3))
         total = min(sync_time(lambda: model.generate(ids, cache_implementation=cache, **gen_kw)
                               if cache else model.generate(ids, **gen_kw))[0] for _ in range(3))
-    decode = (total - prefill) / (n_decode - 1)  # the first new token comes from the prefill
-    print(f"| {name} | {params / 1e9:.2f}B | {n_prompt} | {n_prompt / prefill:.0f} | {1 / decode:.1f} | "
+    decode = (total - prefill) / (n_decode - 1)  # seconds per step; the first new token comes from the prefill
+    print(f"| {name} | {params / 1e9:.2f}B | {batch} | {n_prompt} | {batch * n_prompt / prefill:.0f} | "
+          f"{batch / decode:.1f} | "
           f"{cache or 'dynamic'}{' + compile' if compile_forward else ''} |", flush=True)
     del model
     torch.cuda.empty_cache()
@@ -72,14 +75,15 @@ def main():
     ap.add_argument("--shape", default="all", choices=["1b", "8b", "all"])
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--compile", action="store_true", help="torch.compile the forward (reduce-overhead)")
     args = ap.parse_args()
     print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}")
-    print("| shape | params | prompt | prefill tok/s | decode tok/s | cache |\n|---|---|---|---|---|---|")
+    print("| shape | params | batch | prompt | prefill tok/s | decode tok/s | cache |\n|---|---|---|---|---|---|---|")
     for key in (["1b", "8b"] if args.shape == "all" else [args.shape]):
         name, kw = SHAPES[key]
-        run(name, kw, args.prompt, args.decode, args.compile)
+        run(name, kw, args.prompt, args.decode, args.batch, args.compile)
 
 
 if __name__ == "__main__":

@@ -4,25 +4,36 @@
 //   per layer: x = norm(h); q,k,v = x·Wqkvᵀ (+b); q/k norm; RoPE; cache ← k,v;
 //              h += attn(q, cache)·Woᵀ; x = norm(h); h += (silu(x·Wgᵀ)·(x·Wuᵀ))·Wdᵀ
 //   logits = norm(h)·Wheadᵀ (f32)
-// The residual add is fused into the next RMSNorm (the residual stream is
-// stored in bf16, as in training). q/k/v and gate/up weights are stacked into
-// one matrix each, so a one-token step is one GEMM per stack; a pass over n
-// tokens runs one GEMM per part into a buffer laid out [q | k | v] by part
-// (for n = 1 the two layouts are the same bytes).
+// The residual stream h is f32: every add into it and every norm of it is
+// done in f32 (rounding h to bf16 after each add is the largest error of a
+// bf16 forward), the projections that feed it write f32, and the logits are
+// never rounded. q/k/v and gate/up weights are stacked into one matrix each.
 //
-// Memory: two device arenas planned at load, weights and state (KV cache,
-// activations for max_forward_tokens, logits for max_logit_rows). A decode
-// step reads its token and position from the state arena, so its CUDA graph
-// is captured once (on the second decode step, after an eager one has made
-// cuBLASLt's plans) and replayed after.
+// Two paths. Prefill (n tokens of one sequence) runs cuBLASLt GEMMs into
+// buffers laid out [q | k | v] by part and the flash attention kernel. A
+// decode step (one token for each of sequences 0..B−1) runs the skinny GEMM
+// of decode_ops.h with its epilogues fused: per layer norm, qkv (+bias),
+// q/k-norm+RoPE+append, attention (split + merge), o (+residual), norm,
+// gate|up (+SwiGLU), down (+residual): 9 kernels; plus embedding, RoPE
+// tables, final norm and LM head: 9·n_layer + 4 kernels per step (148 for
+// Llama-3.2-1B, 292 for Llama-3.1-8B), captured once per B as a CUDA graph.
+//
+// Memory: two device arenas planned at load, weights and state (a KV cache
+// per sequence, activations for max_forward_tokens or max_batch rows,
+// logits). A decode step reads its tokens, positions and cache pointers
+// from the state arena, so its graph is captured once (on the second step
+// of that B, after an eager one) and replayed after.
 #include "models/cuda_causal_lm.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/decode_ops.h"
 #include "backends/cuda/generation_ops.h"
 #include "io/safetensors.h"
 #include "models/weight_loader.h"
@@ -32,6 +43,8 @@ namespace lathe {
 using cuda::bf16_bits;
 
 namespace {
+
+constexpr int kMaxBatch = 256;  // sequences one model holds at most
 
 struct LayerWeights {
   bf16_bits* qkv_w = nullptr;      // [q_dim + 2·kv_dim, hidden]: q_proj, k_proj, v_proj rows
@@ -48,24 +61,27 @@ struct LayerWeights {
   bf16_bits* mlp_norm = nullptr;   // [hidden]
 };
 
-// Activations and per-step inputs, each sized for T = max_forward_tokens.
+// Activations and per-step inputs, each sized for R = max(max_forward_tokens,
+// max_batch) rows unless said otherwise.
 struct StateBuffers {
-  int32_t* tokens = nullptr;     // [T]
-  int32_t* positions = nullptr;  // [T]; positions[0] is the pass's first position
-  float* cos = nullptr;          // [T, head_dim / 2]
-  float* sin = nullptr;          // [T, head_dim / 2]
-  bf16_bits* h = nullptr;        // [T, hidden] the residual stream
-  bf16_bits* normed = nullptr;   // [T, hidden]
-  bf16_bits* delta = nullptr;    // [T, hidden] attention or MLP output
-  bf16_bits* qkv = nullptr;      // [T, q_dim + 2·kv_dim] as [q | k | v]
-  bf16_bits* attn = nullptr;     // [T, q_dim]
-  bf16_bits* gu = nullptr;       // [T, 2·ffn] as [gate | up]
-  float* logits = nullptr;       // [max_logit_rows, vocab]
+  int32_t* tokens = nullptr;     // [R]
+  int32_t* positions = nullptr;  // [R]; prefill: positions of the pass; decode: sequence s's position
+  float* cos = nullptr;          // [R, head_dim / 2]
+  float* sin = nullptr;          // [R, head_dim / 2]
+  float* h = nullptr;            // [R, hidden] the residual stream (f32)
+  float* delta = nullptr;        // [R, hidden] prefill's attention or MLP output (f32)
+  bf16_bits* normed = nullptr;   // [R, hidden]
+  bf16_bits* qkv = nullptr;      // [R, q_dim + 2·kv_dim] prefill: [q | k | v] by part; decode: by row
+  bf16_bits* q = nullptr;        // [max_batch, q_dim] decode: q after RoPE
+  bf16_bits* attn = nullptr;     // [R, q_dim]
+  bf16_bits* gu = nullptr;       // [R, 2·ffn] as [gate | up]; decode: [B, ffn] silu(gate)·up
+  float* logits = nullptr;       // [max(max_logit_rows, max_batch), vocab]
   void* attn_workspace = nullptr;
-  int32_t* next_token = nullptr;  // [1] forward_greedy's pick
-  // Per layer four slots [k, -, v, -]: the one-sequence pointer arrays of
-  // attention_decode_batch, each 16-byte aligned.
-  const void** cache_ptrs = nullptr;
+  int32_t* next_token = nullptr;  // [max_batch] greedy picks
+  // Per layer 2·S slots (S = max_batch rounded up to even): sequence s's k
+  // cache at slot s, its v cache at S + s (the pointer arrays of
+  // attention_decode_batch and rope_append, each 16-byte aligned).
+  bf16_bits** cache_ptrs = nullptr;
 };
 
 // One layout walked twice: without an arena it sizes the plan, with one it
@@ -114,13 +130,15 @@ class CudaCausalLmImpl {
   bf16_bits* final_norm = nullptr;  // [hidden]
   bf16_bits* lm_head = nullptr;     // [vocab, hidden] (embed when tied)
   float* inv_freq_dev = nullptr;    // [half]
-  std::vector<bf16_bits*> k_cache, v_cache;  // per layer [max_seq, n_head_kv, head_dim]
+  std::vector<bf16_bits*> k_cache, v_cache;  // per layer [max_batch, max_seq, n_head_kv, head_dim]
   StateBuffers buf;
+  int ptr_slots = 2;       // S above
+  bool decode_gemv = true;  // the decode step's shapes suit gemv(); otherwise decode runs the prefill path
 
-  int n_tokens = 0;
-  bool decoded_eagerly = false;
-  cuda::CudaGraph graph;
-  std::vector<int32_t> host_positions;  // staging, [max_tokens]
+  std::vector<int> seq_len;             // [max_batch] tokens in each sequence's cache
+  std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
+  std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B
+  std::vector<int32_t> host_positions;  // staging, [max(max_tokens, max_batch)]
 
   Status init(const ModelHeader& header, const CudaModelOptions& options);
   Status allocate();
@@ -130,13 +148,24 @@ class CudaCausalLmImpl {
   Status upload_layer(WeightLoader& wl, int i);
   Status random_weights(uint64_t seed, float init_range);
 
+  bf16_bits* k_at(int l, int seq) const { return k_cache[l] + int64_t(seq) * opts.max_seq * kv_dim; }
+  bf16_bits* v_at(int l, int seq) const { return v_cache[l] + int64_t(seq) * opts.max_seq * kv_dim; }
+  bf16_bits* const* k_ptrs(int l) const { return buf.cache_ptrs + int64_t(l) * 2 * ptr_slots; }
+  bf16_bits* const* v_ptrs(int l) const { return k_ptrs(l) + ptr_slots; }
+
+  // Prefill: n tokens of one sequence.
   Status project(const bf16_bits* x, int64_t k, const bf16_bits* w, const bf16_bits* b, bf16_bits* out, int64_t n,
                  std::initializer_list<int64_t> parts);
-  Status attention(int l, int64_t n, int pos0, const bf16_bits* q);
-  Status layer_forward(int l, int64_t n, int pos0);
-  Status pass(int64_t n, int pos0, int64_t logit_rows);
-  Status run(std::span<const int32_t> tokens, int64_t logit_rows);
-  Status check_tokens(std::span<const int32_t> tokens) const;
+  Status prefill_attention(int l, int64_t n, int seq, int pos0, const bf16_bits* q);
+  Status prefill_layer(int l, int64_t n, int seq, int pos0);
+  Status pass(int64_t n, int seq, int pos0, int64_t logit_rows);
+  Status run(int seq, std::span<const int32_t> tokens, int64_t logit_rows);
+  Status check_tokens(int seq, std::span<const int32_t> tokens) const;
+  // Decode: one token for each of sequences 0..b−1.
+  Status decode_attention(int l, int b);
+  Status decode_layer(int l, int b);
+  Status decode_step(int b);
+  Status decode(std::span<const int32_t> tokens);
 };
 
 // ---- Load --------------------------------------------------------------------
@@ -156,6 +185,8 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
     return invalid_argument("cuda model: max_seq ", opts.max_seq, " exceeds max_position_embeddings ",
                             cfg.max_position_embeddings);
   if (opts.max_logit_rows <= 0) return invalid_argument("cuda model: max_logit_rows must be positive");
+  if (opts.max_batch < 1 || opts.max_batch > kMaxBatch)
+    return invalid_argument("cuda model: max_batch ", opts.max_batch, " is outside [1, ", kMaxBatch, "]");
   hidden = cfg.hidden_size;
   hd = cfg.head_dim;
   half = hd / 2;
@@ -173,7 +204,12 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   flash = !opts.simple_attention && (hd == 64 || hd == 128);
   max_tokens = opts.max_forward_tokens > 0 ? std::min(opts.max_forward_tokens, opts.max_seq) : opts.max_seq;
   max_tokens = std::max(max_tokens, std::min(opts.max_logit_rows, opts.max_seq));
-  host_positions.resize(static_cast<size_t>(max_tokens));
+  decode_gemv = hidden % 8 == 0 && q_dim % 8 == 0 && ffn % 8 == 0;
+  ptr_slots = (opts.max_batch + 1) / 2 * 2;
+  seq_len.assign(static_cast<size_t>(opts.max_batch), 0);
+  decoded_eagerly.assign(static_cast<size_t>(opts.max_batch) + 1, false);
+  graphs.resize(static_cast<size_t>(opts.max_batch) + 1);
+  host_positions.resize(static_cast<size_t>(std::max(max_tokens, opts.max_batch)));
   LATHE_ASSIGN_OR_RETURN(ctx, cuda::CudaContext::create(opts.device));
   return allocate();
 }
@@ -215,7 +251,8 @@ Status CudaCausalLmImpl::lay_out_weights(Carver& c) {
 }
 
 Status CudaCausalLmImpl::lay_out_state(Carver& c) {
-  const int64_t t = max_tokens, kv_rows = int64_t(opts.max_seq) * kv_dim;
+  const int64_t t = std::max(max_tokens, opts.max_batch), nb = opts.max_batch;
+  const int64_t kv_rows = nb * opts.max_seq * kv_dim;
   k_cache.assign(static_cast<size_t>(n_layer), nullptr);
   v_cache.assign(static_cast<size_t>(n_layer), nullptr);
   for (int l = 0; l < n_layer; ++l) {
@@ -226,17 +263,19 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.positions, c.take<int32_t>(t, "positions"));
   LATHE_ASSIGN_OR_RETURN(buf.cos, c.take<float>(t * half, "rope cos"));
   LATHE_ASSIGN_OR_RETURN(buf.sin, c.take<float>(t * half, "rope sin"));
-  LATHE_ASSIGN_OR_RETURN(buf.h, c.take<bf16_bits>(t * hidden, "residual"));
+  LATHE_ASSIGN_OR_RETURN(buf.h, c.take<float>(t * hidden, "residual"));
+  LATHE_ASSIGN_OR_RETURN(buf.delta, c.take<float>(t * hidden, "delta"));
   LATHE_ASSIGN_OR_RETURN(buf.normed, c.take<bf16_bits>(t * hidden, "normed"));
-  LATHE_ASSIGN_OR_RETURN(buf.delta, c.take<bf16_bits>(t * hidden, "delta"));
   LATHE_ASSIGN_OR_RETURN(buf.qkv, c.take<bf16_bits>(t * qkv_dim, "qkv"));
+  LATHE_ASSIGN_OR_RETURN(buf.q, c.take<bf16_bits>(nb * q_dim, "decode q"));
   LATHE_ASSIGN_OR_RETURN(buf.attn, c.take<bf16_bits>(t * q_dim, "attention out"));
   LATHE_ASSIGN_OR_RETURN(buf.gu, c.take<bf16_bits>(t * 2 * ffn, "gate_up"));
-  LATHE_ASSIGN_OR_RETURN(buf.logits, c.take<float>(int64_t(opts.max_logit_rows) * vocab, "logits"));
-  const size_t ws = cuda::attention_decode_workspace_bytes(1, cfg.num_attention_heads, static_cast<int>(hd));
+  const int64_t logit_rows = std::max<int64_t>(opts.max_logit_rows, nb);
+  LATHE_ASSIGN_OR_RETURN(buf.logits, c.take<float>(logit_rows * vocab, "logits"));
+  const size_t ws = cuda::attention_decode_workspace_bytes(opts.max_batch, cfg.num_attention_heads, static_cast<int>(hd));
   LATHE_ASSIGN_OR_RETURN(buf.attn_workspace, c.take<char>(static_cast<int64_t>(std::max<size_t>(ws, 16)), "attention workspace"));
-  LATHE_ASSIGN_OR_RETURN(buf.next_token, c.take<int32_t>(1, "next token"));
-  LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<const void*>(4 * int64_t(n_layer), "cache pointers"));
+  LATHE_ASSIGN_OR_RETURN(buf.next_token, c.take<int32_t>(nb, "next tokens"));
+  LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
   return Status::ok();
 }
 
@@ -250,10 +289,12 @@ Status CudaCausalLmImpl::allocate() {
   LATHE_TRY(lay_out_weights(wc));
   LATHE_TRY(lay_out_state(sc));
   LATHE_TRY(cuda::fill_zero(ctx, state_arena.base(), state_arena.capacity()));
-  std::vector<const void*> ptrs(4 * static_cast<size_t>(n_layer), nullptr);
+  std::vector<bf16_bits*> ptrs(2 * static_cast<size_t>(ptr_slots) * n_layer, nullptr);
   for (int l = 0; l < n_layer; ++l) {
-    ptrs[4 * l] = k_cache[l];
-    ptrs[4 * l + 2] = v_cache[l];
+    for (int s = 0; s < opts.max_batch; ++s) {
+      ptrs[size_t(2 * ptr_slots) * l + s] = k_at(l, s);
+      ptrs[size_t(2 * ptr_slots) * l + ptr_slots + s] = v_at(l, s);
+    }
   }
   LATHE_TRY(cuda::copy_to_device(ctx, buf.cache_ptrs, ptrs.data(), ptrs.size() * sizeof(void*)));
   return cuda::copy_to_device(ctx, inv_freq_dev, inv_freq.data(), inv_freq.size() * sizeof(float));
@@ -348,62 +389,53 @@ Status CudaCausalLmImpl::random_weights(uint64_t seed, float init_range) {
 
 // out = x·Wᵀ (+ b) for x [n, k] and W [Σ parts, k] stacked from parts. One
 // GEMM when n = 1; otherwise one per part, part p landing at
-// out + n·(rows before p).
+// out + n·(rows before p). A bias is laid into out first and added by the
+// GEMM (beta = 1) before its one rounding to bf16.
 Status CudaCausalLmImpl::project(const bf16_bits* x, int64_t k, const bf16_bits* w, const bf16_bits* b,
                                  bf16_bits* out, int64_t n, std::initializer_list<int64_t> parts) {
   int64_t total = 0;
   for (int64_t p : parts) total += p;
+  const float beta = b ? 1.0f : 0.0f;
   if (n == 1) {
-    LATHE_TRY(cuda::gemm(ctx, {.a = x, .b = w, .c = out, .m = 1, .n = total, .k = k, .trans_b = true}));
-    return b ? cuda::add_bias(ctx, out, b, 1, total) : Status::ok();
+    if (b) LATHE_TRY(cuda::broadcast_rows(ctx, out, b, 1, total));
+    return cuda::gemm(ctx, {.a = x, .b = w, .c = out, .m = 1, .n = total, .k = k, .trans_b = true, .beta = beta});
   }
   int64_t row = 0;
   for (int64_t p : parts) {
     bf16_bits* dst = out + n * row;
-    LATHE_TRY(cuda::gemm(ctx, {.a = x, .b = w + row * k, .c = dst, .m = n, .n = p, .k = k, .trans_b = true}));
-    if (b) LATHE_TRY(cuda::add_bias(ctx, dst, b + row, n, p));
+    if (b) LATHE_TRY(cuda::broadcast_rows(ctx, dst, b + row, n, p));
+    LATHE_TRY(cuda::gemm(ctx, {.a = x, .b = w + row * k, .c = dst, .m = n, .n = p, .k = k, .trans_b = true,
+                               .beta = beta}));
     row += p;
   }
   return Status::ok();
 }
 
-Status CudaCausalLmImpl::attention(int l, int64_t n, int pos0, const bf16_bits* q) {
+Status CudaCausalLmImpl::prefill_attention(int l, int64_t n, int seq, int pos0, const bf16_bits* q) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads, window = quirks.sliding_window;
   if (!flash) {
-    return cuda::attention_simple(ctx, {.q = q, .k_cache = k_cache[l], .v_cache = v_cache[l], .out = buf.attn,
+    return cuda::attention_simple(ctx, {.q = q, .k_cache = k_at(l, seq), .v_cache = v_at(l, seq), .out = buf.attn,
                                         .pos0 = buf.positions, .n_tokens = static_cast<int>(n), .n_head = n_head,
                                         .n_head_kv = n_kv, .head_dim = static_cast<int>(hd), .window = window,
                                         .scale = scale});
   }
-  if (n == 1) {
-    return cuda::attention_decode_batch({.q = q, .k_caches = buf.cache_ptrs + 4 * l,
-                                         .v_caches = buf.cache_ptrs + 4 * l + 2, .pos = buf.positions,
-                                         .out = buf.attn, .workspace = buf.attn_workspace, .n_seqs = 1,
-                                         .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
-                                         .head_dim = static_cast<int>(hd), .window = window, .scale = scale,
-                                         .stream = ctx.stream()});
-  }
-  return cuda::attention_decode({.q = q, .k_cache = k_cache[l], .v_cache = v_cache[l], .out = buf.attn,
+  return cuda::attention_decode({.q = q, .k_cache = k_at(l, seq), .v_cache = v_at(l, seq), .out = buf.attn,
                                  .workspace = buf.attn_workspace, .n_tokens = static_cast<int>(n),
                                  .n_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
                                  .head_dim = static_cast<int>(hd), .pos0 = pos0, .window = window, .scale = scale,
                                  .stream = ctx.stream()});
 }
 
-Status CudaCausalLmImpl::layer_forward(int l, int64_t n, int pos0) {
+Status CudaCausalLmImpl::prefill_layer(int l, int64_t n, int seq, int pos0) {
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
   const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads;
-  // The previous layer's MLP output joins the residual stream in this norm.
-  if (l == 0) {
-    LATHE_TRY(cuda::rms_norm_residual_forward(
-        ctx, {.x = buf.h, .w = w.attn_norm, .y = buf.normed, .rows = n, .dim = hidden, .eps = eps}));
-  } else {
-    LATHE_TRY(cuda::rms_norm_residual_forward(ctx, {.x = buf.delta, .residual = buf.h, .h_out = buf.h,
-                                                    .w = w.attn_norm, .y = buf.normed, .rows = n, .dim = hidden,
-                                                    .eps = eps}));
-  }
+  // The previous layer's MLP output (and its bias) joins the residual stream in this norm.
+  const bool pending = l > 0;
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .delta = pending ? buf.delta : nullptr,
+                                      .bias = pending ? layers[l - 1].down_b : nullptr, .w = w.attn_norm,
+                                      .y = buf.normed, .rows = n, .dim = hidden, .eps = eps}));
   LATHE_TRY(project(buf.normed, hidden, w.qkv_w, w.qkv_b, buf.qkv, n, {q_dim, kv_dim, kv_dim}));
   bf16_bits* q = buf.qkv;
   bf16_bits* k = buf.qkv + n * q_dim;
@@ -416,43 +448,98 @@ Status CudaCausalLmImpl::layer_forward(int l, int64_t n, int pos0) {
   }
   LATHE_TRY(cuda::rope_apply(ctx, {.x = q, .cos = buf.cos, .sin = buf.sin, .n_tokens = n, .n_head = n_head, .half = half}));
   LATHE_TRY(cuda::rope_apply(ctx, {.x = k, .cos = buf.cos, .sin = buf.sin, .n_tokens = n, .n_head = n_kv, .half = half}));
-  LATHE_TRY(cuda::kv_append(ctx, {.k = k, .v = v, .k_cache = k_cache[l], .v_cache = v_cache[l],
+  LATHE_TRY(cuda::kv_append(ctx, {.k = k, .v = v, .k_cache = k_at(l, seq), .v_cache = v_at(l, seq),
                                   .pos0 = buf.positions, .n_tokens = n, .row_elems = kv_dim,
                                   .max_rows = opts.max_seq}));
-  LATHE_TRY(attention(l, n, pos0, q));
-  LATHE_TRY(project(buf.attn, q_dim, w.o_w, w.o_b, buf.delta, n, {hidden}));
-  LATHE_TRY(cuda::rms_norm_residual_forward(ctx, {.x = buf.delta, .residual = buf.h, .h_out = buf.h,
-                                                  .w = w.mlp_norm, .y = buf.normed, .rows = n, .dim = hidden,
-                                                  .eps = eps}));
+  LATHE_TRY(prefill_attention(l, n, seq, pos0, q));
+  LATHE_TRY(cuda::gemm(ctx, {.a = buf.attn, .b = w.o_w, .c = buf.delta, .m = n, .n = hidden, .k = q_dim,
+                             .trans_b = true, .c_dtype = DType::F32}));
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .delta = buf.delta, .bias = w.o_b, .w = w.mlp_norm, .y = buf.normed,
+                                      .rows = n, .dim = hidden, .eps = eps}));
   LATHE_TRY(project(buf.normed, hidden, w.gu_w, w.gu_b, buf.gu, n, {ffn, ffn}));
   LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = buf.gu, .up = buf.gu + n * ffn, .out = buf.gu, .n = n * ffn}));
-  LATHE_TRY(cuda::gemm(ctx, {.a = buf.gu, .b = w.down_w, .c = buf.delta, .m = n, .n = hidden, .k = ffn, .trans_b = true}));
-  if (w.down_b) LATHE_TRY(cuda::add_bias(ctx, buf.delta, w.down_b, n, hidden));
-  return Status::ok();
+  return cuda::gemm(ctx, {.a = buf.gu, .b = w.down_w, .c = buf.delta, .m = n, .n = hidden, .k = ffn, .trans_b = true,
+                          .c_dtype = DType::F32});
 }
 
-// One pass over n tokens whose ids and positions are already on the device.
-// logit_rows: 0 none, 1 the last token's, n all of them.
-Status CudaCausalLmImpl::pass(int64_t n, int pos0, int64_t logit_rows) {
-  LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = n,
-                                          .vocab = vocab, .dim = hidden}));
+// One prefill pass over n tokens of sequence seq whose ids and positions are
+// already on the device. logit_rows: 0 none, 1 the last token's, n all of them.
+Status CudaCausalLmImpl::pass(int64_t n, int seq, int pos0, int64_t logit_rows) {
+  LATHE_TRY(cuda::embedding_f32(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = n, .vocab = vocab,
+                                      .dim = hidden}));
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = n, .half = half}));
-  for (int l = 0; l < n_layer; ++l) LATHE_TRY(layer_forward(l, n, pos0));
+  for (int l = 0; l < n_layer; ++l) LATHE_TRY(prefill_layer(l, n, seq, pos0));
   if (logit_rows == 0) return Status::ok();
   const int64_t first = n - logit_rows;
-  LATHE_TRY(cuda::rms_norm_residual_forward(
-      ctx, {.x = buf.delta + first * hidden, .residual = buf.h + first * hidden, .h_out = buf.h + first * hidden,
-            .w = final_norm, .y = buf.normed + first * hidden, .rows = logit_rows, .dim = hidden,
-            .eps = cfg.rms_norm_eps}));
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h + first * hidden, .delta = buf.delta + first * hidden,
+                                      .bias = layers.back().down_b, .w = final_norm, .y = buf.normed + first * hidden,
+                                      .rows = logit_rows, .dim = hidden, .eps = cfg.rms_norm_eps}));
   return cuda::gemm(ctx, {.a = buf.normed + first * hidden, .b = lm_head, .c = buf.logits, .m = logit_rows,
                           .n = vocab, .k = hidden, .trans_b = true, .c_dtype = DType::F32});
 }
 
-Status CudaCausalLmImpl::check_tokens(std::span<const int32_t> tokens) const {
+Status CudaCausalLmImpl::decode_attention(int l, int b) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads, window = quirks.sliding_window;
+  if (flash) {
+    return cuda::attention_decode_batch({.q = buf.q, .k_caches = reinterpret_cast<const void* const*>(k_ptrs(l)),
+                                         .v_caches = reinterpret_cast<const void* const*>(v_ptrs(l)),
+                                         .pos = buf.positions, .out = buf.attn, .workspace = buf.attn_workspace,
+                                         .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
+                                         .head_dim = static_cast<int>(hd), .window = window, .scale = scale,
+                                         .stream = ctx.stream()});
+  }
+  for (int s = 0; s < b; ++s) {
+    LATHE_TRY(cuda::attention_simple(ctx, {.q = buf.q + s * q_dim, .k_cache = k_at(l, s), .v_cache = v_at(l, s),
+                                           .out = buf.attn + s * q_dim, .pos0 = buf.positions + s, .n_tokens = 1,
+                                           .n_head = n_head, .n_head_kv = n_kv, .head_dim = static_cast<int>(hd),
+                                           .window = window, .scale = scale}));
+  }
+  return Status::ok();
+}
+
+Status CudaCausalLmImpl::decode_layer(int l, int b) {
+  using cuda::GemvEpilogue;
+  const LayerWeights& w = layers[l];
+  const float eps = cfg.rms_norm_eps;
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.attn_norm, .y = buf.normed, .rows = b, .dim = hidden, .eps = eps}));
+  LATHE_TRY(cuda::gemv(ctx, {.x = buf.normed, .w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim,
+                             .k = hidden, .epilogue = GemvEpilogue::kStoreBf16}));
+  LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
+                                    .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
+                                    .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
+                                    .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
+                                    .max_ctx = opts.max_seq, .eps = eps}));
+  LATHE_TRY(decode_attention(l, b));
+  LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
+                             .k = q_dim, .epilogue = GemvEpilogue::kAddF32}));
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.mlp_norm, .y = buf.normed, .rows = b, .dim = hidden, .eps = eps}));
+  LATHE_TRY(cuda::gemv(ctx, {.x = buf.normed, .w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn,
+                             .k = hidden, .epilogue = GemvEpilogue::kSwigluBf16}));
+  return cuda::gemv(ctx, {.x = buf.gu, .w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden,
+                          .k = ffn, .epilogue = GemvEpilogue::kAddF32});
+}
+
+// One decode step for sequences 0..b−1 whose ids and positions are on the device.
+Status CudaCausalLmImpl::decode_step(int b) {
+  LATHE_TRY(cuda::embedding_f32(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = b, .vocab = vocab,
+                                      .dim = hidden}));
+  LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
+                                    .sin = buf.sin, .n_tokens = b, .half = half}));
+  for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = final_norm, .y = buf.normed, .rows = b, .dim = hidden,
+                                      .eps = cfg.rms_norm_eps}));
+  return cuda::gemv(ctx, {.x = buf.normed, .w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
+                          .epilogue = cuda::GemvEpilogue::kStoreF32});
+}
+
+Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
   if (tokens.empty()) return invalid_argument("cuda forward: no tokens");
-  if (n_tokens + int64_t(tokens.size()) > opts.max_seq)
-    return invalid_argument("cuda forward: ", tokens.size(), " tokens at position ", n_tokens,
+  if (seq < 0 || seq >= opts.max_batch)
+    return invalid_argument("cuda forward: sequence ", seq, " is outside [0, ", opts.max_batch, ") (max_batch)");
+  if (seq_len[seq] + int64_t(tokens.size()) > opts.max_seq)
+    return invalid_argument("cuda forward: ", tokens.size(), " tokens at position ", seq_len[seq],
                             " overflow the KV cache of ", opts.max_seq, " tokens (max_seq)");
   for (int32_t id : tokens)
     if (id < 0 || id >= vocab)
@@ -460,29 +547,45 @@ Status CudaCausalLmImpl::check_tokens(std::span<const int32_t> tokens) const {
   return Status::ok();
 }
 
-// Enqueues the tokens in chunks of max_tokens; the last chunk yields logit_rows
-// rows of logits (1, or all of its tokens).
-Status CudaCausalLmImpl::run(std::span<const int32_t> tokens, int64_t logit_rows) {
-  LATHE_TRY(check_tokens(tokens));
+// Uploads the ids and each sequence's position, then runs the step: eagerly
+// the first time for this B, as a captured graph after (with graphs on).
+Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
+  const int b = static_cast<int>(tokens.size());
+  for (int s = 0; s < b; ++s) {
+    LATHE_TRY(check_tokens(s, tokens.subspan(s, 1)).with_context("decode step, sequence " + std::to_string(s)));
+    host_positions[s] = seq_len[s];
+  }
+  LATHE_TRY(cuda::copy_to_device(ctx, buf.tokens, tokens.data(), tokens.size() * sizeof(int32_t)));
+  LATHE_TRY(cuda::copy_to_device(ctx, buf.positions, host_positions.data(), tokens.size() * sizeof(int32_t)));
+  if (opts.use_graphs && decoded_eagerly[b]) {
+    if (graphs[b].empty()) {
+      LATHE_ASSIGN_OR_RETURN(graphs[b], cuda::CudaGraph::capture(ctx, [&] { return decode_step(b); }));
+    }
+    LATHE_TRY(graphs[b].launch(ctx));
+  } else {
+    LATHE_TRY(decode_step(b));
+    decoded_eagerly[b] = true;
+  }
+  for (int s = 0; s < b; ++s) ++seq_len[s];
+  return Status::ok();
+}
+
+// Appends tokens to sequence seq: one token of sequence 0 wanting its logits
+// is a decode step; anything else prefill passes of max_tokens at most, the
+// last yielding logit_rows rows of logits (1, or all of its tokens).
+Status CudaCausalLmImpl::run(int seq, std::span<const int32_t> tokens, int64_t logit_rows) {
+  LATHE_TRY(check_tokens(seq, tokens));
+  if (seq == 0 && tokens.size() == 1 && logit_rows == 1 && decode_gemv) return decode(tokens);
   for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(max_tokens)) {
     const auto chunk = tokens.subspan(start, std::min(tokens.size() - start, static_cast<size_t>(max_tokens)));
     const int64_t n = static_cast<int64_t>(chunk.size());
     const bool last = start + chunk.size() == tokens.size();
-    const int pos0 = n_tokens;
+    const int pos0 = seq_len[seq];
     for (int64_t i = 0; i < n; ++i) host_positions[i] = pos0 + static_cast<int32_t>(i);
     LATHE_TRY(cuda::copy_to_device(ctx, buf.tokens, chunk.data(), chunk.size() * sizeof(int32_t)));
     LATHE_TRY(cuda::copy_to_device(ctx, buf.positions, host_positions.data(), chunk.size() * sizeof(int32_t)));
-    const int64_t rows = last ? logit_rows : 0;
-    if (n == 1 && rows == 1 && opts.use_graphs && decoded_eagerly) {
-      if (graph.empty()) {
-        LATHE_ASSIGN_OR_RETURN(graph, cuda::CudaGraph::capture(ctx, [&] { return pass(1, pos0, 1); }));
-      }
-      LATHE_TRY(graph.launch(ctx));
-    } else {
-      LATHE_TRY(pass(n, pos0, rows));
-      if (n == 1 && rows == 1) decoded_eagerly = true;
-    }
-    n_tokens += static_cast<int>(n);
+    LATHE_TRY(pass(n, seq, pos0, last ? logit_rows : 0));
+    seq_len[seq] += static_cast<int>(n);
   }
   return Status::ok();
 }
@@ -517,15 +620,26 @@ int64_t CudaCausalLM::n_params() const { return impl_->n_params; }
 size_t CudaCausalLM::device_bytes() const {
   return impl_->weight_arena.capacity() + impl_->state_arena.capacity();
 }
-int CudaCausalLM::n_tokens() const { return impl_->n_tokens; }
+int CudaCausalLM::n_tokens(int seq) const {
+  return seq >= 0 && seq < impl_->opts.max_batch ? impl_->seq_len[seq] : 0;
+}
 int CudaCausalLM::max_seq() const { return impl_->opts.max_seq; }
-void CudaCausalLM::clear() { impl_->n_tokens = 0; }
+int CudaCausalLM::max_batch() const { return impl_->opts.max_batch; }
+void CudaCausalLM::clear() { std::fill(impl_->seq_len.begin(), impl_->seq_len.end(), 0); }
+void CudaCausalLM::clear(int seq) {
+  if (seq >= 0 && seq < impl_->opts.max_batch) impl_->seq_len[seq] = 0;
+}
 void CudaCausalLM::set_use_graphs(bool on) {
   impl_->opts.use_graphs = on;
-  if (!on) impl_->graph = cuda::CudaGraph();
+  if (!on)
+    for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
 }
 
 Status CudaCausalLM::forward(std::span<const int32_t> tokens, std::span<float> logits, bool all_logits) {
+  return forward_seq(0, tokens, logits, all_logits);
+}
+
+Status CudaCausalLM::forward_seq(int seq, std::span<const int32_t> tokens, std::span<float> logits, bool all_logits) {
   CudaCausalLmImpl& m = *impl_;
   const int64_t rows = all_logits ? static_cast<int64_t>(tokens.size()) : 1;
   if (all_logits && (rows > m.opts.max_logit_rows || rows > m.max_tokens))
@@ -533,17 +647,69 @@ Status CudaCausalLM::forward(std::span<const int32_t> tokens, std::span<float> l
                             std::min<int64_t>(m.opts.max_logit_rows, m.max_tokens), " rows (max_logit_rows)");
   if (static_cast<int64_t>(logits.size()) != rows * m.vocab)
     return invalid_argument("cuda forward: logits hold ", logits.size(), " floats, expected ", rows, " x ", m.vocab);
-  LATHE_TRY(m.run(tokens, rows));
+  LATHE_TRY(m.run(seq, tokens, rows));
   return cuda::copy_to_host(m.ctx, logits.data(), m.buf.logits, logits.size() * sizeof(float));
 }
 
 Result<int32_t> CudaCausalLM::forward_greedy(std::span<const int32_t> tokens) {
   CudaCausalLmImpl& m = *impl_;
-  LATHE_TRY(m.run(tokens, 1));
+  LATHE_TRY(m.run(0, tokens, 1));
   LATHE_TRY(cuda::argmax_rows(m.ctx, m.buf.logits, 1, m.vocab, m.buf.next_token));
   int32_t id = 0;
   LATHE_TRY(cuda::copy_to_host(m.ctx, &id, m.buf.next_token, sizeof(id)));
   return id;
+}
+
+// Checks a decode_batch request. Shapes gemv() does not take run one
+// one-token prefill pass per sequence instead, `take(s)` collecting row 0 of
+// the logits after sequence s's.
+static Status check_batch(const CudaCausalLmImpl& m, std::span<const int32_t> tokens) {
+  if (tokens.empty()) return invalid_argument("cuda decode_batch: no tokens");
+  if (static_cast<int64_t>(tokens.size()) > m.opts.max_batch)
+    return invalid_argument("cuda decode_batch: ", tokens.size(), " tokens, but the model holds ", m.opts.max_batch,
+                            " sequences (max_batch)");
+  for (size_t s = 0; s < tokens.size(); ++s)
+    LATHE_TRY(m.check_tokens(static_cast<int>(s), tokens.subspan(s, 1)).with_context("decode_batch"));
+  return Status::ok();
+}
+static Status decode_each(CudaCausalLmImpl& m, std::span<const int32_t> tokens, const std::function<Status(int)>& take) {
+  for (size_t s = 0; s < tokens.size(); ++s) {
+    LATHE_TRY(m.run(static_cast<int>(s), tokens.subspan(s, 1), 1));
+    LATHE_TRY(take(static_cast<int>(s)));
+  }
+  return Status::ok();
+}
+
+Status CudaCausalLM::decode_batch(std::span<const int32_t> tokens, std::span<float> logits) {
+  CudaCausalLmImpl& m = *impl_;
+  if (static_cast<int64_t>(logits.size()) != static_cast<int64_t>(tokens.size()) * m.vocab)
+    return invalid_argument("cuda decode_batch: logits hold ", logits.size(), " floats, expected ", tokens.size(),
+                            " x ", m.vocab);
+  LATHE_TRY(check_batch(m, tokens));
+  const size_t row_bytes = static_cast<size_t>(m.vocab) * sizeof(float);
+  if (!m.decode_gemv) {
+    return decode_each(m, tokens, [&](int s) {
+      return cuda::copy_to_host(m.ctx, logits.data() + int64_t(s) * m.vocab, m.buf.logits, row_bytes);
+    });
+  }
+  LATHE_TRY(m.decode(tokens));
+  return cuda::copy_to_host(m.ctx, logits.data(), m.buf.logits, tokens.size() * row_bytes);
+}
+
+Status CudaCausalLM::decode_batch_greedy(std::span<const int32_t> tokens, std::span<int32_t> next) {
+  CudaCausalLmImpl& m = *impl_;
+  if (next.size() != tokens.size())
+    return invalid_argument("cuda decode_batch: next holds ", next.size(), " ids, expected ", tokens.size());
+  LATHE_TRY(check_batch(m, tokens));
+  if (!m.decode_gemv) {
+    LATHE_TRY(decode_each(m, tokens, [&](int s) {
+      return cuda::argmax_rows(m.ctx, m.buf.logits, 1, m.vocab, m.buf.next_token + s);
+    }));
+  } else {
+    LATHE_TRY(m.decode(tokens));
+    LATHE_TRY(cuda::argmax_rows(m.ctx, m.buf.logits, static_cast<int64_t>(tokens.size()), m.vocab, m.buf.next_token));
+  }
+  return cuda::copy_to_host(m.ctx, next.data(), m.buf.next_token, next.size() * sizeof(int32_t));
 }
 
 }  // namespace lathe

@@ -1,11 +1,12 @@
 // A Llama-family causal LM on one NVIDIA GPU, for generation: bf16 weights
 // (f32/f16 files converted at load, a PEFT adapter merged at load as on the
-// CPU), a bf16 KV cache for one sequence, prefill (the flash forward over the
-// prompt into the cache) and decode one token at a time. Every device buffer
-// is planned and allocated at load from the options' sizes; a forward pass
-// allocates nothing. A decode step can run as a captured CUDA graph: the
-// token id and position it reads live in device memory, so one capture
-// replays for every later step.
+// CPU), up to max_batch sequences each with its own bf16 KV cache and
+// length, prefill (the flash forward over a prompt into one sequence's
+// cache) and decode: one token for each of sequences 0..B−1 in one step.
+// Every device buffer is planned and allocated at load from the options'
+// sizes; a forward pass allocates nothing. A decode step runs as a captured
+// CUDA graph (one per B): the token ids, positions and cache pointers it
+// reads live in device memory, so one capture replays for every later step.
 //
 // Same families and quirks as CausalLM (family.h). head_dim 64 and 128 take
 // the flash kernels; other head dims (up to 256) take the plain attention
@@ -28,6 +29,7 @@ struct CudaModelOptions {
   int max_seq = 0;               // KV cache rows: prompt + generated tokens (> 0)
   int max_forward_tokens = 0;    // most tokens one pass runs (longer inputs go in chunks); 0: max_seq
   int max_logit_rows = 1;        // most rows of logits one forward() returns (all_logits)
+  int max_batch = 1;             // sequences held at once (decode_batch), each a KV cache of max_seq rows
   bool use_graphs = true;        // decode steps as a CUDA graph replay
   bool simple_attention = false;  // the plain attention kernel for every head_dim (a slow twin for tests)
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
@@ -49,9 +51,11 @@ class CudaCausalLM {
   const ModelConfig& config() const;
   int64_t n_params() const;
   size_t device_bytes() const;  // weights + cache + activations
-  int n_tokens() const;         // tokens in the cache
+  int n_tokens(int seq = 0) const;  // tokens in sequence seq's cache
   int max_seq() const;
-  void clear();                 // empties the cache (the next forward starts at position 0)
+  int max_batch() const;
+  void clear();                 // empties every sequence's cache (the next forward starts at position 0)
+  void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive
@@ -62,6 +66,16 @@ class CudaCausalLM {
   // Like forward(), but picks the last token's argmax on the device and
   // returns it (greedy decoding without copying the logits to the host).
   Result<int32_t> forward_greedy(std::span<const int32_t> tokens);
+  // forward() on sequence seq (0 <= seq < max_batch); forward() is sequence 0.
+  Status forward_seq(int seq, std::span<const int32_t> tokens, std::span<float> logits, bool all_logits = false);
+
+  // One decode step for sequences 0..B−1, B = tokens.size() <= max_batch:
+  // token s is appended to sequence s (each at its own length) and logits
+  // [B, vocab] receive each sequence's next-token logits; the greedy form
+  // writes each one's argmax to next [B] instead. Errors when a cache would
+  // overflow or an id is outside the vocabulary (nothing is appended then).
+  Status decode_batch(std::span<const int32_t> tokens, std::span<float> logits);
+  Status decode_batch_greedy(std::span<const int32_t> tokens, std::span<int32_t> next);
 
  private:
   explicit CudaCausalLM(std::unique_ptr<CudaCausalLmImpl> impl);

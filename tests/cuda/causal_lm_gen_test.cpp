@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -248,6 +249,75 @@ std::vector<int32_t> reference_prompt(const std::string& family, int64_t row) {
   return {p, p + seq};
 }
 
+// Batch decode: kBatch sequences with prompts of different lengths (the
+// first prompt.size() − 2·s tokens for sequence s), prefilled one by one,
+// then decoded together for kBatchSteps steps (greedy on each sequence's own
+// logits), must give every sequence the logits a one-sequence model gives it
+// alone, bitwise: every kernel of the decode step computes each row on its
+// own (the skinny GEMM's sum over k runs in the same order for any number
+// of rows). A last greedy step over the first kBatch − 1 sequences checks
+// decode_batch_greedy, a batch smaller than max_batch, and that the sequence
+// left out does not move. Bad requests change nothing.
+constexpr int kBatch = 4, kBatchSteps = 6;
+
+void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple) {
+  const int max_seq = int(prompt.size()) + kBatchSteps + 1;
+  auto batch = load_gpu(dir, {.max_seq = max_seq, .max_batch = kBatch, .simple_attention = simple});
+  auto alone = load_gpu(dir, {.max_seq = max_seq, .simple_attention = simple});
+  const int vocab = batch->config().vocab_size;
+  std::vector<std::vector<int32_t>> fed(kBatch);  // each sequence's tokens: prompt, then decoded inputs
+  std::vector<std::vector<float>> got(kBatch);    // each sequence's logits after its prompt, then per step
+  std::vector<int32_t> cur(kBatch);
+  std::vector<float> logits(static_cast<size_t>(vocab)), rows(static_cast<size_t>(kBatch) * vocab);
+  for (int s = 0; s < kBatch; ++s) {
+    fed[s].assign(prompt.begin(), prompt.end() - 2 * s);
+    ASSERT_TRUE(batch->forward_seq(s, fed[s], logits).is_ok());
+    got[s] = logits;
+    cur[s] = argmax(logits);
+  }
+  for (int step = 0; step < kBatchSteps; ++step) {
+    Status st = batch->decode_batch(cur, rows);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    for (int s = 0; s < kBatch; ++s) {
+      fed[s].push_back(cur[s]);
+      const auto row = std::span<const float>(rows).subspan(size_t(s) * vocab, vocab);
+      got[s].insert(got[s].end(), row.begin(), row.end());
+      cur[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+  }
+  std::vector<int32_t> next(kBatch - 1);
+  ASSERT_TRUE(batch->decode_batch_greedy(std::span<const int32_t>(cur).first(kBatch - 1), next).is_ok());
+  EXPECT_EQ(batch->n_tokens(kBatch - 1), int(fed[kBatch - 1].size())) << "the sequence left out moved";
+
+  std::vector<int32_t> too_many(kBatch + 1, 1);
+  std::vector<float> too_many_rows(static_cast<size_t>(kBatch + 1) * vocab);
+  Status st = batch->decode_batch(too_many, too_many_rows);
+  EXPECT_NE(st.message().find("max_batch"), std::string::npos) << st.message();
+  st = batch->decode_batch(std::span<const int32_t>(cur).first(kBatch - 1),
+                           std::span<float>(rows).first(size_t(kBatch - 1) * vocab));  // sequence 0 is full
+  EXPECT_NE(st.message().find("overflow"), std::string::npos) << st.message();
+  for (int s = 1; s < kBatch; ++s) EXPECT_EQ(batch->n_tokens(s), int(fed[s].size()) + (s < kBatch - 1)) << s;
+
+  for (int s = 0; s < kBatch; ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s) + ", prompt of " + std::to_string(fed[s].size() - kBatchSteps));
+    alone->clear();
+    const std::vector<int32_t> own_prompt(fed[s].begin(), fed[s].end() - kBatchSteps);
+    std::vector<float> want;
+    ASSERT_TRUE(alone->forward(own_prompt, logits).is_ok());
+    want.insert(want.end(), logits.begin(), logits.end());
+    for (size_t i = own_prompt.size(); i < fed[s].size(); ++i) {
+      ASSERT_TRUE(alone->forward(std::vector<int32_t>{fed[s][i]}, logits).is_ok());
+      want.insert(want.end(), logits.begin(), logits.end());
+    }
+    const double err = rel_error(got[s].data(), want.data(), int64_t(want.size()));
+    EXPECT_TRUE(got[s] == want) << "batched logits differ from the sequence's own (error " << err << ")";
+    if (s < kBatch - 1) {
+      ASSERT_TRUE(alone->forward(std::vector<int32_t>{cur[s]}, logits).is_ok());
+      EXPECT_EQ(next[s], argmax(logits)) << "decode_batch_greedy";
+    }
+  }
+}
+
 class CudaGenFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGenFixture, LogitsMatchReference) {
@@ -309,6 +379,11 @@ TEST_P(CudaGenFixture, GraphReplayEqualsEagerBitwise) {
   check_graph_replay(*gpu, prompt);
 }
 
+TEST_P(CudaGenFixture, BatchDecodeGivesEachSequenceItsOwnLogits) {
+  SKIP_WITHOUT_GPU();
+  check_batch_decode(fixture(GetParam()), reference_prompt(GetParam(), 1), /*simple=*/false);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaGenFixture, ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
 
 // head_dim 64 (Llama) and 128 (Mistral, sliding window 8 < prompt + output):
@@ -360,6 +435,19 @@ TEST_P(CudaGenFlash, ChunkedPrefillEqualsOnePass) {
   ASSERT_TRUE(chunked->forward(prompt, b).is_ok());
   EXPECT_LE(rel_error(b.data(), a.data(), 512), hf_bf16_error(case_name(c)));
   EXPECT_EQ(chunked->n_tokens(), 40);
+}
+
+TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_batch");
+  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  for (bool simple : {false, true}) {
+    SCOPED_TRACE(simple ? "plain attention" : "flash attention");
+    check_batch_decode(dir.str(), prompt, simple);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,

@@ -1,0 +1,94 @@
+// The kernels of a decode step: one new token for each of a few sequences
+// (rows 1..16 at a time). A decode step reads every weight once and does
+// little arithmetic per byte, so its matrix products are a skinny GEMM of
+// our own (gemv.cu: 16-byte weight loads spread over every SM, fp32
+// accumulation, the bias / residual add / SwiGLU done in the same kernel)
+// rather than cuBLASLt, which stays for prefill. The residual stream is f32
+// (rounding it to bf16 after every add is where bf16 inference loses most),
+// so the norm here adds an f32 delta into an f32 stream. RoPE, the optional
+// q/k norm and the KV-cache append are one kernel that writes each
+// sequence's k and v at its own position. Every per-step input (token ids,
+// positions, cache pointers) is a device pointer, so one captured CUDA
+// graph replays for every step. Stubs in decode_stub.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_ops.h"
+
+namespace lathe::cuda {
+
+// out[r, j] ⊕= Σ_k x[r, k]·w[j, k] (+ bias[j]) for every row r of x, with
+// ⊕ by epilogue:
+//   kStoreBf16: out bf16 [rows, n]  = bf16(acc + bias)
+//   kStoreF32:  out f32  [rows, n]  = acc + bias          (logits)
+//   kAddF32:    out f32  [rows, n] += acc + bias          (the residual stream)
+//   kSwigluBf16: w holds 2·n rows (gate rows, then up rows), bias 2·n
+//                entries; out bf16 [rows, n] = bf16(silu(g)·u) from the f32
+//                gate and up sums.
+// k must be a multiple of 8 and x, w 16-byte aligned (refused otherwise: the
+// caller takes cuBLASLt). Rows beyond 16 are taken 16 at a time (the weights
+// are read once per 16 rows). out must not alias x.
+enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16 };
+struct GemvArgs {
+  const bf16_bits* x = nullptr;     // [rows, k]
+  const bf16_bits* w = nullptr;     // [n, k] (kSwigluBf16: [2·n, k])
+  const bf16_bits* bias = nullptr;  // [n] (kSwigluBf16: [2·n]) or null
+  void* out = nullptr;              // [rows, n], bf16 or f32 by epilogue
+  int64_t rows = 0, n = 0, k = 0;
+  GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
+};
+Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
+// Whether gemv() takes this shape and these pointers.
+bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k);
+
+// y[r, c] = b[c] for a row-major [rows, cols] bf16 y: a bias laid out for a
+// GEMM with beta = 1, which then adds it before its one rounding.
+Status broadcast_rows(CudaContext& ctx, bf16_bits* y, const bf16_bits* b, int64_t rows, int64_t cols);
+
+// h[r] = table[tokens[r]] in f32 (the start of the residual stream). Ids are
+// checked on the host; one outside [0, vocab) yields a zero row.
+struct EmbeddingF32Args {
+  const int32_t* tokens = nullptr;   // [n]
+  const bf16_bits* table = nullptr;  // [vocab, dim]
+  float* out = nullptr;              // [n, dim]
+  int64_t n = 0, vocab = 0, dim = 0;
+};
+Status embedding_f32(CudaContext& ctx, const EmbeddingF32Args& a);
+
+// The f32 residual stream's pre-norm: h += delta + bias (when delta is set;
+// bias only with delta), then y = bf16(h·rstd·w) with rstd =
+// rsqrt(mean(h²) + eps), everything in f32.
+struct ResidualNormArgs {
+  float* h = nullptr;                 // [rows, dim] the residual stream, updated in place
+  const float* delta = nullptr;       // [rows, dim] or null
+  const bf16_bits* bias = nullptr;    // [dim] or null
+  const bf16_bits* w = nullptr;       // [dim]
+  bf16_bits* y = nullptr;             // [rows, dim]
+  int64_t rows = 0, dim = 0;
+  float eps = 1e-6f;
+};
+Status residual_norm(CudaContext& ctx, const ResidualNormArgs& a);
+
+// One decode step's q/k/v for n_seqs sequences, row s of qkv belonging to
+// sequence s at position pos[s]: optional per-head RMSNorm of q and k
+// (rounded to bf16, as the norm kernel does), rotate_half RoPE with the
+// tables of cos/sin row s (rounded to bf16), then q to q_out and k, v to row
+// pos[s] of sequence s's caches (a position outside [0, max_ctx) writes no
+// cache row). One warp per (sequence, head); head_dim even and <= 256.
+struct RopeAppendArgs {
+  const bf16_bits* qkv = nullptr;          // [n_seqs, (n_head + 2·n_head_kv)·head_dim]: [q | k | v]
+  bf16_bits* q_out = nullptr;              // [n_seqs, n_head, head_dim]
+  bf16_bits* const* k_caches = nullptr;    // device [n_seqs] → [max_ctx, n_head_kv, head_dim]
+  bf16_bits* const* v_caches = nullptr;    // device [n_seqs] → [max_ctx, n_head_kv, head_dim]
+  const int32_t* pos = nullptr;            // device [n_seqs]
+  const float* cos = nullptr;              // [n_seqs, head_dim / 2]
+  const float* sin = nullptr;              // [n_seqs, head_dim / 2]
+  const bf16_bits* q_norm = nullptr;       // [head_dim] or null
+  const bf16_bits* k_norm = nullptr;       // [head_dim] or null (set with q_norm)
+  int n_seqs = 0, n_head = 0, n_head_kv = 0, head_dim = 0, max_ctx = 0;
+  float eps = 1e-6f;
+};
+Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
+
+}  // namespace lathe::cuda

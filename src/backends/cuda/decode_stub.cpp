@@ -1,0 +1,17 @@
+// The decode-step kernels in a build without nvcc: every call reports that
+// this build has no CUDA, so callers need no #ifdef.
+#include "backends/cuda/decode_ops.h"
+
+namespace lathe::cuda {
+namespace {
+Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA backend (nvcc was not found at build time)"); }
+}  // namespace
+
+Status gemv(CudaContext&, const GemvArgs&) { return no_cuda(); }
+bool gemv_supports(const bf16_bits*, const bf16_bits*, int64_t) { return false; }
+Status broadcast_rows(CudaContext&, bf16_bits*, const bf16_bits*, int64_t, int64_t) { return no_cuda(); }
+Status embedding_f32(CudaContext&, const EmbeddingF32Args&) { return no_cuda(); }
+Status residual_norm(CudaContext&, const ResidualNormArgs&) { return no_cuda(); }
+Status rope_append(CudaContext&, const RopeAppendArgs&) { return no_cuda(); }
+
+}  // namespace lathe::cuda

@@ -1,0 +1,134 @@
+// The decode step's skinny GEMM (decode_ops.h) against a double reference:
+// every epilogue, rows 1..20 (past 16 the rows go in two launches), output
+// counts that do not fill the last block, with and without bias; and the f32
+// residual stream's norm. Tolerances as in gemm_test.cpp: inputs are exact
+// bf16 values and accumulation is f32, so an f32 output is within ~k·2⁻²⁴ of
+// the reference (1e-4 of max|out| allowed); a bf16 output adds one rounding
+// (2⁻⁹ relative: 4e-3 of max|out| allowed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backends/cuda/decode_ops.h"
+#include "cuda/cuda_test_util.h"
+
+namespace lathe::cuda {
+namespace {
+
+using namespace lathe::cuda::testing;
+
+struct Shape2 {
+  int64_t n, k;
+};
+const Shape2 kShapes[] = {{1, 8}, {7, 64}, {513, 2056}, {130, 4096}};
+const int64_t kRows[] = {1, 2, 3, 4, 5, 8, 11, 16, 20};
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+// out as gemv() defines it, from x [rows, k], w [wrows, k], bias, out0 (kAddF32).
+std::vector<float> reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& bias,
+                             const std::vector<float>& out0, int64_t rows, int64_t n, int64_t k, GemvEpilogue e) {
+  auto dot = [&](int64_t r, int64_t j) {
+    double acc = 0;
+    for (int64_t p = 0; p < k; ++p) acc += double(x[r * k + p]) * double(w[j * k + p]);
+    return acc + (bias.empty() ? 0.0 : double(bias[j]));
+  };
+  std::vector<float> out(static_cast<size_t>(rows * n));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double v;
+      if (e == GemvEpilogue::kSwigluBf16) v = silu(dot(r, j)) * dot(r, n + j);
+      else v = dot(r, j) + (e == GemvEpilogue::kAddF32 ? double(out0[r * n + j]) : 0.0);
+      out[r * n + j] = static_cast<float>(v);
+    }
+  return out;
+}
+
+void run_case(CudaContext& ctx, int64_t rows, Shape2 s, GemvEpilogue e, bool with_bias, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "rows=" << rows << " n=" << s.n << " k=" << s.k << " epilogue="
+                                    << static_cast<int>(e) << " bias=" << with_bias);
+  const int64_t w_rows = e == GemvEpilogue::kSwigluBf16 ? 2 * s.n : s.n;
+  const bool f32_out = e == GemvEpilogue::kStoreF32 || e == GemvEpilogue::kAddF32;
+  std::vector<float> x = random_bf16(rows * s.k, seed), w = random_bf16(w_rows * s.k, seed + 1, 0.05f);
+  std::vector<float> bias = with_bias ? random_bf16(w_rows, seed + 2) : std::vector<float>{};
+  std::vector<float> out0 = e == GemvEpilogue::kAddF32 ? random_bf16(rows * s.n, seed + 3) : std::vector<float>(size_t(rows * s.n), 0.0f);
+  DeviceBuffer dx = upload_bf16(ctx, x), dw = upload_bf16(ctx, w), db = upload_bf16(ctx, with_bias ? bias : std::vector<float>{0.0f});
+  DeviceBuffer dout = f32_out ? upload(ctx, out0) : upload_bf16(ctx, out0);
+  Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .bias = with_bias ? dptr<bf16_bits>(db) : nullptr,
+                         .out = dout.data(), .rows = rows, .n = s.n, .k = s.k, .epilogue = e});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::vector<float> got = f32_out ? download<float>(ctx, dout, rows * s.n) : download_bf16(ctx, dout, rows * s.n);
+  EXPECT_LE(rel_error(got, reference(x, w, bias, out0, rows, s.n, s.k, e)), f32_out ? 1e-4 : 4e-3);
+}
+
+TEST(CudaGemv, EveryEpilogueRowCountAndShape) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  uint32_t seed = 1;
+  for (GemvEpilogue e : {GemvEpilogue::kStoreBf16, GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32,
+                         GemvEpilogue::kSwigluBf16})
+    for (const Shape2& s : kShapes)
+      for (int64_t rows : kRows) run_case(ctx, rows, s, e, /*with_bias=*/rows % 2 == 1, seed += 5);
+}
+
+// Each row's result does not depend on the other rows (a batched decode step
+// gives every sequence the logits it would get alone): bitwise.
+TEST(CudaGemv, RowsAreIndependentBitwise) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t n = 300, k = 1024, rows = 16;
+  std::vector<float> x = random_bf16(rows * k, 7), w = random_bf16(n * k, 8, 0.05f);
+  DeviceBuffer dx = upload_bf16(ctx, x), dw = upload_bf16(ctx, w);
+  DeviceBuffer all = upload(ctx, std::vector<float>(size_t(rows * n))), one = upload(ctx, std::vector<float>(size_t(n)));
+  ASSERT_TRUE(gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = all.data(), .rows = rows, .n = n,
+                         .k = k, .epilogue = GemvEpilogue::kStoreF32}).is_ok());
+  const std::vector<float> batch = download<float>(ctx, all, rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_TRUE(gemv(ctx, {.x = dptr<bf16_bits>(dx) + r * k, .w = dptr<bf16_bits>(dw), .out = one.data(), .rows = 1,
+                           .n = n, .k = k, .epilogue = GemvEpilogue::kStoreF32}).is_ok());
+    const std::vector<float> alone = download<float>(ctx, one, n);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + r * n)) << "row " << r;
+  }
+}
+
+TEST(CudaGemv, RefusesUnalignedK) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  DeviceBuffer dx = upload_bf16(ctx, random_bf16(12, 1)), dw = upload_bf16(ctx, random_bf16(12, 2));
+  DeviceBuffer dout = upload(ctx, std::vector<float>(1));
+  Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = dout.data(), .rows = 1, .n = 1,
+                         .k = 12, .epilogue = GemvEpilogue::kStoreF32});
+  EXPECT_NE(st.message().find("multiple of 8"), std::string::npos) << st.message();
+}
+
+// h += delta + bias in f32, y = bf16(h·rstd·w): against double.
+TEST(CudaResidualNorm, MatchesReference) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 4096}, {3, 64}, {200, 2048}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
+    std::vector<float> h = random_bf16(rows * dim, 11), delta = random_bf16(rows * dim, 12);
+    std::vector<float> bias = random_bf16(dim, 13), w = random_bf16(dim, 14);
+    DeviceBuffer dh = upload(ctx, h), dd = upload(ctx, delta), db = upload_bf16(ctx, bias), dw = upload_bf16(ctx, w);
+    DeviceBuffer dy = upload_bf16(ctx, std::vector<float>(size_t(rows * dim)));
+    ASSERT_TRUE(residual_norm(ctx, {.h = dptr<float>(dh), .delta = dptr<float>(dd), .bias = dptr<bf16_bits>(db),
+                                    .w = dptr<bf16_bits>(dw), .y = dptr<bf16_bits>(dy), .rows = rows, .dim = dim,
+                                    .eps = 1e-5f}).is_ok());
+    std::vector<float> want_h(h.size()), want_y(h.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t j = 0; j < dim; ++j) {
+        const double v = double(h[r * dim + j]) + double(delta[r * dim + j]) + double(bias[j]);
+        want_h[r * dim + j] = static_cast<float>(v);
+        ss += v * v;
+      }
+      const double rstd = 1.0 / std::sqrt(ss / double(dim) + 1e-5);
+      for (int64_t j = 0; j < dim; ++j) want_y[r * dim + j] = static_cast<float>(double(want_h[r * dim + j]) * rstd * w[j]);
+    }
+    EXPECT_LE(rel_error(download<float>(ctx, dh, rows * dim), want_h), 1e-6);
+    EXPECT_LE(rel_error(download_bf16(ctx, dy, rows * dim), want_y), 4e-3);
+  }
+}
+
+}  // namespace
+}  // namespace lathe::cuda
