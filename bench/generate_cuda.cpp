@@ -10,7 +10,10 @@
 // (cuda_causal_lm.cpp) plus the argmax. The baseline, transformers generate
 // on the same machine, is bench/generate_hf.py (same --batch).
 //
-//   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1]
+//   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1]
+//
+// --overlap 0 launches the decode kernels the ordinary way rather than as
+// programmatic dependent launches (to measure what the overlap gains).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -114,13 +117,14 @@ Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_dec
   return t;
 }
 
-void run_shape(const Shape& s, int n_prompt, int n_decode, int batch) {
+void run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
     return;
   }
-  lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch};
+  lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch,
+                               .overlap_launches = overlap};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -146,12 +150,13 @@ void run_shape(const Shape& s, int n_prompt, int n_decode, int batch) {
 
 int main(int argc, char** argv) {
   std::string which = "all";
-  int n_prompt = 512, n_decode = 256, batch = 1;
+  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--decode")) n_decode = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--overlap")) overlap = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -166,12 +171,12 @@ int main(int argc, char** argv) {
       {"Llama-3.1-8B", llama3(4096, 32, 32, 8, 14336, /*tied=*/false)},
   };
   std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 9 kernels per layer + 4 "
-              "per step; tok/s counts all sequences\n", batch);
+              "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
               "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
-    if (which == "all" || (which == "1b" && is_1b) || (which == "8b" && !is_1b)) run_shape(s, n_prompt, n_decode, batch);
+    if (which == "all" || (which == "1b" && is_1b) || (which == "8b" && !is_1b)) run_shape(s, n_prompt, n_decode, batch, overlap != 0);
   }
   return 0;
 }

@@ -17,6 +17,9 @@
 // gate|up (+SwiGLU), down (+residual): 9 kernels; plus embedding, RoPE
 // tables, final norm and LM head: 9·n_layer + 4 kernels per step (148 for
 // Llama-3.2-1B, 292 for Llama-3.1-8B), captured once per B as a CUDA graph.
+// On sm_90+ the norms, GEMVs and RoPE/append are programmatic dependent
+// launches (decode_ops.h): each starts while its predecessor drains, and
+// the GEMVs have their first weights in flight before they wait.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -134,6 +137,7 @@ class CudaCausalLmImpl {
   StateBuffers buf;
   int ptr_slots = 2;       // S above
   bool decode_gemv = true;  // the decode step's shapes suit gemv(); otherwise decode runs the prefill path
+  bool overlap = false;     // decode kernels as programmatic dependent launches
 
   std::vector<int> seq_len;             // [max_batch] tokens in each sequence's cache
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
@@ -211,6 +215,7 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   graphs.resize(static_cast<size_t>(opts.max_batch) + 1);
   host_positions.resize(static_cast<size_t>(std::max(max_tokens, opts.max_batch)));
   LATHE_ASSIGN_OR_RETURN(ctx, cuda::CudaContext::create(opts.device));
+  overlap = opts.overlap_launches && cuda::supports_overlap(opts.device);
   return allocate();
 }
 
@@ -503,22 +508,24 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.attn_norm, .y = buf.normed, .rows = b, .dim = hidden, .eps = eps}));
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.attn_norm, .y = buf.normed, .rows = b, .dim = hidden,
+                                      .eps = eps, .overlap = overlap}));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.normed, .w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim,
-                             .k = hidden, .epilogue = GemvEpilogue::kStoreBf16}));
+                             .k = hidden, .epilogue = GemvEpilogue::kStoreBf16, .overlap = overlap}));
   LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                     .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                     .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
                                     .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
-                                    .max_ctx = opts.max_seq, .eps = eps}));
+                                    .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
   LATHE_TRY(decode_attention(l, b));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
-                             .k = q_dim, .epilogue = GemvEpilogue::kAddF32}));
-  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.mlp_norm, .y = buf.normed, .rows = b, .dim = hidden, .eps = eps}));
+                             .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));
+  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.mlp_norm, .y = buf.normed, .rows = b, .dim = hidden,
+                                      .eps = eps, .overlap = overlap}));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.normed, .w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn,
-                             .k = hidden, .epilogue = GemvEpilogue::kSwigluBf16}));
+                             .k = hidden, .epilogue = GemvEpilogue::kSwigluBf16, .overlap = overlap}));
   return cuda::gemv(ctx, {.x = buf.gu, .w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden,
-                          .k = ffn, .epilogue = GemvEpilogue::kAddF32});
+                          .k = ffn, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap});
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
@@ -529,9 +536,9 @@ Status CudaCausalLmImpl::decode_step(int b) {
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
   LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = final_norm, .y = buf.normed, .rows = b, .dim = hidden,
-                                      .eps = cfg.rms_norm_eps}));
+                                      .eps = cfg.rms_norm_eps, .overlap = overlap}));
   return cuda::gemv(ctx, {.x = buf.normed, .w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                          .epilogue = cuda::GemvEpilogue::kStoreF32});
+                          .epilogue = cuda::GemvEpilogue::kStoreF32, .overlap = overlap});
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {

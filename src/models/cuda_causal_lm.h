@@ -32,6 +32,7 @@ struct CudaModelOptions {
   int max_batch = 1;             // sequences held at once (decode_batch), each a KV cache of max_seq rows
   bool use_graphs = true;        // decode steps as a CUDA graph replay
   bool simple_attention = false;  // the plain attention kernel for every head_dim (a slow twin for tests)
+  bool overlap_launches = true;   // decode kernels as programmatic dependent launches where the GPU has them (sm_90+)
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 

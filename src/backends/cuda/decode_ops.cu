@@ -5,6 +5,7 @@
 // norm takes up to 1024 threads for a row so a lone decode row is not
 // walked by a quarter of them.
 #include "backends/cuda/context_impl.h"
+#include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
 
 namespace lathe::cuda {
@@ -29,6 +30,8 @@ __global__ void embedding_f32_kernel(EmbeddingF32Args a) {
 __global__ void residual_norm_kernel(ResidualNormArgs a) {
   __shared__ float scratch[32];
   const int64_t base = int64_t(blockIdx.x) * a.dim;
+  allow_next_grid();
+  wait_prior_grid();
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < a.dim; j += blockDim.x) {
     float h = a.h[base + j];
@@ -47,6 +50,8 @@ __global__ void residual_norm_kernel(ResidualNormArgs a) {
 // blockIdx.x: head (q heads, then k heads, then v heads); blockIdx.y: sequence.
 __global__ void rope_append_kernel(RopeAppendArgs a) {
   __shared__ float s_x[kMaxHeadDim];
+  allow_next_grid();
+  wait_prior_grid();
   const int head = blockIdx.x, s = blockIdx.y, lane = threadIdx.x;
   const int hd = a.head_dim, half = hd / 2;
   const int qkv_dim = (a.n_head + 2 * a.n_head_kv) * hd;
@@ -114,7 +119,9 @@ Status residual_norm(CudaContext& ctx, const ResidualNormArgs& a) {
   if (a.bias && !a.delta) return invalid_argument("cuda residual_norm: a bias needs a delta");
   if (a.rows == 0) return Status::ok();
   const int threads = a.rows <= 132 && a.dim >= 2048 ? 1024 : kThreads;
-  residual_norm_kernel<<<static_cast<unsigned>(a.rows), threads, 0, stream_of(ctx)>>>(a);
+  LATHE_TRY(cuda_check(launch_overlapped(residual_norm_kernel, dim3(static_cast<unsigned>(a.rows)), dim3(threads),
+                                         stream_of(ctx), a.overlap, a),
+                       "residual_norm launch"));
   return ctx.check_launch("residual_norm");
 }
 
@@ -128,8 +135,15 @@ Status rope_append(CudaContext& ctx, const RopeAppendArgs& a) {
     return invalid_argument("cuda rope_append: null argument");
   if (!a.q_norm != !a.k_norm) return invalid_argument("cuda rope_append: q_norm and k_norm go together");
   if (a.n_seqs == 0) return Status::ok();
-  rope_append_kernel<<<dim3(a.n_head + 2 * a.n_head_kv, a.n_seqs), 32, 0, stream_of(ctx)>>>(a);
+  LATHE_TRY(cuda_check(launch_overlapped(rope_append_kernel, dim3(a.n_head + 2 * a.n_head_kv, a.n_seqs), dim3(32),
+                                         stream_of(ctx), a.overlap, a),
+                       "rope_append launch"));
   return ctx.check_launch("rope_append");
+}
+
+bool supports_overlap(int device) {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
 }
 
 }  // namespace lathe::cuda

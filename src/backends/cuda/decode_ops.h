@@ -10,6 +10,13 @@
 // sequence's k and v at its own position. Every per-step input (token ids,
 // positions, cache pointers) is a device pointer, so one captured CUDA
 // graph replays for every step. Stubs in decode_stub.cpp.
+//
+// `overlap` (sm_90+) launches a kernel as a programmatic dependent launch:
+// its blocks may start while the previous kernel on the stream finishes,
+// and wait for it (griddepcontrol.wait) only before reading what it wrote;
+// the skinny GEMM issues its first weight loads before that wait. Every
+// kernel here lets the next one start early, which is harmless when the
+// next one is launched the ordinary way.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +44,7 @@ struct GemvArgs {
   void* out = nullptr;              // [rows, n], bf16 or f32 by epilogue
   int64_t rows = 0, n = 0, k = 0;
   GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
+  bool overlap = false;
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.
@@ -67,6 +75,7 @@ struct ResidualNormArgs {
   bf16_bits* y = nullptr;             // [rows, dim]
   int64_t rows = 0, dim = 0;
   float eps = 1e-6f;
+  bool overlap = false;
 };
 Status residual_norm(CudaContext& ctx, const ResidualNormArgs& a);
 
@@ -88,7 +97,11 @@ struct RopeAppendArgs {
   const bf16_bits* k_norm = nullptr;       // [head_dim] or null (set with q_norm)
   int n_seqs = 0, n_head = 0, n_head_kv = 0, head_dim = 0, max_ctx = 0;
   float eps = 1e-6f;
+  bool overlap = false;
 };
 Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
+
+// Whether device supports `overlap` (compute capability 9.0 or later).
+bool supports_overlap(int device);
 
 }  // namespace lathe::cuda

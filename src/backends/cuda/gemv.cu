@@ -5,7 +5,9 @@
 // A block of 256 threads owns kRows weight rows (4 up to 4 input rows, 2
 // above, to bound registers) and splits their k dimension over all its
 // threads: thread t reads 16-byte chunks t, t + 256, ... of each of its
-// rows (no L1 allocation: each weight byte is used once) and the matching
+// rows (no L1 allocation: each weight byte is used once; the next chunk's
+// loads are issued before this chunk's arithmetic, and the first ones
+// before waiting for the previous kernel under `overlap`) and the matching
 // chunks of every x row (cached: all blocks share x), accumulating
 // kRows × B dot products in f32. The block then sums each product over its
 // threads (warp shuffles, then shared memory) and the first kRows·B threads
@@ -15,6 +17,7 @@
 #include <algorithm>
 
 #include "backends/cuda/context_impl.h"
+#include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
 
 namespace lathe::cuda {
@@ -40,6 +43,11 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
     f[2 * i] = __uint_as_float(u[i] << 16);
     f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
   }
+}
+
+// Chunk c (8 elements) of a weight row, zeros past the row's end or for a missing row.
+__device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid, int64_t c, int64_t n_chunks) {
+  return valid && c < n_chunks ? ld_streaming(w_row + c * 8) : make_uint4(0, 0, 0, 0);
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
@@ -82,12 +90,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
 
   const int64_t n_chunks = a.k / 8;
+  uint4 w_next[R];  // the weights of chunk c, loaded one iteration ahead
+  allow_next_grid();
+  // Weights never depend on the previous kernel: the first loads go out before waiting for it.
+#pragma unroll
+  for (int r = 0; r < R; ++r) w_next[r] = load_weights(w_row[r], row[r] >= 0, threadIdx.x, n_chunks);
+  wait_prior_grid();
   for (int64_t c = threadIdx.x; c < n_chunks; c += kThreads) {
     float wf[R][8];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const uint4 raw = row[r] >= 0 ? ld_streaming(w_row[r] + c * 8) : make_uint4(0, 0, 0, 0);
-      unpack8(raw, wf[r]);
+      unpack8(w_next[r], wf[r]);
+      w_next[r] = load_weights(w_row[r], row[r] >= 0, c + kThreads, n_chunks);
     }
 #pragma unroll
     for (int b = 0; b < B; ++b) {
@@ -148,24 +162,21 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 }
 
 template <int B>
-void launch_rows(const GemvArgs& a, cudaStream_t st) {
+cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st) {
   constexpr int R = rows_per_block<B>();
   const int64_t slots = a.epilogue == GemvEpilogue::kSwigluBf16 ? R / 2 : R;
-  const unsigned blocks = static_cast<unsigned>((a.n + slots - 1) / slots);
+  const dim3 grid(static_cast<unsigned>((a.n + slots - 1) / slots));
   switch (a.epilogue) {
     case GemvEpilogue::kStoreBf16:
-      gemv_kernel<B, GemvEpilogue::kStoreBf16><<<blocks, kThreads, 0, st>>>(a);
-      break;
+      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kStoreBf16>, grid, kThreads, st, a.overlap, a);
     case GemvEpilogue::kStoreF32:
-      gemv_kernel<B, GemvEpilogue::kStoreF32><<<blocks, kThreads, 0, st>>>(a);
-      break;
+      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kStoreF32>, grid, kThreads, st, a.overlap, a);
     case GemvEpilogue::kAddF32:
-      gemv_kernel<B, GemvEpilogue::kAddF32><<<blocks, kThreads, 0, st>>>(a);
-      break;
+      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kAddF32>, grid, kThreads, st, a.overlap, a);
     case GemvEpilogue::kSwigluBf16:
-      gemv_kernel<B, GemvEpilogue::kSwigluBf16><<<blocks, kThreads, 0, st>>>(a);
-      break;
+      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kSwigluBf16>, grid, kThreads, st, a.overlap, a);
   }
+  return cudaErrorInvalidValue;
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -191,11 +202,13 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
     c.rows = std::min<int64_t>(kMaxRows, a.rows - r0);
     c.x = a.x + r0 * a.k;
     c.out = static_cast<char*>(a.out) + r0 * a.n * out_elem;
-    if (c.rows == 1) launch_rows<1>(c, st);
-    else if (c.rows == 2) launch_rows<2>(c, st);
-    else if (c.rows <= 4) launch_rows<4>(c, st);
-    else if (c.rows <= 8) launch_rows<8>(c, st);
-    else launch_rows<16>(c, st);
+    cudaError_t err;
+    if (c.rows == 1) err = launch_rows<1>(c, st);
+    else if (c.rows == 2) err = launch_rows<2>(c, st);
+    else if (c.rows <= 4) err = launch_rows<4>(c, st);
+    else if (c.rows <= 8) err = launch_rows<8>(c, st);
+    else err = launch_rows<16>(c, st);
+    LATHE_TRY(cuda_check(err, "gemv launch"));
   }
   return ctx.check_launch("gemv");
 }
