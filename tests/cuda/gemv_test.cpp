@@ -1,7 +1,8 @@
 // The decode step's skinny GEMM (decode_ops.h) against a double reference:
-// every epilogue, rows 1..20 (past 16 the rows go in two launches), output
-// counts that do not fill the last block, with and without bias; and the f32
-// residual stream's norm. Tolerances as in gemm_test.cpp: inputs are exact
+// every epilogue, rows 1..20 (1..4 on the CUDA cores, 5..16 on the tensor
+// cores when k is a multiple of 32, past 16 in two launches), output counts
+// that do not fill the last block, k with fewer steps than warps, with and
+// without bias; and the f32 residual stream's norm. Tolerances as in gemm_test.cpp: inputs are exact
 // bf16 values and accumulation is f32, so an f32 output is within ~k·2⁻²⁴ of
 // the reference (1e-4 of max|out| allowed); a bf16 output adds one rounding
 // (2⁻⁹ relative: 4e-3 of max|out| allowed).
@@ -20,7 +21,7 @@ using namespace lathe::cuda::testing;
 struct Shape2 {
   int64_t n, k;
 };
-const Shape2 kShapes[] = {{1, 8}, {7, 64}, {513, 2056}, {130, 4096}};
+const Shape2 kShapes[] = {{1, 8}, {7, 64}, {33, 96}, {513, 2056}, {130, 4096}};
 const int64_t kRows[] = {1, 2, 3, 4, 5, 8, 11, 16, 20};
 
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
@@ -71,23 +72,45 @@ TEST(CudaGemv, EveryEpilogueRowCountAndShape) {
       for (int64_t rows : kRows) run_case(ctx, rows, s, e, /*with_bias=*/rows % 2 == 1, seed += 5);
 }
 
-// Each row's result does not depend on the other rows (a batched decode step
-// gives every sequence the logits it would get alone): bitwise.
-TEST(CudaGemv, RowsAreIndependentBitwise) {
+// Each row's result does not depend on the other rows, so a batched decode
+// step gives every sequence the logits it would get alone: bitwise up to 4
+// rows (the CUDA-core path, the same sums in the same order for any row
+// count); on the tensor-core path a row's result does not depend on its
+// slot either (rows reversed: equal up to f32 rounding).
+std::vector<float> run_f32(CudaContext& ctx, const DeviceBuffer& dx, const DeviceBuffer& dw, int64_t rows, int64_t n,
+                           int64_t k) {
+  DeviceBuffer out = upload(ctx, std::vector<float>(size_t(rows * n)));
+  Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = out.data(), .rows = rows, .n = n,
+                         .k = k, .epilogue = GemvEpilogue::kStoreF32});
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return download<float>(ctx, out, rows * n);
+}
+
+TEST(CudaGemv, RowsAreIndependent) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
   const int64_t n = 300, k = 1024, rows = 16;
   std::vector<float> x = random_bf16(rows * k, 7), w = random_bf16(n * k, 8, 0.05f);
-  DeviceBuffer dx = upload_bf16(ctx, x), dw = upload_bf16(ctx, w);
-  DeviceBuffer all = upload(ctx, std::vector<float>(size_t(rows * n))), one = upload(ctx, std::vector<float>(size_t(n)));
-  ASSERT_TRUE(gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = all.data(), .rows = rows, .n = n,
-                         .k = k, .epilogue = GemvEpilogue::kStoreF32}).is_ok());
-  const std::vector<float> batch = download<float>(ctx, all, rows * n);
+  DeviceBuffer dw = upload_bf16(ctx, w);
+  auto rows_of = [&](int64_t first, int64_t count, bool reversed) {
+    std::vector<float> sub;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = first + (reversed ? count - 1 - i : i);
+      sub.insert(sub.end(), x.begin() + r * k, x.begin() + (r + 1) * k);
+    }
+    return upload_bf16(ctx, sub);
+  };
+  const std::vector<float> four = run_f32(ctx, rows_of(0, 4, false), dw, 4, n, k);
+  for (int64_t r = 0; r < 4; ++r) {
+    const std::vector<float> alone = run_f32(ctx, rows_of(r, 1, false), dw, 1, n, k);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), four.begin() + r * n)) << "row " << r;
+  }
+  const std::vector<float> fwd = run_f32(ctx, rows_of(0, rows, false), dw, rows, n, k);
+  const std::vector<float> rev = run_f32(ctx, rows_of(0, rows, true), dw, rows, n, k);
   for (int64_t r = 0; r < rows; ++r) {
-    ASSERT_TRUE(gemv(ctx, {.x = dptr<bf16_bits>(dx) + r * k, .w = dptr<bf16_bits>(dw), .out = one.data(), .rows = 1,
-                           .n = n, .k = k, .epilogue = GemvEpilogue::kStoreF32}).is_ok());
-    const std::vector<float> alone = download<float>(ctx, one, n);
-    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + r * n)) << "row " << r;
+    const std::vector<float> a(fwd.begin() + r * n, fwd.begin() + (r + 1) * n);
+    const std::vector<float> b(rev.begin() + (rows - 1 - r) * n, rev.begin() + (rows - r) * n);
+    EXPECT_LE(rel_error(b, a), 1e-6) << "row " << r;
   }
 }
 

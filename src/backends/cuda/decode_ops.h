@@ -34,8 +34,10 @@ namespace lathe::cuda {
 //                entries; out bf16 [rows, n] = bf16(silu(g)·u) from the f32
 //                gate and up sums.
 // k must be a multiple of 8 and x, w 16-byte aligned (refused otherwise: the
-// caller takes cuBLASLt). Rows beyond 16 are taken 16 at a time (the weights
-// are read once per 16 rows). out must not alias x.
+// caller takes cuBLASLt). 1..4 rows are summed with f32 FMAs, 5..16 on the
+// tensor cores when k is a multiple of 32 (f32 accumulation either way);
+// rows beyond 16 are taken 16 at a time (the weights are read once per 16
+// rows). out must not alias x.
 enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16 };
 struct GemvArgs {
   const bf16_bits* x = nullptr;     // [rows, k]

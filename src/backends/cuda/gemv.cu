@@ -14,6 +14,17 @@
 // apply the epilogue, so every output element is written by one thread (the
 // residual add needs no atomics). Grid: ⌈n / kRows⌉ blocks, ~770 for a
 // 3072-row projection: all SMs busy with several blocks each.
+//
+// From 5 rows on (k a multiple of 32) f32 FMAs would cost as much time as
+// the weight reads, so the products go to the tensor cores instead
+// (mma.sync m16n8k16, bf16 in, f32 accumulate): a block owns 16 weight rows
+// and its 8 warps split k, each taking 32 k per step. The sum over k does
+// not care in which order k is taken, so lane (g, t) loads 16 contiguous
+// bytes, k 8t..8t+7 of the step, of weight rows g and g + 8 and of x rows
+// g (and g + 8), and the step's two k16 instructions read those bytes as
+// their fragment slots {2t, 2t+1, 2t+8, 2t+9}: the same k for the weight
+// (A) and x (B) operands, so every product pairs the right elements. The
+// warps' 16 × rows partial sums meet in shared memory for the epilogue.
 #include <algorithm>
 
 #include "backends/cuda/context_impl.h"
@@ -51,6 +62,27 @@ __device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+// The epilogues: output (row b, column j) from its dot product(s).
+template <GemvEpilogue E>
+__device__ __forceinline__ void store_out(const GemvArgs& a, int b, int64_t j, float v) {
+  if (a.bias) v += dev::ld(a.bias, j);
+  const int64_t o = int64_t(b) * a.n + j;
+  if constexpr (E == GemvEpilogue::kStoreBf16) {
+    dev::st(static_cast<bf16_bits*>(a.out), o, v);
+  } else if constexpr (E == GemvEpilogue::kStoreF32) {
+    static_cast<float*>(a.out)[o] = v;
+  } else {
+    static_cast<float*>(a.out)[o] += v;
+  }
+}
+__device__ __forceinline__ void store_swiglu(const GemvArgs& a, int b, int64_t j, float gate, float up) {
+  if (a.bias) {
+    gate += dev::ld(a.bias, j);
+    up += dev::ld(a.bias, a.n + j);
+  }
+  dev::st(static_cast<bf16_bits*>(a.out), int64_t(b) * a.n + j, silu(gate) * up);
+}
 
 template <int B>
 constexpr int rows_per_block() {
@@ -135,30 +167,141 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int w = 0; w < kWarps; ++w) s += s_part[w][rr * B + b];
     return s;
   };
+  const int64_t j = weight_row<R, E>(a.n, r);  // kSwigluBf16: a gate row, the output column
+  if (j < 0) return;
   if constexpr (E == GemvEpilogue::kSwigluBf16) {
-    constexpr int kHalf = R / 2;
-    const int64_t j = weight_row<R, E>(a.n, r);  // a gate row: the output column
-    if (r >= kHalf || j < 0) return;
-    float g = total(r), u = total(r + kHalf);
-    if (a.bias) {
-      g += dev::ld(a.bias, j);
-      u += dev::ld(a.bias, a.n + j);
-    }
-    dev::st(static_cast<bf16_bits*>(a.out), int64_t(b) * a.n + j, silu(g) * u);
+    if (r >= R / 2) return;
+    store_swiglu(a, b, j, total(r), total(r + R / 2));
   } else {
-    const int64_t j = weight_row<R, E>(a.n, r);
-    if (j < 0) return;
-    float v = total(r);
-    if (a.bias) v += dev::ld(a.bias, j);
-    const int64_t o = int64_t(b) * a.n + j;
-    if constexpr (E == GemvEpilogue::kStoreBf16) {
-      dev::st(static_cast<bf16_bits*>(a.out), o, v);
-    } else if constexpr (E == GemvEpilogue::kStoreF32) {
-      static_cast<float*>(a.out)[o] = v;
-    } else {
-      static_cast<float*>(a.out)[o] += v;
+    store_out<E>(a, b, j, total(r));
+  }
+}
+
+// ---- Tensor-core path ---------------------------------------------------------
+
+constexpr int kTile = 16;   // weight rows per block
+constexpr int kStepK = 32;  // k per warp step
+constexpr int kUnroll = 4;  // steps per warp whose loads are in flight together
+
+__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Weight row of tile row r (0..15), or −1 past the end. kSwigluBf16: rows
+// 0..7 are gate rows, 8..15 the matching up rows.
+template <GemvEpilogue E>
+__device__ __forceinline__ int64_t tile_row(int64_t n, int r) {
+  if constexpr (E == GemvEpilogue::kSwigluBf16) {
+    const int64_t j = int64_t(blockIdx.x) * (kTile / 2) + (r % (kTile / 2));
+    if (j >= n) return -1;
+    return r < kTile / 2 ? j : n + j;
+  } else {
+    const int64_t j = int64_t(blockIdx.x) * kTile + r;
+    return j < n ? j : -1;
+  }
+}
+
+__device__ __forceinline__ uint4 load_x(const bf16_bits* p, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// NT: n-tiles of 8 x rows (1: up to 8 rows, 2: up to 16).
+template <int NT, GemvEpilogue E>
+__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
+  constexpr int kB = 8 * NT;
+  __shared__ float s_c[kWarps][kTile][kB];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int rows = static_cast<int>(a.rows);
+  const int64_t row_lo = tile_row<E>(a.n, g), row_hi = tile_row<E>(a.n, g + 8);
+  const bf16_bits* w_lo = a.w + (row_lo < 0 ? 0 : row_lo) * a.k + 8 * t;
+  const bf16_bits* w_hi = a.w + (row_hi < 0 ? 0 : row_hi) * a.k + 8 * t;
+  const bf16_bits* x_lo = a.x + int64_t(g) * a.k + 8 * t;
+  const bf16_bits* x_hi = a.x + int64_t(g + 8) * a.k + 8 * t;
+  const bool x_lo_ok = g < rows, x_hi_ok = NT == 2 && g + 8 < rows;
+  const int n_steps = static_cast<int>(a.k / kStepK);
+  float c[NT][4] = {};
+  uint4 wl[kUnroll], wh[kUnroll];
+  auto load_w = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int step = s0 + u * kWarps;
+      wl[u] = load_weights(w_lo, row_lo >= 0, int64_t(step) * (kStepK / 8), int64_t(n_steps) * (kStepK / 8));
+      wh[u] = load_weights(w_hi, row_hi >= 0, int64_t(step) * (kStepK / 8), int64_t(n_steps) * (kStepK / 8));
+    }
+  };
+  allow_next_grid();
+  load_w(warp);  // weights never depend on the previous kernel
+  wait_prior_grid();
+  for (int s0 = warp; s0 < n_steps; s0 += kWarps * kUnroll) {
+    if (s0 != warp) load_w(s0);
+    uint4 xl[kUnroll], xh[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int step = s0 + u * kWarps;
+      const int64_t off = int64_t(step) * kStepK;
+      xl[u] = load_x(x_lo + off, x_lo_ok && step < n_steps);
+      xh[u] = load_x(x_hi + off, x_hi_ok && step < n_steps);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (s0 + u * kWarps >= n_steps) break;  // the same for the whole warp
+      mma_bf16(c[0], wl[u].x, wh[u].x, wl[u].y, wh[u].y, xl[u].x, xl[u].y);
+      mma_bf16(c[0], wl[u].z, wh[u].z, wl[u].w, wh[u].w, xl[u].z, xl[u].w);
+      if constexpr (NT == 2) {
+        mma_bf16(c[1], wl[u].x, wh[u].x, wl[u].y, wh[u].y, xh[u].x, xh[u].y);
+        mma_bf16(c[1], wl[u].z, wh[u].z, wl[u].w, wh[u].w, xh[u].z, xh[u].w);
+      }
     }
   }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int b = nt * 8 + 2 * t;
+    s_c[warp][g][b] = c[nt][0];
+    s_c[warp][g][b + 1] = c[nt][1];
+    s_c[warp][g + 8][b] = c[nt][2];
+    s_c[warp][g + 8][b + 1] = c[nt][3];
+  }
+  __syncthreads();
+  const int i = threadIdx.x;
+  if (i >= kTile * kB) return;
+  const int r = i / kB, b = i % kB;
+  if (b >= rows) return;
+  auto total = [&](int rr) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += s_c[w][rr][b];
+    return sum;
+  };
+  const int64_t j = tile_row<E>(a.n, r);
+  if (j < 0) return;
+  if constexpr (E == GemvEpilogue::kSwigluBf16) {
+    if (r >= kTile / 2) return;
+    store_swiglu(a, b, j, total(r), total(r + kTile / 2));
+  } else {
+    store_out<E>(a, b, j, total(r));
+  }
+}
+
+template <int NT>
+cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
+  const int64_t per_block = a.epilogue == GemvEpilogue::kSwigluBf16 ? kTile / 2 : kTile;
+  const dim3 grid(static_cast<unsigned>((a.n + per_block - 1) / per_block));
+  switch (a.epilogue) {
+    case GemvEpilogue::kStoreBf16:
+      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kStoreBf16>, grid, kThreads, st, a.overlap, a);
+    case GemvEpilogue::kStoreF32:
+      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kStoreF32>, grid, kThreads, st, a.overlap, a);
+    case GemvEpilogue::kAddF32:
+      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kAddF32>, grid, kThreads, st, a.overlap, a);
+    case GemvEpilogue::kSwigluBf16:
+      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kSwigluBf16>, grid, kThreads, st, a.overlap, a);
+  }
+  return cudaErrorInvalidValue;
 }
 
 template <int B>
@@ -203,7 +346,8 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
     c.x = a.x + r0 * a.k;
     c.out = static_cast<char*>(a.out) + r0 * a.n * out_elem;
     cudaError_t err;
-    if (c.rows == 1) err = launch_rows<1>(c, st);
+    if (c.rows > 4 && a.k % kStepK == 0) err = c.rows <= 8 ? launch_mma<1>(c, st) : launch_mma<2>(c, st);
+    else if (c.rows == 1) err = launch_rows<1>(c, st);
     else if (c.rows == 2) err = launch_rows<2>(c, st);
     else if (c.rows <= 4) err = launch_rows<4>(c, st);
     else if (c.rows <= 8) err = launch_rows<8>(c, st);
