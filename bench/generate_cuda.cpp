@@ -6,7 +6,7 @@
 // memory-bandwidth floor (every weight read once per step plus each
 // sequence's KV cache, at the measured ~4.3 TB/s of the H200; tokens/s
 // counts all B sequences), prefill against the bf16 GEMM peak
-// (~810 TFLOP/s through cuBLASLt). A decode step is 9·n_layer + 4 kernels
+// (~810 TFLOP/s through cuBLASLt). A decode step is 7·n_layer + 3 kernels
 // (cuda_causal_lm.cpp) plus the argmax. The baseline, transformers generate
 // on the same machine, is bench/generate_hf.py (same --batch).
 //
@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
       {"Llama-3.2-1B", llama3(2048, 16, 32, 8, 8192, /*tied=*/true)},
       {"Llama-3.1-8B", llama3(4096, 32, 32, 8, 14336, /*tied=*/false)},
   };
-  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 9 kernels per layer + 4 "
+  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 7 kernels per layer + 3 "
               "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
               "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");

@@ -12,14 +12,14 @@
 // Two paths. Prefill (n tokens of one sequence) runs cuBLASLt GEMMs into
 // buffers laid out [q | k | v] by part and the flash attention kernel. A
 // decode step (one token for each of sequences 0..B−1) runs the skinny GEMM
-// of decode_ops.h with its epilogues fused: per layer norm, qkv (+bias),
-// q/k-norm+RoPE+append, attention (split + merge), o (+residual), norm,
-// gate|up (+SwiGLU), down (+residual): 9 kernels; plus embedding, RoPE
-// tables, final norm and LM head: 9·n_layer + 4 kernels per step (148 for
-// Llama-3.2-1B, 292 for Llama-3.1-8B), captured once per B as a CUDA graph.
-// On sm_90+ the norms, GEMVs and RoPE/append are programmatic dependent
-// launches (decode_ops.h): each starts while its predecessor drains, and
-// the GEMVs have their first weights in flight before they wait.
+// of decode_ops.h with the norm before it and its epilogue fused: per layer
+// norm+qkv (+bias), q/k-norm+RoPE+append, attention (split + merge),
+// o (+residual), norm+gate|up (+SwiGLU), down (+residual): 7 kernels; plus
+// embedding, RoPE tables and final norm+LM head: 7·n_layer + 3 kernels per
+// step (115 for Llama-3.2-1B, 227 for Llama-3.1-8B), captured once per B as
+// a CUDA graph. On sm_90+ the GEMVs and RoPE/append are programmatic
+// dependent launches (decode_ops.h): each starts while its predecessor
+// drains, with its first weights in flight before it waits.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -68,7 +68,7 @@ struct LayerWeights {
 // max_batch) rows unless said otherwise.
 struct StateBuffers {
   int32_t* tokens = nullptr;     // [R]
-  int32_t* positions = nullptr;  // [R]; prefill: positions of the pass; decode: sequence s's position
+  int32_t* positions = nullptr;  // [R] right after tokens (one upload); prefill: the pass's; decode: sequence s's
   float* cos = nullptr;          // [R, head_dim / 2]
   float* sin = nullptr;          // [R, head_dim / 2]
   float* h = nullptr;            // [R, hidden] the residual stream (f32)
@@ -142,7 +142,7 @@ class CudaCausalLmImpl {
   std::vector<int> seq_len;             // [max_batch] tokens in each sequence's cache
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
   std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B
-  std::vector<int32_t> host_positions;  // staging, [max(max_tokens, max_batch)]
+  std::vector<int32_t> host_step;       // staging [2·R]: tokens at 0, positions at R (buf.tokens' layout)
 
   Status init(const ModelHeader& header, const CudaModelOptions& options);
   Status allocate();
@@ -165,6 +165,7 @@ class CudaCausalLmImpl {
   Status pass(int64_t n, int seq, int pos0, int64_t logit_rows);
   Status run(int seq, std::span<const int32_t> tokens, int64_t logit_rows);
   Status check_tokens(int seq, std::span<const int32_t> tokens) const;
+  Status upload_step(std::span<const int32_t> tokens, const std::function<int32_t(int64_t)>& position);
   // Decode: one token for each of sequences 0..b−1.
   Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
@@ -213,7 +214,7 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   seq_len.assign(static_cast<size_t>(opts.max_batch), 0);
   decoded_eagerly.assign(static_cast<size_t>(opts.max_batch) + 1, false);
   graphs.resize(static_cast<size_t>(opts.max_batch) + 1);
-  host_positions.resize(static_cast<size_t>(std::max(max_tokens, opts.max_batch)));
+  host_step.resize(2 * static_cast<size_t>(std::max(max_tokens, opts.max_batch)));
   LATHE_ASSIGN_OR_RETURN(ctx, cuda::CudaContext::create(opts.device));
   overlap = opts.overlap_launches && cuda::supports_overlap(opts.device);
   return allocate();
@@ -264,8 +265,8 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
     LATHE_ASSIGN_OR_RETURN(k_cache[l], c.take<bf16_bits>(kv_rows, "k cache"));
     LATHE_ASSIGN_OR_RETURN(v_cache[l], c.take<bf16_bits>(kv_rows, "v cache"));
   }
-  LATHE_ASSIGN_OR_RETURN(buf.tokens, c.take<int32_t>(t, "tokens"));
-  LATHE_ASSIGN_OR_RETURN(buf.positions, c.take<int32_t>(t, "positions"));
+  LATHE_ASSIGN_OR_RETURN(buf.tokens, c.take<int32_t>(2 * t, "tokens and positions"));
+  buf.positions = buf.tokens ? buf.tokens + t : nullptr;
   LATHE_ASSIGN_OR_RETURN(buf.cos, c.take<float>(t * half, "rope cos"));
   LATHE_ASSIGN_OR_RETURN(buf.sin, c.take<float>(t * half, "rope sin"));
   LATHE_ASSIGN_OR_RETURN(buf.h, c.take<float>(t * hidden, "residual"));
@@ -508,10 +509,9 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.attn_norm, .y = buf.normed, .rows = b, .dim = hidden,
-                                      .eps = eps, .overlap = overlap}));
-  LATHE_TRY(cuda::gemv(ctx, {.x = buf.normed, .w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim,
-                             .k = hidden, .epilogue = GemvEpilogue::kStoreBf16, .overlap = overlap}));
+  LATHE_TRY(cuda::gemv(ctx, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim, .k = hidden,
+                             .epilogue = GemvEpilogue::kStoreBf16, .overlap = overlap, .x_f32 = buf.h,
+                             .norm_w = w.attn_norm, .eps = eps}));
   LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                     .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                     .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
@@ -520,10 +520,9 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   LATHE_TRY(decode_attention(l, b));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));
-  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = w.mlp_norm, .y = buf.normed, .rows = b, .dim = hidden,
-                                      .eps = eps, .overlap = overlap}));
-  LATHE_TRY(cuda::gemv(ctx, {.x = buf.normed, .w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn,
-                             .k = hidden, .epilogue = GemvEpilogue::kSwigluBf16, .overlap = overlap}));
+  LATHE_TRY(cuda::gemv(ctx, {.w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn, .k = hidden,
+                             .epilogue = GemvEpilogue::kSwigluBf16, .overlap = overlap, .x_f32 = buf.h,
+                             .norm_w = w.mlp_norm, .eps = eps}));
   return cuda::gemv(ctx, {.x = buf.gu, .w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden,
                           .k = ffn, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap});
 }
@@ -535,10 +534,9 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = final_norm, .y = buf.normed, .rows = b, .dim = hidden,
-                                      .eps = cfg.rms_norm_eps, .overlap = overlap}));
-  return cuda::gemv(ctx, {.x = buf.normed, .w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                          .epilogue = cuda::GemvEpilogue::kStoreF32, .overlap = overlap});
+  return cuda::gemv(ctx, {.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
+                          .epilogue = cuda::GemvEpilogue::kStoreF32, .overlap = overlap, .x_f32 = buf.h,
+                          .norm_w = final_norm, .eps = cfg.rms_norm_eps});
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
@@ -554,16 +552,22 @@ Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) 
   return Status::ok();
 }
 
+// tokens and position(i) for each into buf.tokens / buf.positions in one copy.
+Status CudaCausalLmImpl::upload_step(std::span<const int32_t> tokens, const std::function<int32_t(int64_t)>& position) {
+  const size_t r = host_step.size() / 2, n = tokens.size();
+  std::copy(tokens.begin(), tokens.end(), host_step.begin());
+  for (size_t i = 0; i < n; ++i) host_step[r + i] = position(static_cast<int64_t>(i));
+  return cuda::copy_to_device(ctx, buf.tokens, host_step.data(), (r + n) * sizeof(int32_t));
+}
+
 // Uploads the ids and each sequence's position, then runs the step: eagerly
 // the first time for this B, as a captured graph after (with graphs on).
 Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
   const int b = static_cast<int>(tokens.size());
   for (int s = 0; s < b; ++s) {
     LATHE_TRY(check_tokens(s, tokens.subspan(s, 1)).with_context("decode step, sequence " + std::to_string(s)));
-    host_positions[s] = seq_len[s];
   }
-  LATHE_TRY(cuda::copy_to_device(ctx, buf.tokens, tokens.data(), tokens.size() * sizeof(int32_t)));
-  LATHE_TRY(cuda::copy_to_device(ctx, buf.positions, host_positions.data(), tokens.size() * sizeof(int32_t)));
+  LATHE_TRY(upload_step(tokens, [&](int64_t i) { return seq_len[i]; }));
   if (opts.use_graphs && decoded_eagerly[b]) {
     if (graphs[b].empty()) {
       LATHE_ASSIGN_OR_RETURN(graphs[b], cuda::CudaGraph::capture(ctx, [&] { return decode_step(b); }));
@@ -588,9 +592,7 @@ Status CudaCausalLmImpl::run(int seq, std::span<const int32_t> tokens, int64_t l
     const int64_t n = static_cast<int64_t>(chunk.size());
     const bool last = start + chunk.size() == tokens.size();
     const int pos0 = seq_len[seq];
-    for (int64_t i = 0; i < n; ++i) host_positions[i] = pos0 + static_cast<int32_t>(i);
-    LATHE_TRY(cuda::copy_to_device(ctx, buf.tokens, chunk.data(), chunk.size() * sizeof(int32_t)));
-    LATHE_TRY(cuda::copy_to_device(ctx, buf.positions, host_positions.data(), chunk.size() * sizeof(int32_t)));
+    LATHE_TRY(upload_step(chunk, [&](int64_t i) { return pos0 + static_cast<int32_t>(i); }));
     LATHE_TRY(pass(n, seq, pos0, last ? logit_rows : 0));
     seq_len[seq] += static_cast<int>(n);
   }

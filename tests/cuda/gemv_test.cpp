@@ -114,6 +114,42 @@ TEST(CudaGemv, RowsAreIndependent) {
   }
 }
 
+// The input rows RMSNorm'd inside the kernel (x_f32, norm_w): against the
+// double reference of bf16(h·rstd·w) fed to the product. A last-bit
+// difference in rstd can flip an input's bf16 rounding, so every output is
+// held to the bf16 tolerance (4e-3 of max|out|).
+TEST(CudaGemv, NormFusedInputMatchesReference) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  uint32_t seed = 500;
+  const float eps = 1e-5f;
+  for (GemvEpilogue e : {GemvEpilogue::kStoreBf16, GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluBf16})
+    for (const Shape2& s : {Shape2{33, 96}, Shape2{130, 4096}})
+      for (int64_t rows : {1, 3, 4, 5, 16}) {
+        SCOPED_TRACE(::testing::Message() << "rows=" << rows << " n=" << s.n << " k=" << s.k << " epilogue="
+                                          << static_cast<int>(e));
+        const int64_t w_rows = e == GemvEpilogue::kSwigluBf16 ? 2 * s.n : s.n;
+        std::vector<float> h = random_bf16(rows * s.k, seed += 3, 2.0f);
+        for (size_t i = 0; i < h.size(); ++i) h[i] += 1e-3f * float(i % 7);  // not bf16 values
+        std::vector<float> nw = random_bf16(s.k, seed + 1), w = random_bf16(w_rows * s.k, seed + 2, 0.05f);
+        std::vector<float> x(h.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          double ss = 0;
+          for (int64_t i = 0; i < s.k; ++i) ss += double(h[r * s.k + i]) * h[r * s.k + i];
+          const double rstd = 1.0 / std::sqrt(ss / double(s.k) + eps);
+          for (int64_t i = 0; i < s.k; ++i) x[r * s.k + i] = round_bf16(float(h[r * s.k + i] * rstd * nw[i]));
+        }
+        const bool f32_out = e == GemvEpilogue::kStoreF32;
+        DeviceBuffer dh = upload(ctx, h), dn = upload_bf16(ctx, nw), dw = upload_bf16(ctx, w);
+        DeviceBuffer dout = upload(ctx, std::vector<float>(size_t(rows * s.n)));
+        Status st = gemv(ctx, {.w = dptr<bf16_bits>(dw), .out = dout.data(), .rows = rows, .n = s.n, .k = s.k,
+                               .epilogue = e, .x_f32 = dptr<float>(dh), .norm_w = dptr<bf16_bits>(dn), .eps = eps});
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        std::vector<float> got = f32_out ? download<float>(ctx, dout, rows * s.n) : download_bf16(ctx, dout, rows * s.n);
+        EXPECT_LE(rel_error(got, reference(x, w, {}, {}, rows, s.n, s.k, e)), 4e-3);
+      }
+}
+
 TEST(CudaGemv, RefusesUnalignedK) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();

@@ -47,6 +47,12 @@ struct GemvArgs {
   int64_t rows = 0, n = 0, k = 0;
   GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
   bool overlap = false;
+  // With x_f32 set (x unused), the input rows are the RMSNorm of x_f32's,
+  // bf16(x_f32·rstd·norm_w) with rstd = rsqrt(mean(x_f32²) + eps) in f32:
+  // what residual_norm() would write as y, computed inside the kernel.
+  const float* x_f32 = nullptr;       // [rows, k], 16-byte aligned, not written while the kernel runs
+  const bf16_bits* norm_w = nullptr;  // [k]
+  float eps = 1e-6f;
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.

@@ -25,7 +25,14 @@
 // their fragment slots {2t, 2t+1, 2t+8, 2t+9}: the same k for the weight
 // (A) and x (B) operands, so every product pairs the right elements. The
 // warps' 16 × rows partial sums meet in shared memory for the epilogue.
+//
+// With x_f32 the input rows are RMSNorm'd in the kernel (the norm before a
+// projection costs no launch of its own): after its first weight loads each
+// block sums the squares of its input rows (a few KB from L2), then makes
+// every x chunk from the f32 row, the row's rstd and the norm weights.
 #include <algorithm>
+
+#include <cuda_bf16.h>
 
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
@@ -59,6 +66,57 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
 // Chunk c (8 elements) of a weight row, zeros past the row's end or for a missing row.
 __device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid, int64_t c, int64_t n_chunks) {
   return valid && c < n_chunks ? ld_streaming(w_row + c * 8) : make_uint4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 8 inputs of row b from element off: the bf16 x, or the RMSNorm of x_f32
+// with the row's rstd, rounded to bf16 as residual_norm() rounds y.
+__device__ __forceinline__ uint4 x_chunk(const GemvArgs& a, int b, int64_t off, float rstd) {
+  if (!a.x_f32) return __ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + off));
+  const float4* hp = reinterpret_cast<const float4*>(a.x_f32 + int64_t(b) * a.k + off);
+  const float4 h0 = __ldg(hp), h1 = __ldg(hp + 1);
+  const float h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  float w[8];
+  unpack8(__ldg(reinterpret_cast<const uint4*>(a.norm_w + off)), w);
+  uint32_t p[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = pack_bf16x2(h[2 * i] * rstd * w[2 * i], h[2 * i + 1] * rstd * w[2 * i + 1]);
+  return make_uint4(p[0], p[1], p[2], p[3]);
+}
+
+// With x_f32: rstd of input rows 0..B−1 (those < rows) into s_rstd, the
+// whole block summing each row's squares in the same order whatever B is.
+template <int B>
+__device__ void rows_rstd(const GemvArgs& a, int rows, float (*s_ss)[B], float* s_rstd) {
+  float ss[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    ss[b] = 0.0f;
+    if (b >= rows) continue;
+    const float* row = a.x_f32 + int64_t(b) * a.k;
+    for (int64_t i = int64_t(threadIdx.x) * 4; i < a.k; i += kThreads * 4) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(row + i));
+      ss[b] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const float s = dev::warp_sum(ss[b]);
+    if (lane == 0) s_ss[warp][b] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < B) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += s_ss[w][threadIdx.x];
+    s_rstd[threadIdx.x] = rsqrtf(total / static_cast<float>(a.k) + a.eps);
+  }
+  __syncthreads();
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
@@ -107,6 +165,8 @@ template <int B, GemvEpilogue E>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   constexpr int R = rows_per_block<B>();
   __shared__ float s_part[kWarps][R * B];
+  __shared__ float s_ss[kWarps][B];
+  __shared__ float s_rstd[B];
   int64_t row[R];  // indexed by constants only (unrolled), so they stay in registers
   const bf16_bits* w_row[R];
 #pragma unroll
@@ -128,6 +188,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int r = 0; r < R; ++r) w_next[r] = load_weights(w_row[r], row[r] >= 0, threadIdx.x, n_chunks);
   wait_prior_grid();
+  float rstd[B];
+  if (a.x_f32) rows_rstd<B>(a, rows, s_ss, s_rstd);
+#pragma unroll
+  for (int b = 0; b < B; ++b) rstd[b] = a.x_f32 && b < rows ? s_rstd[b] : 0.0f;
   for (int64_t c = threadIdx.x; c < n_chunks; c += kThreads) {
     float wf[R][8];
 #pragma unroll
@@ -139,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int b = 0; b < B; ++b) {
       if (b >= rows) break;
       float xf[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + c * 8)), xf);
+      unpack8(x_chunk(a, b, c * 8, rstd[b]), xf);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -206,22 +270,18 @@ __device__ __forceinline__ int64_t tile_row(int64_t n, int r) {
   }
 }
 
-__device__ __forceinline__ uint4 load_x(const bf16_bits* p, bool valid) {
-  return valid ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
-}
-
 // NT: n-tiles of 8 x rows (1: up to 8 rows, 2: up to 16).
 template <int NT, GemvEpilogue E>
 __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   constexpr int kB = 8 * NT;
   __shared__ float s_c[kWarps][kTile][kB];
+  __shared__ float s_ss[kWarps][kB];
+  __shared__ float s_rstd[kB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int rows = static_cast<int>(a.rows);
   const int64_t row_lo = tile_row<E>(a.n, g), row_hi = tile_row<E>(a.n, g + 8);
   const bf16_bits* w_lo = a.w + (row_lo < 0 ? 0 : row_lo) * a.k + 8 * t;
   const bf16_bits* w_hi = a.w + (row_hi < 0 ? 0 : row_hi) * a.k + 8 * t;
-  const bf16_bits* x_lo = a.x + int64_t(g) * a.k + 8 * t;
-  const bf16_bits* x_hi = a.x + int64_t(g + 8) * a.k + 8 * t;
   const bool x_lo_ok = g < rows, x_hi_ok = NT == 2 && g + 8 < rows;
   const int n_steps = static_cast<int>(a.k / kStepK);
   float c[NT][4] = {};
@@ -237,15 +297,17 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   allow_next_grid();
   load_w(warp);  // weights never depend on the previous kernel
   wait_prior_grid();
+  if (a.x_f32) rows_rstd<kB>(a, rows, s_ss, s_rstd);
+  const float r_lo = a.x_f32 && x_lo_ok ? s_rstd[g] : 0.0f, r_hi = a.x_f32 && x_hi_ok ? s_rstd[g + 8] : 0.0f;
   for (int s0 = warp; s0 < n_steps; s0 += kWarps * kUnroll) {
     if (s0 != warp) load_w(s0);
     uint4 xl[kUnroll], xh[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int step = s0 + u * kWarps;
-      const int64_t off = int64_t(step) * kStepK;
-      xl[u] = load_x(x_lo + off, x_lo_ok && step < n_steps);
-      xh[u] = load_x(x_hi + off, x_hi_ok && step < n_steps);
+      const int64_t off = int64_t(step) * kStepK + 8 * t;
+      xl[u] = x_lo_ok && step < n_steps ? x_chunk(a, g, off, r_lo) : make_uint4(0, 0, 0, 0);
+      xh[u] = x_hi_ok && step < n_steps ? x_chunk(a, g + 8, off, r_hi) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -332,8 +394,10 @@ bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k) {
 
 Status gemv(CudaContext& ctx, const GemvArgs& a) {
   if (a.rows < 0 || a.n <= 0 || a.k <= 0) return invalid_argument("cuda gemv: bad shape ", a.rows, "x", a.n, "x", a.k);
-  if (!a.x || !a.w || !a.out) return invalid_argument("cuda gemv: null argument");
-  if (!gemv_supports(a.x, a.w, a.k))
+  if ((!a.x && !a.x_f32) || !a.w || !a.out || (a.x_f32 && !a.norm_w))
+    return invalid_argument("cuda gemv: null argument");
+  const bf16_bits* x16 = a.x_f32 ? a.norm_w : a.x;
+  if (!gemv_supports(x16, a.w, a.k) || (a.x_f32 && !aligned16(a.x_f32)))
     return invalid_argument("cuda gemv: k (", a.k, ") must be a multiple of 8 and x, w 16-byte aligned");
   if (a.n > int64_t(kThreads) * 0x7fffffff) return invalid_argument("cuda gemv: n ", a.n, " is too large");
   const size_t out_elem = a.epilogue == GemvEpilogue::kStoreBf16 || a.epilogue == GemvEpilogue::kSwigluBf16
@@ -343,7 +407,8 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
   for (int64_t r0 = 0; r0 < a.rows; r0 += kMaxRows) {
     GemvArgs c = a;
     c.rows = std::min<int64_t>(kMaxRows, a.rows - r0);
-    c.x = a.x + r0 * a.k;
+    if (a.x_f32) c.x_f32 = a.x_f32 + r0 * a.k;
+    else c.x = a.x + r0 * a.k;
     c.out = static_cast<char*>(a.out) + r0 * a.n * out_elem;
     cudaError_t err;
     if (c.rows > 4 && a.k % kStepK == 0) err = c.rows <= 8 ? launch_mma<1>(c, st) : launch_mma<2>(c, st);
