@@ -123,7 +123,7 @@ class CudaCausalLmImpl {
   CudaModelOptions opts;
   int64_t hidden = 0, hd = 0, half = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
   int n_layer = 0, max_tokens = 0;  // max_tokens: one pass's most tokens
-  bool flash = true;                // head_dim 64/128 and no simple_attention
+  bool flash = true;                // head_dim 32/64/128 and no simple_attention
   int64_t n_params = 0;
 
   cuda::CudaContext ctx;
@@ -206,7 +206,7 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   if (cfg.num_attention_heads % cfg.num_key_value_heads != 0)
     return invalid_argument("cuda model: num_attention_heads ", cfg.num_attention_heads,
                             " is not a multiple of num_key_value_heads ", cfg.num_key_value_heads);
-  flash = !opts.simple_attention && (hd == 64 || hd == 128);
+  flash = !opts.simple_attention && (hd == 32 || hd == 64 || hd == 128);
   max_tokens = opts.max_forward_tokens > 0 ? std::min(opts.max_forward_tokens, opts.max_seq) : opts.max_seq;
   max_tokens = std::max(max_tokens, std::min(opts.max_logit_rows, opts.max_seq));
   decode_gemv = hidden % 8 == 0 && q_dim % 8 == 0 && ffn % 8 == 0;

@@ -8,9 +8,9 @@
 // CUDA graph (one per B): the token ids, positions and cache pointers it
 // reads live in device memory, so one capture replays for every later step.
 //
-// Same families and quirks as CausalLM (family.h). head_dim 64 and 128 take
-// the flash kernels; other head dims (up to 256) take the plain attention
-// kernel. Threads: one thread drives a CudaCausalLM (it owns its stream).
+// Same families and quirks as CausalLM (family.h). head_dim 32, 64 and 128
+// take the flash kernels; other head dims (up to 256) take the plain
+// attention kernel. Threads: one thread drives a CudaCausalLM (it owns its stream).
 #pragma once
 
 #include <cstdint>
