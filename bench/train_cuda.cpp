@@ -12,10 +12,11 @@
 // changes; those steps are not in the throughput figures).
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
-//                         [--steps N] [--warmup N] [--recompute 0|1] [--r N]
+//                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]
 //                         [--profile 0|1]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
-// 10 timed steps after 3 warm-up steps, recomputation off for 1B and on for 8B.
+// 10 timed steps after 3 warm-up steps, recomputation none for 1B and
+// selective for 8B (--recompute 0 / 1 mean none / full).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -41,18 +42,18 @@ struct BenchShape {
   int64_t vocab, hidden, inter, layers, heads, kv, head_dim;
   bool tied;
   int64_t micro_batch;
-  bool recompute;
+  CudaRecompute recompute;
 };
 
 const BenchShape kShapes[] = {
-    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, true, 8, false},
-    {"llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, false, 4, true},
+    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, true, 8, CudaRecompute::kNone},
+    {"llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, false, 4, CudaRecompute::kSelective},
 };
 
 struct Args {
   std::string shape = "all";
   int64_t micro_batch = 0, seq = 2048, steps = 10, warmup = 3, r = 32;
-  int recompute = -1;
+  std::string recompute;  // empty: the shape's default
   int profile = 1;
 };
 
@@ -123,13 +124,22 @@ int profile_phases(const BenchShape& s, CudaTrainableModel& m, Step& step) {
 
 int run_shape(const BenchShape& s, const Args& a) {
   const int64_t mbs = a.micro_batch > 0 ? a.micro_batch : s.micro_batch;
-  const bool recompute = a.recompute >= 0 ? a.recompute != 0 : s.recompute;
+  CudaRecompute recompute = s.recompute;
+  if (!a.recompute.empty()) {
+    auto r = parse_recompute(a.recompute == "0" ? "none" : a.recompute == "1" ? "full" : a.recompute);
+    if (!r.is_ok()) {
+      std::fprintf(stderr, "%s\n", r.status().message().c_str());
+      return 2;
+    }
+    recompute = *r;
+  }
+  const char* const mode_name[] = {"none", "selective", "full"};
   CudaModelShape shape{.vocab = s.vocab, .hidden = s.hidden, .inter = s.inter, .n_layer = s.layers,
                        .n_head = s.heads, .n_kv = s.kv, .head_dim = s.head_dim, .eps = 1e-5f, .tied = s.tied};
   for (int64_t i = 0; i < s.head_dim / 2; ++i)
     shape.inv_freq.push_back(float(std::pow(500000.0, -2.0 * double(i) / double(s.head_dim))));
   CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
-                       .activations_checkpoint = recompute};
+                       .recompute = recompute};
   auto model = CudaTrainableModel::create(shape, opt);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -164,7 +174,7 @@ int run_shape(const BenchShape& s, const Args& a) {
   std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
-              (long long)mbs, (long long)a.seq, recompute ? "on" : "off", tps, 1e3 * dt / double(a.steps),
+              (long long)mbs, (long long)a.seq, mode_name[int(recompute)], tps, 1e3 * dt / double(a.steps),
               double(m.arena_bytes()) / double(1ull << 30), used_gib(), tflops, 100.0 * tflops / 810.0, loss);
   std::fflush(stdout);
   if (a.profile) return profile_phases(s, m, step);
@@ -183,7 +193,7 @@ int main(int argc, char** argv) {
     else if (k == "--seq") a.seq = std::atoll(v);
     else if (k == "--steps") a.steps = std::atoll(v);
     else if (k == "--warmup") a.warmup = std::atoll(v);
-    else if (k == "--recompute") a.recompute = std::atoi(v);
+    else if (k == "--recompute") a.recompute = v;
     else if (k == "--r") a.r = std::atoll(v);
     else if (k == "--profile") a.profile = std::atoi(v);
     else {

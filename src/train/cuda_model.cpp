@@ -1,11 +1,15 @@
 // CudaTrainableModel set-up: checking the shape, carving the one device
 // arena (the same carve runs twice: once to size the arena, once to hand out
 // its pointers), the LoRA table (TrainableModel's layout: per layer, per
-// targeted projection, A then B, 16-float aligned), weight upload by
-// transformers' name, random init for benchmarks, and the optimizer.
+// targeted projection, A then B, 16-float aligned), the fused projections
+// (a member's weight is a row block of its group's: uploads by transformers'
+// name land there), random init for benchmarks, and the optimizer. The
+// recompute mode decides which activations are per layer and which are one
+// shared copy that the backward recomputes.
 #include "train/cuda_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <random>
 
@@ -31,8 +35,8 @@ std::string layer_name(int64_t l, const std::string& leaf) {
 Status check_shape(const CudaModelShape& s, const CudaTrainOptions& o) {
   if (s.vocab <= 0 || s.hidden <= 0 || s.inter <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.n_kv <= 0)
     return invalid_argument("cuda trainer: model sizes must be positive");
-  if (s.head_dim != 64 && s.head_dim != 128)
-    return unsupported("cuda trainer: head_dim ", s.head_dim, " (the GPU attention kernels take 64 or 128)");
+  if (s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128)
+    return unsupported("cuda trainer: head_dim ", s.head_dim, " (the GPU attention kernels take 32, 64 or 128)");
   if (s.n_head % s.n_kv != 0)
     return invalid_argument("cuda trainer: ", s.n_head, " heads are not a multiple of ", s.n_kv, " KV heads");
   if (s.hidden % 8 != 0 || s.inter % 8 != 0)
@@ -83,58 +87,85 @@ Status carve_weights(CudaModelImpl& m, C& c) {
       LATHE_ASSIGN_OR_RETURN(b.q_norm, bf(hd, "q_norm"));
       LATHE_ASSIGN_OR_RETURN(b.k_norm, bf(hd, "k_norm"));
     }
-    for (int j = 0; j < kCnumProj; ++j) {
-      CLinear& L = b.proj[size_t(j)];
-      LATHE_ASSIGN_OR_RETURN(L.w, bf(L.out * L.in, "projection"));
-      if (s.qkv_bias && j <= kCv) {
-        LATHE_ASSIGN_OR_RETURN(L.bias8, bf(8 * L.out, "bias"));
+    for (int g = 0; g < kGnum; ++g) {
+      CGroup& G = b.g[size_t(g)];
+      LATHE_ASSIGN_OR_RETURN(G.w, bf(G.out * G.in, "projection"));
+      if (s.qkv_bias && g == kGqkv) {
+        LATHE_ASSIGN_OR_RETURN(G.bias8, bf(8 * G.out, "bias"));
       }
     }
   }
-  // LoRA: fp32 masters and grads, 4-term bf16 copies at 4× the offsets.
+  // LoRA: fp32 masters and grads, 4-term bf16 copies laid out by group.
   LATHE_ASSIGN_OR_RETURN(m.params, f32(std::max<int64_t>(m.n_flat, 1), "LoRA params"));
   LATHE_ASSIGN_OR_RETURN(m.grads, f32(std::max<int64_t>(m.n_flat, 1), "LoRA grads"));
-  LATHE_ASSIGN_OR_RETURN(m.split, bf(4 * std::max<int64_t>(m.n_flat, 1), "LoRA 4-term copies"));
+  LATHE_ASSIGN_OR_RETURN(m.split, bf(std::max<int64_t>(m.n_split, 1), "LoRA 4-term copies"));
   LATHE_ASSIGN_OR_RETURN(void* table, c.alloc(std::max<size_t>(m.table.size(), 1) * sizeof(cuda::LoraSplitFactor),
                                               "LoRA split table"));
   m.split_table = static_cast<cuda::LoraSplitFactor*>(table);
   return Status::ok();
 }
 
-// Layer inputs and what each layer keeps for its backward.
+// Layer inputs and what the backward reads of each layer: a buffer kept per
+// layer, or (recomputed in the backward) one copy all layers share.
+//   none:      everything per layer;
+//   selective: per layer the attention output and lse, [gate | up] and the
+//              LoRA u of gate|up and down; shared the norms' outputs, q/k/v,
+//              h_mid and the LoRA u of q|k|v and o (those GEMMs rerun);
+//   full:      everything shared (each layer's forward reruns).
 template <class C>
 Status carve_acts(CudaModelImpl& m, C& c) {
   const CudaModelShape& s = m.s;
   const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
   const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
-  auto bf = [&](int64_t n, const char* what) { return c.bf(n, what); };
-  auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
+  const bool all = m.o.recompute == CudaRecompute::kNone;
+  const bool mid = all || m.o.recompute == CudaRecompute::kSelective;
   for (bf16p& h : m.hs) {
-    LATHE_ASSIGN_OR_RETURN(h, bf(T * H, "layer input"));
+    LATHE_ASSIGN_OR_RETURN(h, c.bf(T * H, "layer input"));
   }
-  for (CActs& a : m.acts) {
-    LATHE_ASSIGN_OR_RETURN(a.xn1, bf(T * H, "xn1"));
-    LATHE_ASSIGN_OR_RETURN(a.rstd1, f32(T, "rstd1"));
-    if (s.qk_norm) {
-      LATHE_ASSIGN_OR_RETURN(a.q_raw, bf(T * qd, "q_raw"));
-      LATHE_ASSIGN_OR_RETURN(a.k_raw, bf(T * kvd, "k_raw"));
-      LATHE_ASSIGN_OR_RETURN(a.q_rstd, f32(T * s.n_head, "q_rstd"));
-      LATHE_ASSIGN_OR_RETURN(a.k_rstd, f32(T * s.n_kv, "k_rstd"));
-    }
-    LATHE_ASSIGN_OR_RETURN(a.q, bf(T * qd, "q"));
-    LATHE_ASSIGN_OR_RETURN(a.k, bf(T * kvd, "k"));
-    LATHE_ASSIGN_OR_RETURN(a.v, bf(T * kvd, "v"));
-    LATHE_ASSIGN_OR_RETURN(a.attn, bf(T * qd, "attention out"));
-    LATHE_ASSIGN_OR_RETURN(a.lse, f32(T * s.n_head, "lse"));
-    LATHE_ASSIGN_OR_RETURN(a.h_mid, bf(T * H, "h_mid"));
-    LATHE_ASSIGN_OR_RETURN(a.xn2, bf(T * H, "xn2"));
-    LATHE_ASSIGN_OR_RETURN(a.rstd2, f32(T, "rstd2"));
-    LATHE_ASSIGN_OR_RETURN(a.gate, bf(T * F, "gate"));
-    LATHE_ASSIGN_OR_RETURN(a.up, bf(T * F, "up"));
-    for (int j = 0; j < kCnumProj; ++j) {
-      if (m.o.targets[size_t(j)]) {
-        LATHE_ASSIGN_OR_RETURN(a.u[size_t(j)], bf(T * 4 * r, "LoRA u"));
+  for (size_t l = 0; l < m.acts.size(); ++l) {
+    CActs& a = m.acts[l];
+    const CActs& first = m.acts[0];
+    auto bf = [&](bf16p CActs::*field, bool keep, int64_t n, const char* what) -> Status {
+      if (l > 0 && !keep) {
+        a.*field = first.*field;
+        return Status::ok();
       }
+      LATHE_ASSIGN_OR_RETURN(a.*field, c.bf(n, what));
+      return Status::ok();
+    };
+    auto f32 = [&](float* CActs::*field, bool keep, int64_t n, const char* what) -> Status {
+      if (l > 0 && !keep) {
+        a.*field = first.*field;
+        return Status::ok();
+      }
+      LATHE_ASSIGN_OR_RETURN(a.*field, c.f32(n, what));
+      return Status::ok();
+    };
+    LATHE_TRY(bf(&CActs::xn1, all, T * H, "xn1"));
+    LATHE_TRY(f32(&CActs::rstd1, all, T, "rstd1"));
+    if (s.qk_norm) {
+      LATHE_TRY(bf(&CActs::q_raw, all, T * qd, "q_raw"));
+      LATHE_TRY(bf(&CActs::k_raw, all, T * kvd, "k_raw"));
+      LATHE_TRY(f32(&CActs::q_rstd, all, T * s.n_head, "q_rstd"));
+      LATHE_TRY(f32(&CActs::k_rstd, all, T * s.n_kv, "k_rstd"));
+    }
+    LATHE_TRY(bf(&CActs::q, all, T * qd, "q"));
+    LATHE_TRY(bf(&CActs::k, all, T * kvd, "k"));
+    LATHE_TRY(bf(&CActs::v, all, T * kvd, "v"));
+    LATHE_TRY(bf(&CActs::attn, mid, T * qd, "attention out"));
+    LATHE_TRY(f32(&CActs::lse, mid, T * s.n_head, "lse"));
+    LATHE_TRY(bf(&CActs::h_mid, all, T * H, "h_mid"));
+    LATHE_TRY(bf(&CActs::xn2, all, T * H, "xn2"));
+    LATHE_TRY(f32(&CActs::rstd2, all, T, "rstd2"));
+    LATHE_TRY(bf(&CActs::gu, mid, T * 2 * F, "gate|up"));
+    for (int g = 0; g < kGnum; ++g) {
+      const int64_t n_lora = int64_t(m.blocks[l].g[size_t(g)].loras.size());
+      if (n_lora == 0) continue;
+      if (l > 0 && !(g == kGqkv || g == kGo ? all : mid)) {
+        a.u[size_t(g)] = first.u[size_t(g)];
+        continue;
+      }
+      LATHE_ASSIGN_OR_RETURN(a.u[size_t(g)], c.bf(T * n_lora * 4 * r, "LoRA u"));
     }
   }
   return Status::ok();
@@ -150,9 +181,9 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
   auto i32 = [&](int64_t n, const char* what) { return c.i32(n, what); };
   CScratch& x = m.x;
+  LATHE_ASSIGN_OR_RETURN(x.qkv, bf(T * (qd + 2 * kvd), "q|k|v"));
   LATHE_ASSIGN_OR_RETURN(x.tmp_h, bf(T * H, "tmp_h"));
   LATHE_ASSIGN_OR_RETURN(x.act, bf(T * F, "act"));
-  LATHE_ASSIGN_OR_RETURN(x.d_act, bf(T * F, "d_act"));
   LATHE_ASSIGN_OR_RETURN(x.d_xn, bf(T * H, "d_xn"));
   LATHE_ASSIGN_OR_RETURN(x.d_attn, bf(T * qd, "d_attn"));
   LATHE_ASSIGN_OR_RETURN(x.dq, bf(T * qd, "dq"));
@@ -161,9 +192,9 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.dh_bf, bf(T * H, "dh bf16"));
   LATHE_ASSIGN_OR_RETURN(x.xf, bf(T * H, "final norm out"));
   LATHE_ASSIGN_OR_RETURN(x.d_xf, bf(T * H, "d final norm out"));
-  LATHE_ASSIGN_OR_RETURN(x.du, bf(T * 4 * r, "LoRA du"));
+  LATHE_ASSIGN_OR_RETURN(x.du, bf(T * 3 * 4 * r, "LoRA du"));
   const int64_t widest = std::max({H, F, qd});
-  LATHE_ASSIGN_OR_RETURN(x.lora_f32, f32(std::max(T * 4 * r, widest * 2 * r), "LoRA partial products"));
+  LATHE_ASSIGN_OR_RETURN(x.lora_f32, f32(std::max(T * 3 * 4 * r, widest * 2 * r), "LoRA partial products"));
   LATHE_ASSIGN_OR_RETURN(x.ones8, bf(T * 8, "bias ones"));
   LATHE_ASSIGN_OR_RETURN(x.dh, f32(T * H, "dh"));
   LATHE_ASSIGN_OR_RETURN(x.rstd_f, f32(T, "final rstd"));
@@ -192,31 +223,50 @@ Status carve(CudaModelImpl& m, Alloc&& alloc) {
   return carve_scratch(m, c, alloc);
 }
 
-// Shapes of the projections, the LoRA table and the name map (no memory yet).
+// Shapes of the fused projections, the LoRA table, the 4-term copies'
+// layout (per layer and group: the members' A copies stacked, then their B
+// copies) and the name map (no memory yet).
 void lay_out(CudaModelImpl& m) {
   const CudaModelShape& s = m.s;
   const int64_t H = s.hidden, hd = s.head_dim, F = s.inter, r = m.o.lora_r;
   const int64_t out[kCnumProj] = {s.n_head * hd, s.n_kv * hd, s.n_kv * hd, H, F, F, H};
   const int64_t in[kCnumProj] = {H, H, H, s.n_head * hd, H, H, F};
   m.blocks.assign(size_t(s.n_layer), {});
-  int64_t total = 0;
-  for (int64_t l = 0; l < s.n_layer; ++l)
+  int64_t total = 0, n_split = 0;
+  auto split_at = [&](int64_t n) {
+    const int64_t at = n_split;
+    n_split += (n + 63) / 64 * 64;
+    return at;
+  };
+  for (int64_t l = 0; l < s.n_layer; ++l) {
+    CBlock& b = m.blocks[size_t(l)];
     for (int j = 0; j < kCnumProj; ++j) {
-      CLinear& L = m.blocks[size_t(l)].proj[size_t(j)];
-      L.out = out[j];
-      L.in = in[j];
+      CGroup& G = b.g[size_t(kGroupOf[j])];
+      const int64_t col = G.out;
+      G.in = in[j];
+      G.out += out[j];
       if (!m.o.targets[size_t(j)]) continue;
-      L.lora = int(m.loras.size());
-      m.loras.push_back({.r = r, .in = L.in, .out = L.out});
+      G.loras.push_back(int(m.loras.size()));
+      m.loras.push_back({.r = r, .in = in[j], .out = out[j], .col = col, .slot = int64_t(G.loras.size()) - 1});
       const std::string key = "base_model.model.model.layers." + std::to_string(l) + "." + kProjPath[j] + ".lora_";
-      m.table.push_back({key + "A.weight", total, {r, L.in}});
-      total += aligned(r * L.in);
-      m.table.push_back({key + "B.weight", total, {L.out, r}});
-      total += aligned(L.out * r);
+      m.table.push_back({key + "A.weight", total, {r, in[j]}});
+      m.factors.push_back({.src = total, .rows = r, .cols = in[j], .by_row = 0});
+      total += aligned(r * in[j]);
+      m.table.push_back({key + "B.weight", total, {out[j], r}});
+      m.factors.push_back({.src = total, .rows = out[j], .cols = r, .by_row = 1});
+      total += aligned(out[j] * r);
+      m.max_factor_numel = std::max({m.max_factor_numel, r * in[j], out[j] * r});
     }
+    for (const CGroup& G : b.g) {
+      const int64_t a4 = split_at(4 * r * G.in * int64_t(G.loras.size()));  // the A copies back to back
+      for (int k : G.loras) m.factors[2 * size_t(k)].dst = a4 + m.loras[size_t(k)].slot * 4 * r * G.in;
+      for (int k : G.loras) m.factors[2 * size_t(k) + 1].dst = split_at(4 * r * m.loras[size_t(k)].out);
+    }
+  }
   m.n_flat = total;
+  m.n_split = n_split;
   m.hs.assign(size_t(s.n_layer + 1), nullptr);
-  m.acts.assign(m.o.activations_checkpoint ? 1 : size_t(s.n_layer), {});
+  m.acts.assign(size_t(s.n_layer), {});
 }
 
 void name_base(CudaModelImpl& m) {
@@ -224,6 +274,8 @@ void name_base(CudaModelImpl& m) {
   m.base["model.embed_tokens.weight"] = {m.embed, s.vocab * s.hidden};
   if (!s.tied) m.base["lm_head.weight"] = {m.lm_head, s.vocab * s.hidden};
   m.base["model.norm.weight"] = {m.final_norm, s.hidden};
+  const int64_t hd = s.head_dim, F = s.inter;
+  const int64_t out[kCnumProj] = {s.n_head * hd, s.n_kv * hd, s.n_kv * hd, s.hidden, F, F, s.hidden};
   for (int64_t l = 0; l < s.n_layer; ++l) {
     CBlock& b = m.blocks[size_t(l)];
     m.base[layer_name(l, "input_layernorm.weight")] = {b.attn_norm, s.hidden};
@@ -232,10 +284,13 @@ void name_base(CudaModelImpl& m) {
       m.base[layer_name(l, "self_attn.q_norm.weight")] = {b.q_norm, s.head_dim};
       m.base[layer_name(l, "self_attn.k_norm.weight")] = {b.k_norm, s.head_dim};
     }
+    std::array<int64_t, kGnum> col{};  // a member's first row in its group's weight
     for (int j = 0; j < kCnumProj; ++j) {
-      CLinear& L = b.proj[size_t(j)];
-      m.base[layer_name(l, std::string(kProjPath[j]) + ".weight")] = {L.w, L.out * L.in};
-      if (L.bias8) m.base[layer_name(l, std::string(kProjPath[j]) + ".bias")] = {L.bias8, L.out};
+      const CGroup& G = b.g[size_t(kGroupOf[j])];
+      int64_t& c = col[size_t(kGroupOf[j])];
+      m.base[layer_name(l, std::string(kProjPath[j]) + ".weight")] = {G.w + c * G.in, out[j] * G.in};
+      if (G.bias8) m.base[layer_name(l, std::string(kProjPath[j]) + ".bias")] = {G.bias8 + c, out[j]};
+      c += out[j];
     }
   }
 }
@@ -255,6 +310,13 @@ Status upload_bf16(cuda::CudaContext& ctx, bf16p dst, const float* src, int64_t 
 }
 
 }  // namespace
+
+Result<CudaRecompute> parse_recompute(const std::string& text) {
+  if (text == "none") return CudaRecompute::kNone;
+  if (text == "selective") return CudaRecompute::kSelective;
+  if (text == "full") return CudaRecompute::kFull;
+  return invalid_argument("recompute mode '", text, "': expected none, selective or full");
+}
 
 CudaTrainableModel::CudaTrainableModel(std::unique_ptr<CudaModelImpl> impl) : impl_(std::move(impl)) {}
 CudaTrainableModel::~CudaTrainableModel() = default;
@@ -276,17 +338,17 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
   LATHE_TRY(cuda::fill_zero(m->ctx, m->arena.base(), total));
   name_base(*m);
-  std::vector<cuda::LoraSplitFactor> factors;
   for (size_t k = 0; k < m->loras.size(); ++k) {
     CLora& a = m->loras[k];
     const int64_t oa = m->table[2 * k].offset, ob = m->table[2 * k + 1].offset;
-    a.a = m->params + oa, a.da = m->grads + oa, a.a4 = m->split + 4 * oa;
-    a.b = m->params + ob, a.db = m->grads + ob, a.b4 = m->split + 4 * ob;
-    factors.push_back({.src = oa, .dst = 4 * oa, .rows = a.r, .cols = a.in, .by_row = 0});
-    factors.push_back({.src = ob, .dst = 4 * ob, .rows = a.out, .cols = a.r, .by_row = 1});
-    m->max_factor_numel = std::max({m->max_factor_numel, a.r * a.in, a.out * a.r});
+    a.a = m->params + oa, a.da = m->grads + oa, a.a4 = m->split + m->factors[2 * k].dst;
+    a.b = m->params + ob, a.db = m->grads + ob, a.b4 = m->split + m->factors[2 * k + 1].dst;
   }
-  LATHE_TRY(cuda::copy_to_device(m->ctx, m->split_table, factors.data(), factors.size() * sizeof(factors[0])));
+  for (CBlock& b : m->blocks)
+    for (CGroup& G : b.g)
+      if (!G.loras.empty()) G.a4 = m->loras[size_t(G.loras[0])].a4;
+  LATHE_TRY(cuda::copy_to_device(m->ctx, m->split_table, m->factors.data(),
+                                 m->factors.size() * sizeof(cuda::LoraSplitFactor)));
   std::vector<uint16_t> ones(size_t(options.max_tokens * 8), 0);
   for (int64_t t = 0; t < options.max_tokens; ++t) ones[size_t(t * 8)] = f32_to_bf16(1.0f);
   LATHE_TRY(cuda::copy_to_device(m->ctx, m->x.ones8, ones.data(), ones.size() * 2));

@@ -18,16 +18,25 @@
 // A bias goes in as a GEMM with k = 8 against a ones column, so no extra
 // kernel is needed.
 //
+// Speed: q|k|v and gate|up are one GEMM each (weights stored stacked), and
+// so are the LoRA x·Aᵀ of their members; small kernels split q|k|v into the
+// attention's q, k, v (RoPE on the way) and merge their gradients back.
+//
 // Memory: everything, weights, per-layer activations and scratch, comes from
 // one device arena whose layout is planned at create() for max_tokens tokens
 // per micro batch; a pass only uploads the batch's ids and runs kernels.
-// With activations_checkpoint only each layer's input is kept and a layer's
-// forward is recomputed just before its backward (bitwise the same values).
+// CudaRecompute picks what the backward recomputes instead of keeping: none;
+// selective (keeps the attention output and gate|up, the expensive ones,
+// and reruns the norms, the q|k|v and o projections and RoPE: ~20% of the
+// forward's GEMM FLOPs, ~8% of a step's, at Llama-8B shapes, for ~1/3 less
+// activation memory than none); full (keeps each layer's input only, reruns
+// its forward: ~1/3 more work).
+// Recomputed values are bitwise the ones the forward made.
 //
 // This file depends only on core, ops and the CUDA backend (the benchmark
 // links it alone); train/cuda_trainable.h builds one from a loaded
 // TrainableModel for the Trainer. Refused: full SFT, LoRA dropout > 0 and
-// head_dim other than 64 or 128 (the attention kernels' sizes).
+// head_dim other than 32, 64 or 128 (the attention kernels' sizes).
 // Threads: one thread drives one model.
 #pragma once
 
@@ -56,6 +65,10 @@ struct CudaModelShape {
   std::vector<float> inv_freq;  // [head_dim / 2]
 };
 
+enum class CudaRecompute { kNone, kSelective, kFull };
+// "none" | "selective" | "full"; anything else is an error naming the value.
+Result<CudaRecompute> parse_recompute(const std::string& text);
+
 struct CudaTrainOptions {
   int device = 0;
   int64_t max_tokens = 0;  // tokens of the largest micro batch
@@ -63,7 +76,7 @@ struct CudaTrainOptions {
   float lora_scale = 1.0f;  // alpha / r (or alpha / sqrt(r) with rsLoRA)
   // Projections that carry LoRA, in HF order q, k, v, o, gate, up, down.
   std::array<bool, 7> targets{true, true, true, true, true, true, true};
-  bool activations_checkpoint = false;
+  CudaRecompute recompute = CudaRecompute::kNone;
   cuda::CudaAdamWConfig adamw;
 };
 

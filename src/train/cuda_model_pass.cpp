@@ -2,18 +2,21 @@
 // backward with the device kernels. The residual add is fused into the norm
 // that follows it, so per layer l (input hs[l], its norm xn1 made by the
 // previous layer's last step):
-//   q, k, v = proj(xn1) [+ bias] [q/k norm] + RoPE;  a = attention(q, k, v)
+//   [q|k|v] = qkv(xn1) [+ bias]; split (+ q/k norm) + RoPE; a = attention(q, k, v)
 //   h_mid = hs[l] + o(a), xn2 = norm(h_mid)            (one fused kernel)
-//   t = down(silu(gate(xn2)) ⊙ up(xn2))
+//   [gate|up] = gu(xn2); t = down(silu(gate) ⊙ up)
 //   hs[l + 1] = h_mid + t, next xn1 = norm(hs[l + 1])  (one fused kernel)
 // The backward carries the residual stream's gradient dh in fp32; each norm's
 // backward adds its input gradient into it, and dh is rounded to bf16 where a
-// GEMM reads it.
+// GEMM reads it. Before a layer's backward, what its recompute mode did not
+// keep is recomputed by the same kernels on the same inputs (bitwise the
+// same values).
 #include <algorithm>
 #include <cmath>
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/lora_ops.h"
+#include "backends/cuda/train_fused.h"
 #include "train/cuda_model_impl.h"
 
 namespace lathe {
@@ -58,58 +61,92 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
                                                .rstd = rstd, .rows = rows, .dim = dim, .eps = s.eps});
 }
 
-// y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ with the LoRA branch in f32 (lora_ops.h):
-// u = x·Aᵀ is the sum of x times A's three terms (exact: x is bf16), kept as
-// its 4-term copy for the backward; the bf16 base output is added to the
-// f32 s·u·Bᵀ inside the second GEMM and rounded once.
-Status CudaModelImpl::lin_forward(int64_t l, int j, const bf16p xin, bf16p y, int64_t n) {
-  const CLinear& L = blocks[size_t(l)].proj[size_t(j)];
+// y = x·Wᵀ [+ b] + Σ_members s·(x·Aᵀ)·Bᵀ for one fused group, the LoRA branch
+// in f32 (lora_ops.h): u = x·Aᵀ for all members at once is the sum of x
+// times A's three terms (exact: x is bf16), kept as its 4-term copy for the
+// backward; each member's bf16 base output columns get the f32 s·u·Bᵀ added
+// inside one GEMM and are rounded once.
+Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, int64_t n) {
+  const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   LATHE_TRY(phase(kPhGemmFwd));
-  LATHE_TRY(mm(ctx, xin, L.w, y, n, L.out, L.in, false, true, DType::BF16, 1.0f, 0.0f));
-  if (L.bias8) LATHE_TRY(mm(ctx, x.ones8, L.bias8, y, n, L.out, 8, false, false, DType::BF16, 1.0f, 1.0f));
-  if (L.lora < 0) return Status::ok();
+  LATHE_TRY(mm(ctx, xin, G.w, y, n, G.out, G.in, false, true, DType::BF16, 1.0f, 0.0f));
+  if (G.bias8) LATHE_TRY(mm(ctx, x.ones8, G.bias8, y, n, G.out, 8, false, false, DType::BF16, 1.0f, 1.0f));
+  if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
-  const CLora& a = loras[size_t(L.lora)];
-  bf16p u = act_of(l).u[size_t(j)];
-  const int64_t r = a.r;
-  LATHE_TRY(mm(ctx, xin, a.a4, x.lora_f32, n, 4 * r, a.in, false, true, DType::F32, 1.0f, 0.0f));
-  LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_parts = 3, .row_stride = 4 * r,
-                                       .part_stride = r, .split = u}));
-  return mm(ctx, u, a.b4, y, n, a.out, 4 * r, false, true, DType::BF16, o.lora_scale, 1.0f);
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
+  const bf16p u = act_of(l).u[size_t(g)];
+  LATHE_TRY(mm(ctx, xin, G.a4, x.lora_f32, n, w, G.in, false, true, DType::F32, 1.0f, 0.0f));
+  LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                       .row_stride = w, .group_stride = 4 * r, .part_stride = r, .split = u}));
+  for (int k : G.loras) {
+    const CLora& a = loras[size_t(k)];
+    LATHE_TRY(cuda::gemm(ctx, {.a = u + a.slot * 4 * r, .b = a.b4, .c = y + a.col, .m = n, .n = a.out, .k = 4 * r,
+                               .trans_b = true, .alpha = o.lora_scale, .beta = 1.0f, .lda = w, .ldc = G.out}));
+  }
+  return Status::ok();
 }
 
-// dx (= or +=) dy·W + du·A with du = s·dy·B; dB += s·dyᵀ·u, dA += duᵀ·x, all
-// LoRA products in f32 (dy and x are bf16, so exact against the split
-// factors); du·A is added to the bf16 dx in f32 and rounded once. The LoRA
-// gradients read x before dx is written.
-Status CudaModelImpl::lin_backward(int64_t l, int j, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
-                                   bool accumulate) {
-  const CLinear& L = blocks[size_t(l)].proj[size_t(j)];
-  const CLora* a = L.lora >= 0 ? &loras[size_t(L.lora)] : nullptr;
-  if (a) {
+// dx (= or +=) dy·W + Σ du·A with du = s·dy·B per member; dB += s·dyᵀ·u and
+// dA += duᵀ·x, all LoRA products in f32 (dy and x are bf16, so exact against
+// the split factors); Σ du·A is added to the bf16 dx in f32 and rounded
+// once. The LoRA gradients read x before dx is written.
+Status CudaModelImpl::group_backward(int64_t l, int g, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
+                                     bool accumulate) {
+  const CGroup& G = blocks[size_t(l)].g[size_t(g)];
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
+  float* part = x.lora_f32;
+  if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    const int64_t r = a->r;
-    float* part = x.lora_f32;
-    // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed.
-    LATHE_TRY(cuda::gemm(ctx, {.a = dy, .b = act_of(l).u[size_t(j)] + 2 * r, .c = part, .m = a->out, .n = 2 * r,
-                               .k = n, .trans_a = true, .c_dtype = DType::F32, .ldb = 4 * r}));
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a->out, .cols = r, .n_parts = 2, .row_stride = 2 * r,
-                                         .part_stride = r, .scale = o.lora_scale, .sum = a->db, .accumulate = true}));
-    // du = s·dy·B: dy times B's three terms, summed.
-    LATHE_TRY(mm(ctx, dy, a->b4, part, n, 4 * r, a->out, false, false, DType::F32, 1.0f, 0.0f));
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_parts = 3, .row_stride = 4 * r,
-                                         .part_stride = r, .scale = o.lora_scale, .split = x.du}));
-    // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed.
-    LATHE_TRY(cuda::gemm(ctx, {.a = x.du + 2 * r, .b = xin, .c = part, .m = 2 * r, .n = a->in, .k = n,
-                               .trans_a = true, .c_dtype = DType::F32, .lda = 4 * r}));
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = a->in, .n_parts = 2, .row_stride = a->in,
-                                         .part_stride = r * a->in, .sum = a->da, .accumulate = true}));
+    const bf16p u = act_of(l).u[size_t(g)];
+    for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed
+      const CLora& a = loras[size_t(k)];
+      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = u + a.slot * 4 * r + 2 * r, .c = part, .m = a.out,
+                                 .n = 2 * r, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = G.out,
+                                 .ldb = w}));
+      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a.out, .cols = r, .n_parts = 2,
+                                           .row_stride = 2 * r, .part_stride = r, .scale = o.lora_scale,
+                                           .sum = a.db, .accumulate = true}));
+    }
+    for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
+      const CLora& a = loras[size_t(k)];
+      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = a.b4, .c = part + a.slot * 4 * r, .m = n, .n = 4 * r,
+                                 .k = a.out, .c_dtype = DType::F32, .lda = G.out, .ldc = w}));
+    }
+    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                         .row_stride = w, .group_stride = 4 * r, .part_stride = r,
+                                         .scale = o.lora_scale, .split = x.du}));
+    for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
+      const CLora& a = loras[size_t(k)];
+      LATHE_TRY(cuda::gemm(ctx, {.a = x.du + a.slot * 4 * r + 2 * r, .b = xin, .c = part, .m = 2 * r, .n = G.in,
+                                 .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = w}));
+      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = G.in, .n_parts = 2,
+                                           .row_stride = G.in, .part_stride = r * G.in, .sum = a.da,
+                                           .accumulate = true}));
+    }
   }
   LATHE_TRY(phase(kPhGemmBwd));
-  LATHE_TRY(mm(ctx, dy, L.w, dx, n, L.in, L.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));
-  if (!a) return Status::ok();
+  LATHE_TRY(mm(ctx, dy, G.w, dx, n, G.in, G.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));
+  if (nl == 0) return Status::ok();
   LATHE_TRY(phase(kPhLora));
-  return mm(ctx, x.du, a->a4, dx, n, a->in, 4 * a->r, false, false, DType::BF16, 1.0f, 1.0f);
+  return mm(ctx, x.du, G.a4, dx, n, G.in, w, false, false, DType::BF16, 1.0f, 1.0f);
+}
+
+// q, k, v of layer l (RoPE applied) from its xn1.
+Status CudaModelImpl::attention_inputs(int64_t l, int64_t n) {
+  const CBlock& b = blocks[size_t(l)];
+  CActs& a = act_of(l);
+  const int64_t hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
+  LATHE_TRY(group_forward(l, kGqkv, a.xn1, x.qkv, n));
+  LATHE_TRY(phase(kPhElementwise));
+  if (!s.qk_norm)
+    return cuda::qkv_split(ctx, {.qkv = x.qkv, .q = a.q, .k = a.k, .v = a.v, .cos = x.cos, .sin = x.sin,
+                                 .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd});
+  LATHE_TRY(cuda::qkv_split(ctx, {.qkv = x.qkv, .q = a.q_raw, .k = a.k_raw, .v = a.v, .n_tokens = n, .n_head = nh,
+                                  .n_head_kv = nkv, .head_dim = hd}));
+  LATHE_TRY(norm(a.q_raw, nullptr, nullptr, b.q_norm, a.q, a.q_rstd, n * nh, hd));
+  LATHE_TRY(norm(a.k_raw, nullptr, nullptr, b.k_norm, a.k, a.k_rstd, n * nkv, hd));
+  LATHE_TRY(cuda::rope_apply(ctx, {.x = a.q, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh, .half = hd / 2}));
+  return cuda::rope_apply(ctx, {.x = a.k, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv, .half = hd / 2});
 }
 
 // Layer l's forward from hs[l] and acts.xn1 / rstd1; leaves the MLP output
@@ -117,55 +154,67 @@ Status CudaModelImpl::lin_backward(int64_t l, int j, const bf16p xin, const bf16
 Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_seqlen) {
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
-  const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
-  const bool qk = s.qk_norm;
-  LATHE_TRY(lin_forward(l, kCq, a.xn1, qk ? a.q_raw : a.q, n));
-  LATHE_TRY(lin_forward(l, kCk, a.xn1, qk ? a.k_raw : a.k, n));
-  LATHE_TRY(lin_forward(l, kCv, a.xn1, a.v, n));
-  LATHE_TRY(phase(kPhElementwise));
-  if (qk) {
-    LATHE_TRY(norm(a.q_raw, nullptr, nullptr, b.q_norm, a.q, a.q_rstd, n * nh, hd));
-    LATHE_TRY(norm(a.k_raw, nullptr, nullptr, b.k_norm, a.k, a.k_rstd, n * nkv, hd));
-  }
-  LATHE_TRY(cuda::rope_apply(ctx, {.x = a.q, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh, .half = hd / 2}));
-  LATHE_TRY(cuda::rope_apply(ctx, {.x = a.k, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv, .half = hd / 2}));
+  const int64_t hd = s.head_dim;
+  LATHE_TRY(attention_inputs(l, n));
   LATHE_TRY(phase(kPhAttnFwd));
   LATHE_TRY(cuda::attention_varlen_forward({.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse,
                                             .cu_seqlens = x.cu_seqlens, .n_docs = n_docs, .max_seqlen = max_seqlen,
-                                            .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv),
+                                            .n_tokens = int(n), .n_head = int(s.n_head), .n_head_kv = int(s.n_kv),
                                             .head_dim = int(hd), .window = s.window,
                                             .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
-  LATHE_TRY(lin_forward(l, kCo, a.attn, x.tmp_h, n));
+  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, H));
-  LATHE_TRY(lin_forward(l, kCgate, a.xn2, a.gate, n));
-  LATHE_TRY(lin_forward(l, kCup, a.xn2, a.up, n));
+  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden));
+  LATHE_TRY(group_forward(l, kGgu, a.xn2, a.gu, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = a.gate, .up = a.up, .out = x.act, .n = n * s.inter}));
-  return lin_forward(l, kCdown, x.act, x.tmp_h, n);
+  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = s.inter}));
+  return group_forward(l, kGdown, x.act, x.tmp_h, n);
+}
+
+// What layer l's backward reads and its recompute mode did not keep: with
+// "full" the whole forward from hs[l]; with "selective" xn1, q|k|v and o
+// (GEMMs and LoRA), q, k, v, h_mid and xn2.
+Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen) {
+  if (o.recompute == CudaRecompute::kNone || s.n_layer == 1) return Status::ok();
+  CActs& a = act_of(l);
+  const CBlock& b = blocks[size_t(l)];
+  LATHE_TRY(phase(kPhElementwise));
+  LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, b.attn_norm, a.xn1, a.rstd1, n, s.hidden));
+  if (o.recompute == CudaRecompute::kFull) return layer_forward(l, n, n_docs, max_seqlen);
+  LATHE_TRY(attention_inputs(l, n));
+  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, n));
+  LATHE_TRY(phase(kPhElementwise));
+  return norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden);
 }
 
 // Layer l's backward; x.dh holds the gradient of hs[l + 1] and becomes that of hs[l].
 Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen) {
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
-  const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv, F = s.inter;
-  // MLP.
+  const int64_t H = s.hidden, F = s.inter;
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
-  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = a.gate, .up = a.up, .out = x.act, .n = n * F}));
-  LATHE_TRY(lin_backward(l, kCdown, x.act, x.dh_bf, x.d_act, n, false));
+  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F}));
+  // act becomes its own gradient (down's LoRA reads it before), and
+  // [gate | up] its own.
+  LATHE_TRY(group_backward(l, kGdown, x.act, x.dh_bf, x.act, n, false));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_backward(ctx, {.gate = a.gate, .up = a.up, .d_out = x.d_act, .d_gate = a.gate,
-                                        .d_up = a.up, .n = n * F}));
-  LATHE_TRY(lin_backward(l, kCgate, a.xn2, a.gate, x.d_xn, n, false));
-  LATHE_TRY(lin_backward(l, kCup, a.xn2, a.up, x.d_xn, n, true));
+  LATHE_TRY(cuda::swiglu_rows_backward(ctx, {.gu = a.gu, .d_out = x.act, .d_gu = a.gu, .n_tokens = n, .inter = F}));
+  LATHE_TRY(group_backward(l, kGgu, a.xn2, a.gu, x.d_xn, n, false));
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.h_mid, .w = b.mlp_norm, .rstd = a.rstd2, .dy = x.d_xn,
                                                    .dh = x.dh, .rows = n, .dim = H, .accumulate = true}));
-  // Attention.
+  return attention_backward(l, n, n_docs, max_seqlen);
+}
+
+// The attention half of layer l's backward.
+Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int max_seqlen) {
+  const CBlock& b = blocks[size_t(l)];
+  CActs& a = act_of(l);
+  const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
+  LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
-  LATHE_TRY(lin_backward(l, kCo, a.attn, x.dh_bf, x.d_attn, n, false));
+  LATHE_TRY(group_backward(l, kGo, a.attn, x.dh_bf, x.d_attn, n, false));
   LATHE_TRY(phase(kPhAttnBwd));
   LATHE_TRY(cuda::attention_varlen_backward(
       {.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
@@ -173,21 +222,23 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
        .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv), .head_dim = int(hd), .window = s.window,
        .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dq, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh,
-                                   .half = hd / 2, .inverse = true}));
-  LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dk, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv,
-                                   .half = hd / 2, .inverse = true}));
-  if (s.qk_norm) {
+  cuda::QkvSplitArgs merge{.qkv = x.qkv, .q = x.dq, .k = x.dk, .v = x.dv, .cos = x.cos, .sin = x.sin,
+                           .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd};
+  if (s.qk_norm) {  // RoPE's inverse, then the q/k norms' backward, before merging
+    LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dq, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh,
+                                     .half = hd / 2, .inverse = true}));
+    LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dk, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv,
+                                     .half = hd / 2, .inverse = true}));
     LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.q_raw, .w = b.q_norm, .rstd = a.q_rstd, .dy = x.dq,
                                                      .dh = x.dqk, .rows = n * nh, .dim = hd}));
     LATHE_TRY(cuda::f32_to_bf16(ctx, x.dqk, x.dq, n * nh * hd));
     LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.k_raw, .w = b.k_norm, .rstd = a.k_rstd, .dy = x.dk,
                                                      .dh = x.dqk, .rows = n * nkv, .dim = hd}));
     LATHE_TRY(cuda::f32_to_bf16(ctx, x.dqk, x.dk, n * nkv * hd));
+    merge.cos = merge.sin = nullptr;
   }
-  LATHE_TRY(lin_backward(l, kCq, a.xn1, x.dq, x.d_xn, n, false));
-  LATHE_TRY(lin_backward(l, kCk, a.xn1, x.dk, x.d_xn, n, true));
-  LATHE_TRY(lin_backward(l, kCv, a.xn1, x.dv, x.d_xn, n, true));
+  LATHE_TRY(cuda::qkv_merge(ctx, merge));
+  LATHE_TRY(group_backward(l, kGqkv, a.xn1, x.qkv, x.d_xn, n, false));
   LATHE_TRY(phase(kPhElementwise));
   return cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(l)], .w = b.attn_norm, .rstd = a.rstd1,
                                                 .dy = x.d_xn, .dh = x.dh, .rows = n, .dim = H, .accumulate = true});
@@ -212,7 +263,6 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(upload_batch(mb, &n_docs, &max_seqlen));
   LATHE_TRY(phase(kPhElementwise));
   const int64_t n = mb.n_tokens(), H = s.hidden, L = s.n_layer;
-  const bool ckpt = acts.size() == 1 && L > 1;
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = x.inv_freq, .positions = x.positions, .cos = x.cos, .sin = x.sin,
                                     .n_tokens = n, .half = s.head_dim / 2}));
   LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = x.tokens, .table = embed, .out = hs[0], .n = n,
@@ -238,12 +288,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
                                                    .dy = x.d_xf, .dh = x.dh, .rows = n, .dim = H}));
   for (int64_t l = L - 1; l >= 0; --l) {
-    if (ckpt) {
-      CActs& a = act_of(l);
-      LATHE_TRY(phase(kPhElementwise));
-      LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, blocks[size_t(l)].attn_norm, a.xn1, a.rstd1, n, H));
-      LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
-    }
+    LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
     LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));
   }
   LATHE_TRY(ctx.check_launch("cuda backward"));

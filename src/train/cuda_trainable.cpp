@@ -73,7 +73,8 @@ Status upload_base(const TrainableModelImpl& h, CudaTrainableModel& g) {
 }  // namespace
 
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
-                                                           const cuda::CudaAdamWConfig& adamw) {
+                                                           const cuda::CudaAdamWConfig& adamw,
+                                                           std::optional<CudaRecompute> recompute) {
   const TrainableModelImpl& h = host.internals();
   LATHE_TRY(check_supported(h));
   CudaModelShape s{.vocab = h.cfg.vocab_size, .hidden = h.cfg.hidden_size, .inter = h.cfg.intermediate_size,
@@ -83,7 +84,9 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                    .window = h.quirks.sliding_window, .inv_freq = h.inv_freq};
   CudaTrainOptions o{.device = device, .max_tokens = max_tokens, .lora_r = h.opts.lora.r,
                      .lora_scale = h.opts.lora.scale(), .targets = {},
-                     .activations_checkpoint = h.opts.activations_checkpoint, .adamw = adamw};
+                     .recompute = recompute.value_or(h.opts.activations_checkpoint ? CudaRecompute::kFull
+                                                                                   : CudaRecompute::kNone),
+                     .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainableModel> g, CudaTrainableModel::create(s, o));
   const std::vector<ParamInfo>& want = host.param_table();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -24,8 +25,10 @@ struct DeviceChoice {
 Result<DeviceChoice> parse_device(const std::string& text);
 
 // Refuses what the GPU path does not do (full SFT, LoRA dropout, o/MLP
-// biases, head_dim other than 64/128) with a message saying so.
+// biases, head_dim other than 32/64/128) with a message saying so. Without a
+// recompute mode the host's activations_checkpoint picks full or none.
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
-                                                           const cuda::CudaAdamWConfig& adamw);
+                                                           const cuda::CudaAdamWConfig& adamw,
+                                                           std::optional<CudaRecompute> recompute = std::nullopt);
 
 }  // namespace lathe

@@ -57,6 +57,10 @@ struct TrainerRecipe {
   double gradient_clip_val = 1.0;    // max global grad norm; 0: no clipping
   int64_t seed = 1234;               // initialization and dropout
   bool activations_checkpoint = false;  // recompute activations in backward
+  // With activations_checkpoint: "full" (each layer's forward reruns) or, on
+  // the GPU, "selective" (only the norms, q|k|v, o and RoPE rerun); the CPU
+  // trainer always recomputes fully.
+  std::string activations_checkpoint_granularity = "full";
   Precision precision = Precision::kF32;
 };
 

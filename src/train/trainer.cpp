@@ -61,6 +61,10 @@ Result<TrainableModelOptions> model_options(const TrainRecipe& r) {
   o.lora.rslora = r.peft.rslora;
   LATHE_ASSIGN_OR_RETURN(o.lora.target_modules, hf_target_modules(r.peft));
   o.activations_checkpoint = r.trainer.activations_checkpoint;
+  const std::string& granularity = r.trainer.activations_checkpoint_granularity;
+  if (granularity != "full" && granularity != "selective")
+    return invalid_argument("trainer.activations_checkpoint_granularity '", granularity,
+                            "': expected full or selective");
   o.bf16_base = r.trainer.precision == Precision::kBf16Mixed;
   o.seed = static_cast<uint64_t>(r.trainer.seed);
   return o;
@@ -224,8 +228,13 @@ Status TrainerImpl::build_gpu() {
   const bool asked = !config.device.empty() && config.device != "auto";
   const DataRecipe& d = config.recipe.data;
   const AdamWConfig a = adamw_config(config.recipe);
+  const TrainerRecipe& t = config.recipe.trainer;
+  const CudaRecompute recompute = !t.activations_checkpoint ? CudaRecompute::kNone
+                                  : t.activations_checkpoint_granularity == "selective" ? CudaRecompute::kSelective
+                                                                                        : CudaRecompute::kFull;
   auto g = upload_to_cuda(*model, dev.index, d.micro_batch_size * d.seq_length,
-                          {.beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay});
+                          {.beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay},
+                          recompute);
   if (!g.is_ok() && !asked && g.status().code() == StatusCode::kUnsupported) {
     note("device: cpu (" + g.status().message() + ")");
     return Status::ok();

@@ -4,7 +4,7 @@
 // tools/make_cuda_grad_fixtures.py; the CPU and GPU paths on one packed
 // batch of three documents; activation recomputation changing nothing; and
 // a few AdamW steps whose losses and parameters track the CPU run. Every
-// test skips itself without a visible GPU.
+// GPU test skips itself without a visible GPU.
 //
 // Tolerances: tests/data/grad_hd64/bf16_error.json, made by
 // tools/bf16_grad_error.py, holds for every LoRA gradient tensor (and the
@@ -259,15 +259,40 @@ void expect_identical_passes(Model& a, Model& b, const MicroBatch& mb) {
   EXPECT_EQ(grads_of(a), grads_of(b));
 }
 
-TEST(CudaTrainer, RecomputationChangesNothing) {
+// Every recompute mode runs the same kernels on the same inputs: selective
+// and full give what keeping everything gives, bit for bit (Qwen2: the
+// fused q|k|v bias; Qwen3: q/k norms).
+class CudaRecomputeModes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaRecomputeModes, ChangeNothing) {
   SKIP_WITHOUT_GPU();
-  auto host = load_host("qwen3");
-  auto host_ckpt = load_host("qwen3", /*checkpoint=*/true);
-  ASSERT_TRUE(host && host_ckpt);
+  auto host = load_host(GetParam());
+  ASSERT_TRUE(host);
+  MicroBatch mb = random_batch(host->config().vocab_size, 5);
+  for (CudaRecompute mode : {CudaRecompute::kSelective, CudaRecompute::kFull}) {
+    auto keep = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kNone);
+    auto redo = upload_to_cuda(*host, 0, 256, {}, mode);
+    ASSERT_TRUE(keep.is_ok() && redo.is_ok()) << keep.status().message() << redo.status().message();
+    SCOPED_TRACE(mode == CudaRecompute::kFull ? "full" : "selective");
+    expect_identical_passes(**keep, **redo, mb);
+  }
+  // The host's switch picks full.
+  auto host_ckpt = load_host(GetParam(), /*checkpoint=*/true);
+  ASSERT_TRUE(host_ckpt);
   auto a = to_gpu(*host), b = to_gpu(*host_ckpt);
   ASSERT_TRUE(a && b);
-  MicroBatch mb = random_batch(host->config().vocab_size, 5);
   expect_identical_passes(*a, *b, mb);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaRecomputeModes, ::testing::Values("qwen2", "qwen3"));
+
+TEST(CudaTrainer, ParsesRecomputeModes) {
+  EXPECT_EQ(parse_recompute("none").value(), CudaRecompute::kNone);
+  EXPECT_EQ(parse_recompute("selective").value(), CudaRecompute::kSelective);
+  EXPECT_EQ(parse_recompute("full").value(), CudaRecompute::kFull);
+  auto bad = parse_recompute("some");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("'some'"), std::string::npos);
 }
 
 TEST(CudaTrainer, HostBaseInBf16UploadsTheSameWeights) {

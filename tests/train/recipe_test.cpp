@@ -73,6 +73,9 @@ TEST(Recipe, OverridesParseEachType) {
   EXPECT_EQ(r.optim.lr, 2e-5);
   ASSERT_TRUE(apply_recipe_override(&r, "trainer.activations_checkpoint=True").is_ok());
   EXPECT_TRUE(r.trainer.activations_checkpoint);
+  EXPECT_EQ(r.trainer.activations_checkpoint_granularity, "full");
+  ASSERT_TRUE(apply_recipe_override(&r, "trainer.activations_checkpoint_granularity=selective").is_ok());
+  EXPECT_EQ(r.trainer.activations_checkpoint_granularity, "selective");
   ASSERT_TRUE(apply_recipe_override(&r, "peft.peft_scheme=none").is_ok());
   EXPECT_EQ(r.peft.peft_scheme, PeftScheme::kNone);
   ASSERT_TRUE(apply_recipe_override(&r, "data.prompt_template=\"{input}\\t{output}\"").is_ok());

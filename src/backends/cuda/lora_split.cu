@@ -56,9 +56,10 @@ __global__ void sum_parts_kernel(LoraPartsArgs a) {
   }
 }
 
-unsigned grid_for(int64_t n) {
+// Blocks for n values, at most `cap` (the loops stride over the rest).
+unsigned grid_for(int64_t n, unsigned cap) {
   const unsigned b = blocks_for(n, kThreads);
-  return b < 4096u ? b : 4096u;
+  return b < cap ? b : cap;
 }
 
 }  // namespace
@@ -68,7 +69,8 @@ Status lora_split_weights(CudaContext& ctx, const LoraSplitWeightsArgs& a) {
   if (a.n_factors == 0 || a.max_numel == 0) return Status::ok();
   if (!a.factors || !a.src || !a.dst) return invalid_argument("cuda lora_split_weights: null argument");
   if (a.n_factors > 65535) return unsupported("cuda lora_split_weights: ", a.n_factors, " factors (at most 65535)");
-  const dim3 grid(grid_for(a.max_numel), unsigned(a.n_factors));
+  // Hundreds of factors of very different sizes: few blocks per factor.
+  const dim3 grid(grid_for(a.max_numel, 64), unsigned(a.n_factors));
   split_weights_kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(a);
   return ctx.check_launch("lora_split_weights");
 }
@@ -80,7 +82,7 @@ Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a) {
   const int64_t n = a.rows * a.n_groups * a.cols;
   if (n == 0) return Status::ok();
   if (!a.src || (!a.sum && !a.split)) return invalid_argument("cuda lora_sum_parts: null argument");
-  sum_parts_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(a);
+  sum_parts_kernel<<<grid_for(n, 4096), kThreads, 0, stream_of(ctx)>>>(a);
   return ctx.check_launch("lora_sum_parts");
 }
 
