@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
   if (cpu::amx_bf16_available()) paths.push_back({"amx", cpu::Bf16GemmPath::kAmx});
   if (cpu::has_avx512_bf16()) paths.push_back({"avx512bf16", cpu::Bf16GemmPath::kAvx512Bf16});
   paths.push_back({"bf16->f32", cpu::Bf16GemmPath::kF32});
+  if (cpu::amx_bf16_available())
+    std::printf("AMX tiles alone (micro-kernel on L1 data), 1 thread: %.0f GFLOP/s\n", cpu::amx_tile_peak_gflops(200000));
   std::printf("%d threads, GFLOP/s (best of %d)\n| shape | m x n x k |", threads, reps);
   for (const auto& p : paths) std::printf(" %s |", p.first);
   std::printf(" sgemm f32 |\n|---|---|");

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -348,6 +349,22 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
   LATHE_CHECK(k > 0, "gemm_bf16_amx: k must be positive");
   if (m <= 0 || n <= 0) return;
   run({trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc, (k + kTileK - 1) / kTileK}, tiles);
+}
+
+double amx_tile_peak_gflops(int64_t calls) {
+  LATHE_CHECK(amx_bf16_available(), "amx_tile_peak_gflops: no AMX here");
+  constexpr int64_t kSteps = 8;  // 2 x 8 KiB of A, 2 x 8 KiB of B
+  std::vector<uint16_t> a(size_t(2 * kSteps * 2 * kTileWords), f32_to_bf16(1.0f));
+  std::vector<uint32_t> b(size_t(2 * kSteps * kTileWords), 0x3f803f80u);  // pairs of bf16 1.0
+  alignas(64) float out[kBlock * kBlock];
+  tiles_configure();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < calls; ++i)
+    block_hardware(a.data(), a.data() + kSteps * 2 * kTileWords, b.data(), b.data() + kSteps * kTileWords, kSteps, out);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tiles_release();
+  LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_tile_peak_gflops: wrong sum ", out[0]);
+  return 2.0 * kBlock * kBlock * kSteps * kTileK * double(calls) / s * 1e-9;
 }
 
 }  // namespace lathe::cpu

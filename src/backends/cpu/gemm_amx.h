@@ -31,4 +31,9 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
                    const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
                    AmxTiles tiles = AmxTiles::kHardware);
 
+// For benchmarks: the micro-kernel alone on operands that stay in L1, on the
+// calling thread, `calls` times; returns GFLOP/s (the tiles' practical peak
+// on one core). Requires amx_bf16_available().
+double amx_tile_peak_gflops(int64_t calls);
+
 }  // namespace lathe::cpu
