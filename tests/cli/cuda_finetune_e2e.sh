@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU against the CPU, end to end through the CLI: the same LoRA recipe
 # (recipes/tiny_lora.yaml sped up to memorize the bundled sample data in 30
-# steps: lr 1e-2, 5 warmup steps) with --device cpu and --device cuda, then
-# generation and evaluation with the GPU-trained adapter on both devices.
+# steps: lr 1e-2, 5 warmup steps) with --device cpu and --device cuda; then
+# greedy generation on both devices with each run's adapter, logits and eval
+# on both devices with the CPU-trained one, and the GPU-trained adapter must
+# answer trained questions with the trained answers. A failed check does not stop the later ones: every
+# failure is listed at the end (exit 1), so one GPU run shows them all.
 #
 # The model is the tiny preset with its attention regrouped to head_dim 64
 # (2 heads of 64 over hidden 128, 1 KV head: the same tensors, so only
@@ -26,7 +29,10 @@
 #   tests/data/models/bf16_error.json), as device_e2e.sh does.
 # - eval loss: a mean of lse(z) − z_target, so |Δloss| ≤ 2 · that error ·
 #   max|z| over the evaluated records' CPU logits.
-# - greedy tokens on trained prompts: identical.
+# - greedy tokens on trained prompts: identical on both devices, with the
+#   CPU-trained adapter and with the GPU-trained one.
+# - the GPU-trained adapter (final loss < 0.1), generating on the CPU,
+#   reproduces the trained answers exactly (finetune_e2e.sh's check).
 # Exits 77 (ctest's skip) when `nvidia-smi -L` lists no GPU or this lathe
 # has no CUDA backend. Usage: cuda_finetune_e2e.sh path/to/lathe (or
 # LATHE=path/to/lathe); needs python3 only (no packages).
@@ -40,6 +46,8 @@ SKIP=77
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 fail() { echo "cuda finetune e2e: FAIL: $*" >&2; exit 1; }
+FAILURES=()
+check_failed() { echo "cuda finetune e2e: CHECK FAILED: $*" >&2; FAILURES+=("$*"); }
 skip() { echo "cuda finetune e2e: SKIP: $*"; exit "$SKIP"; }
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
@@ -73,10 +81,10 @@ train() {  # train DEVICE
 }
 train cpu
 train cuda
-grep -q "device: cuda:0" "$TMP/cuda.progress" || fail "the GPU run does not say it ran on cuda:0: $(head -20 "$TMP/cuda.progress")"
+grep -q "device: cuda:0" "$TMP/cuda.progress" || check_failed "the GPU run does not say it ran on cuda:0"
 
 python3 - "$TMP/cpu/metrics.jsonl" "$TMP/cuda/metrics.jsonl" "$SRC/tests/data/cuda_finetune/bf16_curve_error.json" \
-  "$STEPS" "$FINAL_LOSS" <<'PY' || fail "the GPU's loss curve does not track the CPU's"
+  "$STEPS" "$FINAL_LOSS" <<'PY' || check_failed "the GPU's loss curve does not track the CPU's"
 import json, sys
 def curve(path):
     return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "val_loss" not in r}
@@ -99,26 +107,52 @@ assert not bad, f"steps {bad} are outside the bound"
 assert cpu[steps] < final and gpu[steps] < final, f"final loss cpu {cpu[steps]} gpu {gpu[steps]}, wanted < {final}"
 PY
 
-# ---- the GPU-trained adapter on both devices -----------------------------------------
-A="$TMP/cuda/adapter"
-[ -f "$A/adapter_model.safetensors" ] || fail "the GPU run wrote no adapter"
+# ---- inference on both devices ----------------------------------------------------------
+for run in cpu cuda; do
+  [ -f "$TMP/$run/adapter/adapter_model.safetensors" ] || fail "the $run run wrote no adapter"
+done
 E=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cases"]["random/llama64"]["error"])' \
   "$SRC/tests/data/models/bf16_error.json")
+QUESTIONS=("What is the daily ATM withdrawal limit?" "지점 영업시간은 어떻게 되나요?")
 
 # Greedy tokens on trained prompts (questions of data/sample/training.jsonl;
-# the Korean answer is ~80 byte-level tokens).
-for q in "What is the daily ATM withdrawal limit?" "지점 영업시간은 어떻게 되나요?"; do
-  for d in cpu cuda; do
-    "$LATHE" generate --model "$M" --adapter "$A" --prompt "$q" --temperature 0 --max-new-tokens 96 --json \
-      --device "$d" >"$TMP/gen.$d" 2>"$TMP/gen.$d.err" || fail "generate --device $d: $(cat "$TMP/gen.$d.err")"
-  done
-  python3 - "$TMP/gen.cpu" "$TMP/gen.cuda" "$q" <<'PY' || fail "greedy tokens differ for '$q'"
+# the Korean answer is ~80 byte-level tokens), each run's adapter on both devices.
+for run in cpu cuda; do
+  for q in "${QUESTIONS[@]}"; do
+    for d in cpu cuda; do
+      "$LATHE" generate --model "$M" --adapter "$TMP/$run/adapter" --prompt "$q" --temperature 0 \
+        --max-new-tokens 96 --json --device "$d" >"$TMP/gen.$run.$d" 2>"$TMP/gen.err" \
+        || fail "generate --device $d: $(cat "$TMP/gen.err")"
+    done
+    python3 - "$TMP/gen.$run.cpu" "$TMP/gen.$run.cuda" "$q" "$run" <<'PY' \
+      || check_failed "greedy tokens differ between the devices for '$q' ($run-trained adapter)"
 import json, sys
 cpu, gpu = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print(f"{sys.argv[3]} -> cpu {cpu['text']!r}")
+print(f"{sys.argv[4]}-trained adapter: {sys.argv[3]} -> cpu {cpu['text']!r}")
 assert cpu["token_ids"] == gpu["token_ids"], f"cpu {cpu['token_ids']}\ngpu {gpu['token_ids']} ({gpu['text']!r})"
 PY
+  done
 done
+# The GPU-trained adapter learned the answers: generated on the CPU, the
+# reply is the separator space and the trained answer, exactly.
+check_answer() {  # check_answer GENERATION_JSON QUESTION
+  python3 - "$1" "$SRC/data/sample/training.jsonl" "$2" <<'PY'
+import json, sys
+got = json.load(open(sys.argv[1]))["text"]
+want = [json.loads(l)["output"] for l in open(sys.argv[2]) if json.loads(l)["input"] == sys.argv[3]]
+assert want, f"no training record asks {sys.argv[3]!r}"
+assert got == " " + want[0], f"generated {got!r}, trained {' ' + want[0]!r}"
+PY
+}
+for q in "${QUESTIONS[@]}"; do
+  "$LATHE" generate --model "$M" --adapter "$TMP/cuda/adapter" --prompt "$q" --temperature 0 --max-new-tokens 96 \
+    --json --device cpu >"$TMP/gen.answer" 2>/dev/null || fail "generate with the GPU-trained adapter failed"
+  check_answer "$TMP/gen.answer" "$q" || check_failed "the GPU-trained adapter does not give the trained answer to '$q'"
+done
+
+# The remaining checks use the CPU-trained (f32 reference) adapter, so they
+# test GPU inference on its own.
+A="$TMP/cpu/adapter"
 
 # Logits of every test record (prompt and answer), CPU against GPU; max|z| for the eval bound.
 python3 -c '
@@ -138,7 +172,7 @@ PY
 for f in "$TMP"/ids[0-9]*.safetensors; do
   "$LATHE" logits --model "$M" --adapter "$A" --input-ids "$f" --out "$f.cpu" --device cpu >/dev/null
   "$LATHE" logits --model "$M" --adapter "$A" --input-ids "$f" --out "$f.gpu" --device cuda --reference "$f.cpu" \
-    --tolerance "$E" >/dev/null || fail "GPU logits of $(basename "$f") differ from the CPU's by more than $E"
+    --tolerance "$E" >/dev/null || check_failed "GPU logits of $(basename "$f") differ from the CPU's by more than $E"
 done
 ZMAX=$(python3 - "$TMP" <<'PY'
 import array, glob, json, struct, sys
@@ -163,12 +197,12 @@ ev() {  # ev DEVICE WHERE_IT_MUST_RUN [flags]
   local d="$1" want="$2"; shift 2
   "$LATHE" eval --model "$M" --adapter "$A" --data "$SRC/data/sample/test.jsonl" --max-new-tokens 48 --json \
     --device "$d" "$@" 2>"$TMP/eval.err" || fail "eval --device $d: $(cat "$TMP/eval.err")"
-  grep -q "device $want\$" "$TMP/eval.err" || fail "eval --device $d did not say it ran on $want: $(cat "$TMP/eval.err")"
+  grep -q "device $want\$" "$TMP/eval.err" || check_failed "eval --device $d did not say it ran on $want"
 }
 ev cpu cpu >"$TMP/eval.cpu"
 ev cuda cuda:0 >"$TMP/eval.cuda"
 ev cuda cuda:0 --compare >"$TMP/eval.compare"
-python3 - "$TMP/eval.cpu" "$TMP/eval.cuda" "$TMP/eval.compare" "$E" "$ZMAX" <<'PY' || fail "eval on the GPU differs from the CPU"
+python3 - "$TMP/eval.cpu" "$TMP/eval.cuda" "$TMP/eval.compare" "$E" "$ZMAX" <<'PY' || check_failed "eval on the GPU differs from the CPU"
 import json, sys
 cpu, gpu, both = (json.load(open(p)) for p in sys.argv[1:4])
 bound = 2 * float(sys.argv[4]) * float(sys.argv[5])
@@ -182,4 +216,8 @@ for name, r in (("cuda", gpu), ("cuda --compare", both["adapted"])):
 assert abs(both["base"]["loss"] - cpu["loss"]) > bound, "the base model's loss is inside the bound: it proves nothing"
 print(f"eval loss: GPU within {bound:.4f} of the CPU")
 PY
+if [ ${#FAILURES[@]} -gt 0 ]; then
+  printf 'cuda finetune e2e: FAIL: %s\n' "${FAILURES[@]}" >&2
+  exit 1
+fi
 echo "cuda finetune e2e: ok"
