@@ -15,8 +15,9 @@
 //   backward: du = s·dy·B, dA = duᵀ·x and dB = s·dyᵀ·u in f32 (summed into
 //             the f32 gradients); dx = dy·W rounded once, then du·A added to
 //             it in f32 and rounded once (HF rounds both parts, then the sum).
-// A bias goes in as a GEMM with k = 8 against a ones column, so no extra
-// kernel is needed.
+// A bias goes in as a GEMM with k = 8 against a ones column (exact), which
+// the projection's GEMM then accumulates onto: x·Wᵀ + b rounded once, as
+// HF's addmm does.
 //
 // Speed: q|k|v and gate|up are one GEMM each (weights stored stacked), and
 // so are the LoRA x·Aᵀ of their members; small kernels split q|k|v into the

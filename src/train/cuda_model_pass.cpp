@@ -69,8 +69,10 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
 Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   LATHE_TRY(phase(kPhGemmFwd));
-  LATHE_TRY(mm(ctx, xin, G.w, y, n, G.out, G.in, false, true, DType::BF16, 1.0f, 0.0f));
-  if (G.bias8) LATHE_TRY(mm(ctx, x.ones8, G.bias8, y, n, G.out, 8, false, false, DType::BF16, 1.0f, 1.0f));
+  // With a bias, y = bias first (exact: ones times bf16 values), then
+  // x·Wᵀ + y in f32 rounded once, as one addmm.
+  if (G.bias8) LATHE_TRY(mm(ctx, x.ones8, G.bias8, y, n, G.out, 8, false, false, DType::BF16, 1.0f, 0.0f));
+  LATHE_TRY(mm(ctx, xin, G.w, y, n, G.out, G.in, false, true, DType::BF16, 1.0f, G.bias8 ? 1.0f : 0.0f));
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;

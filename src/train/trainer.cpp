@@ -259,7 +259,7 @@ Result<double> TrainerImpl::clip_grad_norm(double max_norm) {
 }
 Status TrainerImpl::optimizer_step(double lr) {
   if (gpu) return gpu->adamw_step(lr);
-  LATHE_TRY(optimizer_step(lr));
+  adamw->step(lr);
   return Status::ok();
 }
 Status TrainerImpl::state_to_host() {
@@ -308,7 +308,7 @@ Result<TrainerImpl::StepResult> TrainerImpl::train_step(int64_t step) {
                             "); stopping before the update. Lower optim.lr or check the data");
   }
   const double lr = lr_at(schedule, step);
-  adamw->step(lr);
+  LATHE_TRY(optimizer_step(lr));
   const double dt = std::max(seconds_since(t0), 1e-9);
   return StepResult{.metrics = {.step = step + 1,
                                 .loss = loss,
