@@ -16,8 +16,8 @@
 // norm+qkv (+bias), q/k-norm+RoPE+append, attention (split + merge),
 // o (+residual), norm+gate|up (+SwiGLU), down (+residual): 7 kernels; plus
 // embedding, RoPE tables and final norm+LM head: 7·n_layer + 3 kernels per
-// step (115 for Llama-3.2-1B, 227 for Llama-3.1-8B), captured once per B as
-// a CUDA graph. On sm_90+ the GEMVs and RoPE/append are programmatic
+// step (115 for Llama-3.2-1B, 227 for Llama-3.1-8B; above 4 sequences the
+// three norms are kernels of their own), captured once per B as a CUDA graph. On sm_90+ the GEMVs and RoPE/append are programmatic
 // dependent launches (decode_ops.h): each starts while its predecessor
 // drains, with its first weights in flight before it waits.
 //
@@ -47,7 +47,8 @@ using cuda::bf16_bits;
 
 namespace {
 
-constexpr int kMaxBatch = 256;  // sequences one model holds at most
+constexpr int kMaxBatch = 256;      // sequences one model holds at most
+constexpr int64_t kFusedNormRows = 4;  // decode rows whose pre-norm runs inside the GEMV
 
 struct LayerWeights {
   bf16_bits* qkv_w = nullptr;      // [q_dim + 2·kv_dim, hidden]: q_proj, k_proj, v_proj rows
@@ -167,6 +168,7 @@ class CudaCausalLmImpl {
   Status check_tokens(int seq, std::span<const int32_t> tokens) const;
   Status upload_step(std::span<const int32_t> tokens, const std::function<int32_t(int64_t)>& position);
   // Decode: one token for each of sequences 0..b−1.
+  Status norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g);
   Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
   Status decode_step(int b);
@@ -505,13 +507,30 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
   return Status::ok();
 }
 
+// g over RMSNorm(h)'s first g.rows rows with norm weights norm_w. Up to
+// kFusedNormRows rows the norm is computed inside the GEMV (every block
+// rereads h, which stays in its SM's L1); more rows would not fit there,
+// so they take the norm kernel first.
+Status CudaCausalLmImpl::norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g) {
+  g.overlap = overlap;
+  if (g.rows <= kFusedNormRows) {
+    g.x_f32 = buf.h;
+    g.norm_w = norm_w;
+    g.eps = cfg.rms_norm_eps;
+  } else {
+    LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = norm_w, .y = buf.normed, .rows = g.rows, .dim = hidden,
+                                        .eps = cfg.rms_norm_eps, .overlap = overlap}));
+    g.x = buf.normed;
+  }
+  return cuda::gemv(ctx, g);
+}
+
 Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  LATHE_TRY(cuda::gemv(ctx, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim, .k = hidden,
-                             .epilogue = GemvEpilogue::kStoreBf16, .overlap = overlap, .x_f32 = buf.h,
-                             .norm_w = w.attn_norm, .eps = eps}));
+  LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim,
+                                     .k = hidden, .epilogue = GemvEpilogue::kStoreBf16}));
   LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                     .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                     .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
@@ -520,9 +539,8 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   LATHE_TRY(decode_attention(l, b));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));
-  LATHE_TRY(cuda::gemv(ctx, {.w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn, .k = hidden,
-                             .epilogue = GemvEpilogue::kSwigluBf16, .overlap = overlap, .x_f32 = buf.h,
-                             .norm_w = w.mlp_norm, .eps = eps}));
+  LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn, .k = hidden,
+                                    .epilogue = GemvEpilogue::kSwigluBf16}));
   return cuda::gemv(ctx, {.x = buf.gu, .w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden,
                           .k = ffn, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap});
 }
@@ -534,9 +552,8 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  return cuda::gemv(ctx, {.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                          .epilogue = cuda::GemvEpilogue::kStoreF32, .overlap = overlap, .x_f32 = buf.h,
-                          .norm_w = final_norm, .eps = cfg.rms_norm_eps});
+  return norm_gemv(final_norm, {.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
+                                .epilogue = cuda::GemvEpilogue::kStoreF32});
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
