@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include "backends/cpu/cpu_ops.h"
@@ -131,11 +133,17 @@ TEST(RmsNormBackward, ReferenceMatchesFiniteDifferences) {
 TEST(SwigluBackward, MatchesReferenceAndFiniteDifferences) {
   Tensor g = testing::random_tensor(DType::F32, {9, 50}, 30, 4.0f), u = testing::random_tensor(DType::F32, {9, 50}, 31);
   Tensor d = testing::random_tensor(DType::F32, {9, 50}, 32);
+  const float extremes[] = {-100.0f, -88.0f, -30.0f, -0.0f, 0.0f, 30.0f, 88.0f, 100.0f};
+  std::copy(std::begin(extremes), std::end(extremes), g.data<float>() + 17);
   Tensor dg = zeros_like(g), du = zeros_like(g), dg_ref = zeros_like(g), du_ref = zeros_like(g);
-  ASSERT_TRUE(cpu::swiglu_backward({.gate = g, .up = u, .d_out = d, .d_gate = dg, .d_up = du}).is_ok());
   ref::swiglu_backward({.gate = g, .up = u, .d_out = d, .d_gate = dg_ref, .d_up = du_ref});
-  EXPECT_LE(testing::rel_error(dg, dg_ref), 1e-5);
-  EXPECT_LE(testing::rel_error(du, du_ref), 1e-5);
+  for (bool portable : {true, false}) {  // the vector path (where there is one) last: it runs in place below
+    cpu::set_portable_only(portable);
+    ASSERT_TRUE(cpu::swiglu_backward({.gate = g, .up = u, .d_out = d, .d_gate = dg, .d_up = du}).is_ok());
+    EXPECT_LE(testing::rel_error(dg, dg_ref), 1e-5) << (portable ? "portable" : "vector");
+    EXPECT_LE(testing::rel_error(du, du_ref), 1e-5) << (portable ? "portable" : "vector");
+  }
+  cpu::set_portable_only(false);
   // In place over gate and up.
   Tensor g2 = g.clone(), u2 = u.clone();
   ASSERT_TRUE(cpu::swiglu_backward({.gate = g2, .up = u2, .d_out = d, .d_gate = g2, .d_up = u2}).is_ok());

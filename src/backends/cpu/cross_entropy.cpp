@@ -18,6 +18,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/gemm_bf16.h"
+#include "backends/cpu/simd.h"
 #include "core/parallel.h"
 
 namespace lathe::cpu {
@@ -60,19 +61,6 @@ float row_loss(float* l, int64_t vocab, int32_t target, bool grads, float scale)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// exp(x) for x <= 0 in 16 lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by
-// its Taylor series to r⁶ (truncation below 2⁻²³ there), times 2ⁿ by scalef
-// (which flushes very negative x to 0).
-__attribute__((target("avx512f"))) inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2 in two parts: hi exact in f32
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-
 __attribute__((target("avx512f"))) inline float lanes_max(__m512 v) {
   alignas(64) float t[16];
   _mm512_store_ps(t, v);
@@ -102,7 +90,7 @@ __attribute__((target("avx512f"))) float row_loss_avx512(float* l, int64_t vocab
   for (int64_t j0 = 0; j0 < vec; j0 += 256) {
     __m512 part = _mm512_setzero_ps();
     for (int64_t j = j0; j < std::min(j0 + 256, vec); j += 16) {
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(l + j), bm));
+      const __m512 e = simd::exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(l + j), bm));
       if (grads) _mm512_storeu_ps(l + j, e);
       part = _mm512_add_ps(part, e);
     }

@@ -1,6 +1,7 @@
 // Internal to the CPU backend: runtime ISA dispatch and small vector helpers.
 // Vector code lives in functions marked LATHE_AVX2 and is only called when
-// cpu::has_avx2() said so; every such function has a portable twin.
+// cpu::has_avx2() said so; every such function has a portable twin. The
+// AVX-512 helpers at the end run only where cpu::has_avx512_bf16() said so.
 #pragma once
 
 #include <immintrin.h>
@@ -74,5 +75,24 @@ inline float to_f32(const void* p, DType dt, int64_t i) {
     default: return static_cast<const float*>(p)[i];
   }
 }
+
+// (GCC 12 warns about the undefined pass-through operand inside the
+// unmasked AVX-512 intrinsics, which a full mask never reads.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// exp(x) for x <= 0 in 16 lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by
+// its Taylor series to r⁶ (truncation below 2⁻²³ there), times 2ⁿ by scalef
+// (which flushes very negative x to 0).
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2 in two parts: hi exact in f32
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+#pragma GCC diagnostic pop
 
 }  // namespace lathe::cpu::simd
