@@ -4,8 +4,8 @@
 // those of ops/attention.h — causal, grouped-query (head h reads KV head
 // h / (n_head / n_head_kv)), optional sliding window, softmax in fp32 — with
 // bf16 tensors on the device and fp32 log-sum-exp. The [seq × seq] score
-// matrix is never stored: each block of 64 query rows walks its visible keys
-// 64 at a time with a running max and sum.
+// matrix is never stored: each block of 128 (or 64) query rows walks its
+// visible keys 64 at a time with a running max and sum.
 //
 // Arguments are raw device pointers plus sizes (the kernels borrow, never
 // allocate); `stream` is a cudaStream_t (nullptr: the legacy stream). Only
@@ -36,7 +36,7 @@ struct AttentionVarlenFwdArgs {
   float scale = 1.0f;
   void* stream = nullptr;
   bool simple = false;  // the plain single-buffered kernel, kept as an oracle for the pipelined one
-  int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default
+  int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default (32)
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 
