@@ -1,12 +1,15 @@
 // gemm_bf16_amx (see gemm_amx.h). Every operand the tiles read is packed
 // into 1 KiB tiles of 16 rows x 64 bytes, zero-padded, so that the tile
 // configuration never changes and no tile load reads past a matrix:
-//   A: per call, tile (row block rb of 16, k tile kt of 32) holds 16 rows of
-//      32 consecutive bf16 (f32 rounded to nearest-even while packed);
+//   A: per call; a tile (16 rows, k tile t of 32) holds 16 rows of 32
+//      consecutive bf16 (f32 rounded to nearest-even while packed); the two
+//      tiles of a 32-row pair sit side by side for each t;
 //   B: per column block of kNC and k block of up to kMaxSteps tiles, panels
 //      of 16 columns; tile row p holds, for each of the 16 columns, the pair
 //      (b[2p][j], b[2p + 1][j]) in one 32-bit lane (the VNNI pair layout
-//      TDPBF16PS reads as its second source), low half the even k.
+//      TDPBF16PS reads as its second source), low half the even k; the two
+//      panels of a 32-column pair sit side by side for each step.
+// So each k step of the micro-kernel reads two contiguous 2 KiB runs.
 // The micro-kernel holds a 32 x 32 block of C in four f32 tiles (tmm0-3),
 // two A tiles (tmm4-5) and two B tiles (tmm6-7), and runs the k block; the
 // block goes through a 4 KiB scratch to C with alpha, masks at the edges and
@@ -47,7 +50,7 @@ constexpr int kTileK = 32;          // k per tile: 32 bf16 (A) or 16 pairs (B)
 constexpr int kTileWords = 256;     // 32-bit words per tile (1 KiB)
 constexpr int kBlock = 32;          // rows and columns of C per micro-kernel call
 constexpr int64_t kNC = 64;         // columns of C per thread task
-constexpr int64_t kMaxSteps = 16;   // k tiles per packed B block: 32 KiB per 32 columns
+constexpr int64_t kMaxSteps = 16;   // k tiles per packed B block: 32 KiB per 32 columns, in L1
 
 struct Problem {
   bool trans_b;
@@ -92,20 +95,20 @@ LATHE_AMX void tiles_configure() {
 
 LATHE_AMX void tiles_release() { _tile_release(); }
 
-// out[32][32] = A rows (a0: 0-15, a1: 16-31) · B columns (b0: 0-15, b1:
-// 16-31) over `steps` consecutive tiles of each.
-LATHE_AMX void block_hardware(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1,
-                              int64_t steps, float* out) {
+// out[32][32] = A rows · B columns over `steps` k tiles: step s reads the
+// A tiles of rows 0-15 and 16-31 at a + s · 1024 and + 512 (bf16), the B
+// tiles of columns 0-15 and 16-31 at b + s · 512 and + 256 (32-bit words).
+LATHE_AMX void block_hardware(const uint16_t* a, const uint32_t* b, int64_t steps, float* out) {
   compiler_barrier();
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
-    _tile_loadd(4, a0 + s * 2 * kTileWords, kTileBytes);
-    _tile_loadd(5, a1 + s * 2 * kTileWords, kTileBytes);
-    _tile_loadd(6, b0 + s * kTileWords, kTileBytes);
-    _tile_loadd(7, b1 + s * kTileWords, kTileBytes);
+    _tile_loadd(4, a + s * 4 * kTileWords, kTileBytes);
+    _tile_loadd(5, a + s * 4 * kTileWords + 2 * kTileWords, kTileBytes);
+    _tile_loadd(6, b + s * 2 * kTileWords, kTileBytes);
+    _tile_loadd(7, b + s * 2 * kTileWords + kTileWords, kTileBytes);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
@@ -137,30 +140,30 @@ void tile_dp_emulated(float* c, int64_t ldc, const uint16_t* a, const uint32_t* 
     }
 }
 
-void block_emulated(const uint16_t* a0, const uint16_t* a1, const uint32_t* b0, const uint32_t* b1, int64_t steps,
-                    float* out) {
+void block_emulated(const uint16_t* a, const uint32_t* b, int64_t steps, float* out) {
   std::fill(out, out + kBlock * kBlock, 0.0f);
   for (int64_t s = 0; s < steps; ++s) {
-    const uint16_t* as[2] = {a0 + s * 2 * kTileWords, a1 + s * 2 * kTileWords};
-    const uint32_t* bs[2] = {b0 + s * kTileWords, b1 + s * kTileWords};
+    const uint16_t* as[2] = {a + s * 4 * kTileWords, a + s * 4 * kTileWords + 2 * kTileWords};
+    const uint32_t* bs[2] = {b + s * 2 * kTileWords, b + s * 2 * kTileWords + kTileWords};
     for (int r = 0; r < 2; ++r)
       for (int q = 0; q < 2; ++q) tile_dp_emulated(out + r * 16 * kBlock + q * 16, kBlock, as[r], bs[q]);
   }
 }
 
-using BlockFn = void (*)(const uint16_t*, const uint16_t*, const uint32_t*, const uint32_t*, int64_t, float*);
+using BlockFn = void (*)(const uint16_t*, const uint32_t*, int64_t, float*);
 
 // ---- packing ------------------------------------------------------------
 
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n > 0 ? __mmask16((1u << n) - 1) : 0; }
 inline __mmask32 mask32(int64_t n) { return n >= 32 ? ~__mmask32(0) : n > 0 ? __mmask32((1u << n) - 1) : 0; }
 
-// Row block rb of A: tiles (rb, 0 .. kt-1) at dst + (rb · kt + t) · 512 bf16.
+// Row block rb of A (16 rows; rb / 2 the pair, rb % 2 the half): tile t at
+// dst + ((rb / 2) · kt + t) · 1024 + (rb % 2) · 512 bf16.
 LATHE_AVX512BF16 void pack_a_block(const Problem& P, int64_t rb, uint16_t* dst) {
   for (int r = 0; r < kTileRows; ++r) {
     const int64_t i = rb * kTileRows + r;
     for (int64_t t = 0; t < P.kt; ++t) {
-      uint16_t* row = dst + (rb * P.kt + t) * 2 * kTileWords + r * kTileK;
+      uint16_t* row = dst + ((rb / 2) * P.kt + t) * 4 * kTileWords + (rb % 2) * 2 * kTileWords + r * kTileK;
       if (i >= P.m) {
         _mm512_storeu_si512(row, _mm512_setzero_si512());
         continue;
@@ -223,12 +226,13 @@ LATHE_AVX512BF16 void pack_b_tile_kn(const Problem& P, int64_t col, int64_t t, u
 #pragma GCC diagnostic pop
 
 // Columns [j0, j0 + nc) rounded up to whole blocks of 32, k tiles [t0, t0 +
-// steps): panel q's tile s at dst + (q · steps + s) · 256 words.
+// steps): panel q's tile s at dst + ((q / 2) · steps + s) · 512 + (q % 2) ·
+// 256 words.
 void pack_b_block(const Problem& P, int64_t j0, int64_t nc, int64_t t0, int64_t steps, uint32_t* dst) {
   const int64_t panels = (nc + kBlock - 1) / kBlock * 2;
   for (int64_t q = 0; q < panels; ++q)
     for (int64_t s = 0; s < steps; ++s) {
-      uint32_t* tile = dst + (q * steps + s) * kTileWords;
+      uint32_t* tile = dst + ((q / 2) * steps + s) * 2 * kTileWords + (q % 2) * kTileWords;
       if (P.trans_b)
         pack_b_tile_nk(P, j0 + q * 16, t0 + s, tile);
       else
@@ -270,14 +274,14 @@ void column_block(const Problem& P, const uint16_t* apack, int64_t j0, int64_t n
     const int64_t steps = std::min(steps_even, P.kt - t0);
     const bool add = P.accumulate || t0 > 0;
     pack_b_block(P, j0, nc, t0, steps, s.b.data());
-    for (int64_t ip = 0; ip < row_pairs; ++ip) {
-      const int rows = int(std::min<int64_t>(kBlock, P.m - ip * kBlock));
-      const uint16_t* a0 = apack + ((2 * ip) * P.kt + t0) * 2 * kTileWords;
-      const uint16_t* a1 = a0 + P.kt * 2 * kTileWords;
-      for (int64_t jp = 0; jp < col_pairs; ++jp) {
-        const int cols = int(std::min<int64_t>(kBlock, nc - jp * kBlock));
-        const uint32_t* b0 = s.b.data() + 2 * jp * steps * kTileWords;
-        block(a0, a1, b0, b0 + steps * kTileWords, steps, s.out);
+    // The B pair of panels (32 KiB at most) stays in L1 over every row pair;
+    // A streams from L2 in order.
+    for (int64_t jp = 0; jp < col_pairs; ++jp) {
+      const int cols = int(std::min<int64_t>(kBlock, nc - jp * kBlock));
+      const uint32_t* b = s.b.data() + jp * steps * 2 * kTileWords;
+      for (int64_t ip = 0; ip < row_pairs; ++ip) {
+        const int rows = int(std::min<int64_t>(kBlock, P.m - ip * kBlock));
+        block(apack + (ip * P.kt + t0) * 4 * kTileWords, b, steps, s.out);
         store_block(s.out, P.c + ip * kBlock * P.ldc + j0 + jp * kBlock, P.ldc, rows, cols, P.alpha, add);
       }
     }
@@ -353,14 +357,14 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
 
 double amx_tile_peak_gflops(int64_t calls) {
   LATHE_CHECK(amx_bf16_available(), "amx_tile_peak_gflops: no AMX here");
-  constexpr int64_t kSteps = 8;  // 2 x 8 KiB of A, 2 x 8 KiB of B
-  std::vector<uint16_t> a(size_t(2 * kSteps * 2 * kTileWords), f32_to_bf16(1.0f));
-  std::vector<uint32_t> b(size_t(2 * kSteps * kTileWords), 0x3f803f80u);  // pairs of bf16 1.0
+  constexpr int64_t kSteps = 8;  // 16 KiB of A, 16 KiB of B
+  std::vector<uint16_t> a(size_t(kSteps * 4 * kTileWords), f32_to_bf16(1.0f));
+  std::vector<uint32_t> b(size_t(kSteps * 2 * kTileWords), 0x3f803f80u);  // pairs of bf16 1.0
   alignas(64) float out[kBlock * kBlock];
   tiles_configure();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < calls; ++i)
-    block_hardware(a.data(), a.data() + kSteps * 2 * kTileWords, b.data(), b.data() + kSteps * kTileWords, kSteps, out);
+    block_hardware(a.data(), b.data(), kSteps, out);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tiles_release();
   LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_tile_peak_gflops: wrong sum ", out[0]);
