@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
@@ -57,8 +58,12 @@ int main(int argc, char** argv) {
   if (cpu::amx_bf16_available()) paths.push_back({"amx", cpu::Bf16GemmPath::kAmx});
   if (cpu::has_avx512_bf16()) paths.push_back({"avx512bf16", cpu::Bf16GemmPath::kAvx512Bf16});
   paths.push_back({"bf16->f32", cpu::Bf16GemmPath::kF32});
-  if (cpu::amx_bf16_available())
-    std::printf("AMX tiles alone (micro-kernel on L1 data), 1 thread: %.0f GFLOP/s\n", cpu::amx_tile_peak_gflops(200000));
+  if (cpu::amx_bf16_available()) {
+    std::printf("AMX micro-kernel, 1 thread: L1 data %.0f GFLOP/s; A from L2: %.0f, with prefetch %.0f\n",
+                cpu::amx_tile_peak_gflops(200000), cpu::amx_stream_gflops(false, 50000),
+                cpu::amx_stream_gflops(true, 50000));
+    paths.insert(paths.begin() + 1, {"amx+prefetch", cpu::Bf16GemmPath::kAmx});
+  }
   std::printf("%d threads, GFLOP/s (best of %d)\n| shape | m x n x k |", threads, reps);
   for (const auto& p : paths) std::printf(" %s |", p.first);
   std::printf(" sgemm f32 |\n|---|---|");
@@ -76,6 +81,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %ld x %ld x %ld |", s.name, long(s.m), long(s.n), long(s.k));
     for (const auto& p : paths) {
       cpu::force_bf16_gemm_path(p.second);
+      cpu::set_amx_prefetch(std::string(p.first) == "amx+prefetch");
       const double t = best_seconds(reps, [&] {
         cpu::gemm_bf16(s.trans_b, s.m, s.n, s.k, 1.0f, a.data(), s.k, w16.data(), ldb, false, c.data(), s.n);
       });
@@ -87,5 +93,6 @@ int main(int argc, char** argv) {
     std::printf(" %.0f |\n", flop / t * 1e-9);
   }
   cpu::force_bf16_gemm_path(std::nullopt);
+  if (cpu::amx_bf16_available()) cpu::set_amx_prefetch(false);
   return 0;
 }

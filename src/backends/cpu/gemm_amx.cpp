@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -78,6 +79,8 @@ static_assert(sizeof(TileConfig) == 64);
 
 inline void compiler_barrier() { asm volatile("" ::: "memory"); }
 
+std::atomic<bool> g_prefetch{false};
+
 // ---- the hardware tiles -------------------------------------------------
 
 LATHE_AMX void tiles_configure() {
@@ -98,6 +101,8 @@ LATHE_AMX void tiles_release() { _tile_release(); }
 // out[32][32] = A rows · B columns over `steps` k tiles: step s reads the
 // A tiles of rows 0-15 and 16-31 at a + s · 1024 and + 512 (bf16), the B
 // tiles of columns 0-15 and 16-31 at b + s · 512 and + 256 (32-bit words).
+// kPrefetch: A's run two steps ahead is prefetched into L1 (B is there).
+template <bool kPrefetch>
 LATHE_AMX void block_hardware(const uint16_t* a, const uint32_t* b, int64_t steps, float* out) {
   compiler_barrier();
   _tile_zero(0);
@@ -105,6 +110,10 @@ LATHE_AMX void block_hardware(const uint16_t* a, const uint32_t* b, int64_t step
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
+    if constexpr (kPrefetch) {  // prefetches never fault: past the end is harmless
+      const char* next = reinterpret_cast<const char*>(a + (s + 2) * 4 * kTileWords);
+      for (int line = 0; line < 2 * kTileRows; ++line) _mm_prefetch(next + line * 64, _MM_HINT_T0);
+    }
     _tile_loadd(4, a + s * 4 * kTileWords, kTileBytes);
     _tile_loadd(5, a + s * 4 * kTileWords + 2 * kTileWords, kTileBytes);
     _tile_loadd(6, b + s * 2 * kTileWords, kTileBytes);
@@ -290,7 +299,8 @@ void column_block(const Problem& P, const uint16_t* apack, int64_t j0, int64_t n
 
 void run(const Problem& P, AmxTiles tiles) {
   const bool hw = tiles == AmxTiles::kHardware;
-  const BlockFn block = hw ? block_hardware : block_emulated;
+  const bool prefetch = g_prefetch.load(std::memory_order_relaxed);
+  const BlockFn block = !hw ? block_emulated : prefetch ? block_hardware<true> : block_hardware<false>;
   const int64_t row_blocks = (P.m + kBlock - 1) / kBlock * 2;
   thread_local std::vector<uint16_t> apack;
   apack.resize(size_t(row_blocks * P.kt * 2 * kTileWords));
@@ -364,11 +374,29 @@ double amx_tile_peak_gflops(int64_t calls) {
   tiles_configure();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < calls; ++i)
-    block_hardware(a.data(), b.data(), kSteps, out);
+    block_hardware<false>(a.data(), b.data(), kSteps, out);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tiles_release();
   LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_tile_peak_gflops: wrong sum ", out[0]);
   return 2.0 * kBlock * kBlock * kSteps * kTileK * double(calls) / s * 1e-9;
 }
+
+double amx_stream_gflops(bool prefetch, int64_t calls) {
+  LATHE_CHECK(amx_bf16_available(), "amx_stream_gflops: no AMX here");
+  constexpr int64_t kSteps = kMaxSteps, kPairs = 32;  // A: 32 row pairs x 16 steps x 2 KiB = 1 MiB
+  std::vector<uint16_t> a(size_t(kPairs * kSteps * 4 * kTileWords), f32_to_bf16(1.0f));
+  std::vector<uint32_t> b(size_t(kSteps * 2 * kTileWords), 0x3f803f80u);
+  alignas(64) float out[kBlock * kBlock];
+  const BlockFn block = prefetch ? block_hardware<true> : block_hardware<false>;
+  tiles_configure();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < calls; ++i) block(a.data() + (i % kPairs) * kSteps * 4 * kTileWords, b.data(), kSteps, out);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tiles_release();
+  LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_stream_gflops: wrong sum ", out[0]);
+  return 2.0 * kBlock * kBlock * kSteps * kTileK * double(calls) / s * 1e-9;
+}
+
+void set_amx_prefetch(bool on) { g_prefetch.store(on, std::memory_order_relaxed); }
 
 }  // namespace lathe::cpu

@@ -35,5 +35,10 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
 // calling thread, `calls` times; returns GFLOP/s (the tiles' practical peak
 // on one core). Requires amx_bf16_available().
 double amx_tile_peak_gflops(int64_t calls);
+// The same with A streaming through 1 MiB (from L2, as in a GEMM) and B in
+// L1, with or without software prefetch of A.
+double amx_stream_gflops(bool prefetch, int64_t calls);
+// Whether the hardware kernel prefetches A (benchmarks compare). Default off.
+void set_amx_prefetch(bool on);
 
 }  // namespace lathe::cpu
