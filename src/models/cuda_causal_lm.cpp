@@ -7,7 +7,12 @@
 // The residual stream h is f32: every add into it and every norm of it is
 // done in f32 (rounding h to bf16 after each add is the largest error of a
 // bf16 forward), the projections that feed it write f32, and the logits are
-// never rounded. q/k/v and gate/up weights are stacked into one matrix each.
+// never rounded. Gate and up stay f32 until SwiGLU rounds their product
+// once. A decode step of up to 4 sequences rounds only what is stored:
+// the normed input of a projection, q/k before RoPE and the SwiGLU output
+// stay f32 into the next kernel, and q, k, v are rounded once for the
+// attention and the cache. q/k/v and gate/up weights are stacked into one
+// matrix each.
 //
 // Two paths. Prefill (n tokens of one sequence) runs cuBLASLt GEMMs into
 // buffers laid out [q | k | v] by part and the flash attention kernel. A
@@ -78,7 +83,9 @@ struct StateBuffers {
   bf16_bits* qkv = nullptr;      // [R, q_dim + 2·kv_dim] prefill: [q | k | v] by part; decode: by row
   bf16_bits* q = nullptr;        // [max_batch, q_dim] decode: q after RoPE
   bf16_bits* attn = nullptr;     // [R, q_dim]
-  bf16_bits* gu = nullptr;       // [R, 2·ffn] as [gate | up]; decode: [B, ffn] silu(gate)·up
+  bf16_bits* gu = nullptr;       // [R, ffn] prefill: silu(gate)·up
+  float* gu32 = nullptr;         // [R, 2·ffn] prefill: [gate | up] by part, f32; decode: [B, ffn] silu(gate)·up
+  float* qkv32 = nullptr;        // [max_batch, q_dim + 2·kv_dim] decode: the projection by row, f32
   float* logits = nullptr;       // [max(max_logit_rows, max_batch), vocab]
   void* attn_workspace = nullptr;
   int32_t* next_token = nullptr;  // [max_batch] greedy picks
@@ -124,7 +131,7 @@ class CudaCausalLmImpl {
   CudaModelOptions opts;
   int64_t hidden = 0, hd = 0, half = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
   int n_layer = 0, max_tokens = 0;  // max_tokens: one pass's most tokens
-  bool flash = true;                // head_dim 32/64/128 and no simple_attention
+  bool flash = true;                // head_dim 64/128 and no simple_attention
   int64_t n_params = 0;
 
   cuda::CudaContext ctx;
@@ -208,7 +215,7 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   if (cfg.num_attention_heads % cfg.num_key_value_heads != 0)
     return invalid_argument("cuda model: num_attention_heads ", cfg.num_attention_heads,
                             " is not a multiple of num_key_value_heads ", cfg.num_key_value_heads);
-  flash = !opts.simple_attention && (hd == 32 || hd == 64 || hd == 128);
+  flash = !opts.simple_attention && (hd == 64 || hd == 128);
   max_tokens = opts.max_forward_tokens > 0 ? std::min(opts.max_forward_tokens, opts.max_seq) : opts.max_seq;
   max_tokens = std::max(max_tokens, std::min(opts.max_logit_rows, opts.max_seq));
   decode_gemv = hidden % 8 == 0 && q_dim % 8 == 0 && ffn % 8 == 0;
@@ -277,7 +284,9 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.qkv, c.take<bf16_bits>(t * qkv_dim, "qkv"));
   LATHE_ASSIGN_OR_RETURN(buf.q, c.take<bf16_bits>(nb * q_dim, "decode q"));
   LATHE_ASSIGN_OR_RETURN(buf.attn, c.take<bf16_bits>(t * q_dim, "attention out"));
-  LATHE_ASSIGN_OR_RETURN(buf.gu, c.take<bf16_bits>(t * 2 * ffn, "gate_up"));
+  LATHE_ASSIGN_OR_RETURN(buf.gu, c.take<bf16_bits>(t * ffn, "swiglu out"));
+  LATHE_ASSIGN_OR_RETURN(buf.gu32, c.take<float>(t * 2 * ffn, "gate_up f32"));
+  LATHE_ASSIGN_OR_RETURN(buf.qkv32, c.take<float>(nb * qkv_dim, "decode qkv f32"));
   const int64_t logit_rows = std::max<int64_t>(opts.max_logit_rows, nb);
   LATHE_ASSIGN_OR_RETURN(buf.logits, c.take<float>(logit_rows * vocab, "logits"));
   const size_t ws = cuda::attention_decode_workspace_bytes(opts.max_batch, cfg.num_attention_heads, static_cast<int>(hd));
@@ -464,8 +473,14 @@ Status CudaCausalLmImpl::prefill_layer(int l, int64_t n, int seq, int pos0) {
                              .trans_b = true, .c_dtype = DType::F32}));
   LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .delta = buf.delta, .bias = w.o_b, .w = w.mlp_norm, .y = buf.normed,
                                       .rows = n, .dim = hidden, .eps = eps}));
-  LATHE_TRY(project(buf.normed, hidden, w.gu_w, w.gu_b, buf.gu, n, {ffn, ffn}));
-  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = buf.gu, .up = buf.gu + n * ffn, .out = buf.gu, .n = n * ffn}));
+  // gate and up stay f32 (one GEMM each, or one for both when n = 1) until SwiGLU rounds its product once.
+  for (int64_t part = 0; part < (n == 1 ? 1 : 2); ++part) {
+    LATHE_TRY(cuda::gemm(ctx, {.a = buf.normed, .b = w.gu_w + part * ffn * hidden, .c = buf.gu32 + part * n * ffn,
+                               .m = n, .n = n == 1 ? 2 * ffn : ffn, .k = hidden, .trans_b = true,
+                               .c_dtype = DType::F32}));
+  }
+  LATHE_TRY(cuda::swiglu_f32(ctx, {.gate = buf.gu32, .up = buf.gu32 + n * ffn, .bias = w.gu_b, .out = buf.gu,
+                                   .rows = n, .cols = ffn}));
   return cuda::gemm(ctx, {.a = buf.gu, .b = w.down_w, .c = buf.delta, .m = n, .n = hidden, .k = ffn, .trans_b = true,
                           .c_dtype = DType::F32});
 }
@@ -529,9 +544,9 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv, .rows = b, .n = qkv_dim,
-                                     .k = hidden, .epilogue = GemvEpilogue::kStoreBf16}));
-  LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
+  LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim,
+                                     .k = hidden, .epilogue = GemvEpilogue::kStoreF32}));
+  LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                     .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                     .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
                                     .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
@@ -539,10 +554,10 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   LATHE_TRY(decode_attention(l, b));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));
-  LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.gu, .rows = b, .n = ffn, .k = hidden,
-                                    .epilogue = GemvEpilogue::kSwigluBf16}));
-  return cuda::gemv(ctx, {.x = buf.gu, .w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden,
-                          .k = ffn, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap});
+  LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.gu32, .rows = b, .n = ffn, .k = hidden,
+                                    .epilogue = GemvEpilogue::kSwigluF32}));
+  return cuda::gemv(ctx, {.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
+                          .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.gu32});
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.

@@ -1,7 +1,7 @@
 // CudaCausalLM against the CPU CausalLM and the Hugging Face reference logits
 // on the tiny fixtures (tests/data/models), and on random-init models with
-// head_dim 64 and 128 (the flash kernels; of the fixtures' head dims, 16
-// takes the plain kernel and 32, Qwen3's, the flash ones). Batch decode:
+// head_dim 64 and 128 (the flash kernels; the fixtures' head dims 16 and 32
+// take the plain kernel). Batch decode:
 // sequences of different lengths stepped together against each one alone.
 // No tokenizer: prompts are ids.
 //

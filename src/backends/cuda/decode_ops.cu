@@ -1,5 +1,6 @@
 // The decode step's small kernels (decode_ops.h) besides the skinny GEMM:
-// the bias broadcast for a GEMM's beta = 1, the f32 embedding, the f32 residual stream's pre-norm and the fused
+// the bias broadcast for a GEMM's beta = 1, SwiGLU from f32 gate/up, the
+// f32 embedding, the f32 residual stream's pre-norm and the fused
 // q/k norm + RoPE + KV append. Each is one plain kernel; they move a few
 // kilobytes per token, so launch count matters more than their speed: the
 // norm takes up to 1024 threads for a row so a lone decode row is not
@@ -17,6 +18,18 @@ constexpr int kMaxHeadDim = 256;
 __global__ void broadcast_rows_kernel(bf16_bits* y, const bf16_bits* b, int64_t rows, int64_t cols) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * cols) y[i] = b[i % cols];
+}
+
+__global__ void swiglu_f32_kernel(SwigluF32Args a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.rows * a.cols) return;
+  const int64_t c = i % a.cols;
+  float g = a.gate[i], u = a.up[i];
+  if (a.bias) {
+    g += dev::ld(a.bias, c);
+    u += dev::ld(a.bias, a.cols + c);
+  }
+  dev::st(a.out, i, g / (1.0f + expf(-g)) * u);
 }
 
 __global__ void embedding_f32_kernel(EmbeddingF32Args a) {
@@ -55,7 +68,7 @@ __global__ void rope_append_kernel(RopeAppendArgs a) {
   const int head = blockIdx.x, s = blockIdx.y, lane = threadIdx.x;
   const int hd = a.head_dim, half = hd / 2;
   const int qkv_dim = (a.n_head + 2 * a.n_head_kv) * hd;
-  const bf16_bits* src = a.qkv + int64_t(s) * qkv_dim + int64_t(head) * hd;
+  const float* src = a.qkv + int64_t(s) * qkv_dim + int64_t(head) * hd;
   const int pos = a.pos[s];
   bf16_bits* dst;
   const bf16_bits* norm_w = nullptr;
@@ -73,13 +86,13 @@ __global__ void rope_append_kernel(RopeAppendArgs a) {
   }
   float ss = 0.0f;
   for (int d = lane; d < hd; d += 32) {
-    const float x = dev::ld(src, d);
+    const float x = src[d];
     s_x[d] = x;
     ss += x * x;
   }
   if (norm_w) {
     const float rstd = rsqrtf(dev::warp_sum(ss) / static_cast<float>(hd) + a.eps);
-    for (int d = lane; d < hd; d += 32) s_x[d] = __bfloat162float(__float2bfloat16_rn(s_x[d] * rstd * dev::ld(norm_w, d)));
+    for (int d = lane; d < hd; d += 32) s_x[d] = s_x[d] * rstd * dev::ld(norm_w, d);
   }
   __syncwarp();
   if (!rotate) {
@@ -102,6 +115,14 @@ Status broadcast_rows(CudaContext& ctx, bf16_bits* y, const bf16_bits* b, int64_
   if (rows == 0) return Status::ok();
   broadcast_rows_kernel<<<blocks_for(rows * cols, kThreads), kThreads, 0, stream_of(ctx)>>>(y, b, rows, cols);
   return ctx.check_launch("broadcast_rows");
+}
+
+Status swiglu_f32(CudaContext& ctx, const SwigluF32Args& a) {
+  if (a.rows < 0 || a.cols <= 0) return invalid_argument("cuda swiglu_f32: bad shape ", a.rows, "x", a.cols);
+  if (!a.gate || !a.up || !a.out) return invalid_argument("cuda swiglu_f32: null argument");
+  if (a.rows == 0) return Status::ok();
+  swiglu_f32_kernel<<<blocks_for(a.rows * a.cols, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  return ctx.check_launch("swiglu_f32");
 }
 
 Status embedding_f32(CudaContext& ctx, const EmbeddingF32Args& a) {

@@ -33,12 +33,13 @@ namespace lathe::cuda {
 //   kSwigluBf16: w holds 2·n rows (gate rows, then up rows), bias 2·n
 //                entries; out bf16 [rows, n] = bf16(silu(g)·u) from the f32
 //                gate and up sums.
+//   kSwigluF32:  the same, out f32 [rows, n] (unrounded).
 // k must be a multiple of 8 and x, w 16-byte aligned (refused otherwise: the
 // caller takes cuBLASLt). 1..4 rows are summed with f32 FMAs, 5..16 on the
 // tensor cores when k is a multiple of 32 (f32 accumulation either way);
 // rows beyond 16 are taken 16 at a time (the weights are read once per 16
 // rows). out must not alias x.
-enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16 };
+enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16, kSwigluF32 };
 struct GemvArgs {
   const bf16_bits* x = nullptr;     // [rows, k]
   const bf16_bits* w = nullptr;     // [n, k] (kSwigluBf16: [2·n, k])
@@ -47,11 +48,13 @@ struct GemvArgs {
   int64_t rows = 0, n = 0, k = 0;
   GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
   bool overlap = false;
-  // With x_f32 set (x unused), the input rows are the RMSNorm of x_f32's,
-  // bf16(x_f32·rstd·norm_w) with rstd = rsqrt(mean(x_f32²) + eps) in f32:
-  // what residual_norm() would write as y, computed inside the kernel.
+  // With x_f32 set (x unused) the input is f32: used as is on the CUDA
+  // cores (up to 4 rows), rounded to bf16 on the tensor cores. With norm_w
+  // too, the input rows are the RMSNorm of x_f32's, x_f32·rstd·norm_w with
+  // rstd = rsqrt(mean(x_f32²) + eps) in f32 (residual_norm()'s y before its
+  // rounding), computed inside the kernel.
   const float* x_f32 = nullptr;       // [rows, k], 16-byte aligned, not written while the kernel runs
-  const bf16_bits* norm_w = nullptr;  // [k]
+  const bf16_bits* norm_w = nullptr;  // [k] or null
   float eps = 1e-6f;
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
@@ -87,14 +90,14 @@ struct ResidualNormArgs {
 };
 Status residual_norm(CudaContext& ctx, const ResidualNormArgs& a);
 
-// One decode step's q/k/v for n_seqs sequences, row s of qkv belonging to
-// sequence s at position pos[s]: optional per-head RMSNorm of q and k
-// (rounded to bf16, as the norm kernel does), rotate_half RoPE with the
-// tables of cos/sin row s (rounded to bf16), then q to q_out and k, v to row
-// pos[s] of sequence s's caches (a position outside [0, max_ctx) writes no
-// cache row). One warp per (sequence, head); head_dim even and <= 256.
+// One decode step's q/k/v for n_seqs sequences, row s of qkv (f32, as the
+// projection left it) belonging to sequence s at position pos[s]: optional
+// per-head RMSNorm of q and k, rotate_half RoPE with the tables of cos/sin
+// row s, all in f32 and rounded to bf16 once, then q to q_out and k, v to
+// row pos[s] of sequence s's caches (a position outside [0, max_ctx) writes
+// no cache row). One warp per (sequence, head); head_dim even and <= 256.
 struct RopeAppendArgs {
-  const bf16_bits* qkv = nullptr;          // [n_seqs, (n_head + 2·n_head_kv)·head_dim]: [q | k | v]
+  const float* qkv = nullptr;              // [n_seqs, (n_head + 2·n_head_kv)·head_dim]: [q | k | v]
   bf16_bits* q_out = nullptr;              // [n_seqs, n_head, head_dim]
   bf16_bits* const* k_caches = nullptr;    // device [n_seqs] → [max_ctx, n_head_kv, head_dim]
   bf16_bits* const* v_caches = nullptr;    // device [n_seqs] → [max_ctx, n_head_kv, head_dim]
@@ -108,6 +111,17 @@ struct RopeAppendArgs {
   bool overlap = false;
 };
 Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
+
+// out[r, c] = bf16(silu(gate[r, c] + bias[c]) · (up[r, c] + bias[cols + c]))
+// from f32 gate and up (the GEMM outputs, unrounded); bias may be null.
+struct SwigluF32Args {
+  const float* gate = nullptr;      // [rows, cols]
+  const float* up = nullptr;        // [rows, cols]
+  const bf16_bits* bias = nullptr;  // [2·cols] (gate's, then up's) or null
+  bf16_bits* out = nullptr;         // [rows, cols]
+  int64_t rows = 0, cols = 0;
+};
+Status swiglu_f32(CudaContext& ctx, const SwigluF32Args& a);
 
 // Whether device supports `overlap` (compute capability 9.0 or later).
 bool supports_overlap(int device);

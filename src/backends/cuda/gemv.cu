@@ -26,10 +26,13 @@
 // (A) and x (B) operands, so every product pairs the right elements. The
 // warps' 16 × rows partial sums meet in shared memory for the epilogue.
 //
-// With x_f32 the input rows are RMSNorm'd in the kernel (the norm before a
+// With x_f32 the input is f32 and, on the CUDA cores, used unrounded; with
+// norm_w too its rows are RMSNorm'd in the kernel (the norm before a
 // projection costs no launch of its own): after its first weight loads each
-// block sums the squares of its input rows (a few KB from L2), then makes
-// every x chunk from the f32 row, the row's rstd and the norm weights.
+// block sums the squares of its input rows (a few KB, in L1 for every block
+// on the SM after the first), then makes every x chunk from the f32 row,
+// the row's rstd and the norm weights. The tensor cores round such inputs
+// to bf16 as they load them.
 #include <algorithm>
 
 #include <cuda_bf16.h>
@@ -44,6 +47,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 16;  // x rows per launch
+
+bool swiglu(GemvEpilogue e) { return e == GemvEpilogue::kSwigluBf16 || e == GemvEpilogue::kSwigluF32; }
 
 __device__ __forceinline__ uint4 ld_streaming(const bf16_bits* p) {
   uint4 v;
@@ -73,22 +78,32 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// 8 inputs of row b from element off: the bf16 x, or the RMSNorm of x_f32
-// with the row's rstd, rounded to bf16 as residual_norm() rounds y.
-__device__ __forceinline__ uint4 x_chunk(const GemvArgs& a, int b, int64_t off, float rstd) {
-  if (!a.x_f32) return __ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + off));
+// 8 inputs of row b from element off, as floats: the bf16 x, or x_f32
+// (times the row's rstd and the norm weights when norm_w is set), unrounded.
+__device__ __forceinline__ void x_chunk(const GemvArgs& a, int b, int64_t off, float rstd, float* xf) {
+  if (!a.x_f32) {
+    unpack8(__ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + off)), xf);
+    return;
+  }
   const float4* hp = reinterpret_cast<const float4*>(a.x_f32 + int64_t(b) * a.k + off);
   const float4 h0 = __ldg(hp), h1 = __ldg(hp + 1);
-  const float h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+  xf[0] = h0.x, xf[1] = h0.y, xf[2] = h0.z, xf[3] = h0.w, xf[4] = h1.x, xf[5] = h1.y, xf[6] = h1.z, xf[7] = h1.w;
+  if (!a.norm_w) return;
   float w[8];
   unpack8(__ldg(reinterpret_cast<const uint4*>(a.norm_w + off)), w);
-  uint32_t p[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) p[i] = pack_bf16x2(h[2 * i] * rstd * w[2 * i], h[2 * i + 1] * rstd * w[2 * i + 1]);
-  return make_uint4(p[0], p[1], p[2], p[3]);
+  for (int i = 0; i < 8; ++i) xf[i] = xf[i] * rstd * w[i];
+}
+// The same chunk as 8 bf16 for the tensor cores (an f32 input is rounded here).
+__device__ __forceinline__ uint4 x_chunk_bf16(const GemvArgs& a, int b, int64_t off, float rstd) {
+  if (!a.x_f32) return __ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + off));
+  float xf[8];
+  x_chunk(a, b, off, rstd, xf);
+  return make_uint4(pack_bf16x2(xf[0], xf[1]), pack_bf16x2(xf[2], xf[3]), pack_bf16x2(xf[4], xf[5]),
+                    pack_bf16x2(xf[6], xf[7]));
 }
 
-// With x_f32: rstd of input rows 0..B−1 (those < rows) into s_rstd, the
+// With norm_w: rstd of input rows 0..B−1 (those < rows) into s_rstd, the
 // whole block summing each row's squares in the same order whatever B is.
 template <int B>
 __device__ void rows_rstd(const GemvArgs& a, int rows, float (*s_ss)[B], float* s_rstd) {
@@ -119,7 +134,7 @@ __device__ void rows_rstd(const GemvArgs& a, int rows, float (*s_ss)[B], float* 
   __syncthreads();
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // The epilogues: output (row b, column j) from its dot product(s).
 template <GemvEpilogue E>
@@ -134,12 +149,22 @@ __device__ __forceinline__ void store_out(const GemvArgs& a, int b, int64_t j, f
     static_cast<float*>(a.out)[o] += v;
   }
 }
+template <GemvEpilogue E>
 __device__ __forceinline__ void store_swiglu(const GemvArgs& a, int b, int64_t j, float gate, float up) {
   if (a.bias) {
     gate += dev::ld(a.bias, j);
     up += dev::ld(a.bias, a.n + j);
   }
-  dev::st(static_cast<bf16_bits*>(a.out), int64_t(b) * a.n + j, silu(gate) * up);
+  const float v = silu(gate) * up;
+  if constexpr (E == GemvEpilogue::kSwigluF32) {
+    static_cast<float*>(a.out)[int64_t(b) * a.n + j] = v;
+  } else {
+    dev::st(static_cast<bf16_bits*>(a.out), int64_t(b) * a.n + j, v);
+  }
+}
+template <GemvEpilogue E>
+constexpr bool is_swiglu() {
+  return E == GemvEpilogue::kSwigluBf16 || E == GemvEpilogue::kSwigluF32;
 }
 
 template <int B>
@@ -150,7 +175,7 @@ constexpr int rows_per_block() {
 // Weight row of the block's slot r, or −1 past the end.
 template <int R, GemvEpilogue E>
 __device__ __forceinline__ int64_t weight_row(int64_t n, int r) {
-  if constexpr (E == GemvEpilogue::kSwigluBf16) {
+  if constexpr (is_swiglu<E>()) {
     constexpr int kHalf = R / 2;  // slots [0, R/2) gate rows, [R/2, R) the matching up rows
     const int64_t j = int64_t(blockIdx.x) * kHalf + (r % kHalf);
     if (j >= n) return -1;
@@ -189,9 +214,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   for (int r = 0; r < R; ++r) w_next[r] = load_weights(w_row[r], row[r] >= 0, threadIdx.x, n_chunks);
   wait_prior_grid();
   float rstd[B];
-  if (a.x_f32) rows_rstd<B>(a, rows, s_ss, s_rstd);
+  if (a.norm_w) rows_rstd<B>(a, rows, s_ss, s_rstd);
 #pragma unroll
-  for (int b = 0; b < B; ++b) rstd[b] = a.x_f32 && b < rows ? s_rstd[b] : 0.0f;
+  for (int b = 0; b < B; ++b) rstd[b] = a.norm_w && b < rows ? s_rstd[b] : 0.0f;
   for (int64_t c = threadIdx.x; c < n_chunks; c += kThreads) {
     float wf[R][8];
 #pragma unroll
@@ -203,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
     for (int b = 0; b < B; ++b) {
       if (b >= rows) break;
       float xf[8];
-      unpack8(x_chunk(a, b, c * 8, rstd[b]), xf);
+      x_chunk(a, b, c * 8, rstd[b], xf);
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -233,9 +258,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
   };
   const int64_t j = weight_row<R, E>(a.n, r);  // kSwigluBf16: a gate row, the output column
   if (j < 0) return;
-  if constexpr (E == GemvEpilogue::kSwigluBf16) {
+  if constexpr (is_swiglu<E>()) {
     if (r >= R / 2) return;
-    store_swiglu(a, b, j, total(r), total(r + R / 2));
+    store_swiglu<E>(a, b, j, total(r), total(r + R / 2));
   } else {
     store_out<E>(a, b, j, total(r));
   }
@@ -260,7 +285,7 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
 // 0..7 are gate rows, 8..15 the matching up rows.
 template <GemvEpilogue E>
 __device__ __forceinline__ int64_t tile_row(int64_t n, int r) {
-  if constexpr (E == GemvEpilogue::kSwigluBf16) {
+  if constexpr (is_swiglu<E>()) {
     const int64_t j = int64_t(blockIdx.x) * (kTile / 2) + (r % (kTile / 2));
     if (j >= n) return -1;
     return r < kTile / 2 ? j : n + j;
@@ -297,8 +322,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   allow_next_grid();
   load_w(warp);  // weights never depend on the previous kernel
   wait_prior_grid();
-  if (a.x_f32) rows_rstd<kB>(a, rows, s_ss, s_rstd);
-  const float r_lo = a.x_f32 && x_lo_ok ? s_rstd[g] : 0.0f, r_hi = a.x_f32 && x_hi_ok ? s_rstd[g + 8] : 0.0f;
+  if (a.norm_w) rows_rstd<kB>(a, rows, s_ss, s_rstd);
+  const float r_lo = a.norm_w && x_lo_ok ? s_rstd[g] : 0.0f, r_hi = a.norm_w && x_hi_ok ? s_rstd[g + 8] : 0.0f;
   for (int s0 = warp; s0 < n_steps; s0 += kWarps * kUnroll) {
     if (s0 != warp) load_w(s0);
     uint4 xl[kUnroll], xh[kUnroll];
@@ -306,8 +331,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int step = s0 + u * kWarps;
       const int64_t off = int64_t(step) * kStepK + 8 * t;
-      xl[u] = x_lo_ok && step < n_steps ? x_chunk(a, g, off, r_lo) : make_uint4(0, 0, 0, 0);
-      xh[u] = x_hi_ok && step < n_steps ? x_chunk(a, g + 8, off, r_hi) : make_uint4(0, 0, 0, 0);
+      xl[u] = x_lo_ok && step < n_steps ? x_chunk_bf16(a, g, off, r_lo) : make_uint4(0, 0, 0, 0);
+      xh[u] = x_hi_ok && step < n_steps ? x_chunk_bf16(a, g + 8, off, r_hi) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -341,9 +366,9 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   };
   const int64_t j = tile_row<E>(a.n, r);
   if (j < 0) return;
-  if constexpr (E == GemvEpilogue::kSwigluBf16) {
+  if constexpr (is_swiglu<E>()) {
     if (r >= kTile / 2) return;
-    store_swiglu(a, b, j, total(r), total(r + kTile / 2));
+    store_swiglu<E>(a, b, j, total(r), total(r + kTile / 2));
   } else {
     store_out<E>(a, b, j, total(r));
   }
@@ -351,7 +376,7 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
 
 template <int NT>
 cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
-  const int64_t per_block = a.epilogue == GemvEpilogue::kSwigluBf16 ? kTile / 2 : kTile;
+  const int64_t per_block = swiglu(a.epilogue) ? kTile / 2 : kTile;
   const dim3 grid(static_cast<unsigned>((a.n + per_block - 1) / per_block));
   switch (a.epilogue) {
     case GemvEpilogue::kStoreBf16:
@@ -362,6 +387,8 @@ cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
       return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kAddF32>, grid, kThreads, st, a.overlap, a);
     case GemvEpilogue::kSwigluBf16:
       return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kSwigluBf16>, grid, kThreads, st, a.overlap, a);
+    case GemvEpilogue::kSwigluF32:
+      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kSwigluF32>, grid, kThreads, st, a.overlap, a);
   }
   return cudaErrorInvalidValue;
 }
@@ -369,7 +396,7 @@ cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
 template <int B>
 cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st) {
   constexpr int R = rows_per_block<B>();
-  const int64_t slots = a.epilogue == GemvEpilogue::kSwigluBf16 ? R / 2 : R;
+  const int64_t slots = swiglu(a.epilogue) ? R / 2 : R;
   const dim3 grid(static_cast<unsigned>((a.n + slots - 1) / slots));
   switch (a.epilogue) {
     case GemvEpilogue::kStoreBf16:
@@ -380,6 +407,8 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st) {
       return launch_overlapped(gemv_kernel<B, GemvEpilogue::kAddF32>, grid, kThreads, st, a.overlap, a);
     case GemvEpilogue::kSwigluBf16:
       return launch_overlapped(gemv_kernel<B, GemvEpilogue::kSwigluBf16>, grid, kThreads, st, a.overlap, a);
+    case GemvEpilogue::kSwigluF32:
+      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kSwigluF32>, grid, kThreads, st, a.overlap, a);
   }
   return cudaErrorInvalidValue;
 }
@@ -394,10 +423,10 @@ bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k) {
 
 Status gemv(CudaContext& ctx, const GemvArgs& a) {
   if (a.rows < 0 || a.n <= 0 || a.k <= 0) return invalid_argument("cuda gemv: bad shape ", a.rows, "x", a.n, "x", a.k);
-  if ((!a.x && !a.x_f32) || !a.w || !a.out || (a.x_f32 && !a.norm_w))
-    return invalid_argument("cuda gemv: null argument");
-  const bf16_bits* x16 = a.x_f32 ? a.norm_w : a.x;
-  if (!gemv_supports(x16, a.w, a.k) || (a.x_f32 && !aligned16(a.x_f32)))
+  if ((!a.x && !a.x_f32) || !a.w || !a.out) return invalid_argument("cuda gemv: null argument");
+  if (a.norm_w && !a.x_f32) return invalid_argument("cuda gemv: norm_w goes with x_f32");
+  if (!gemv_supports(a.x_f32 ? a.w : a.x, a.w, a.k) || (a.x_f32 && !aligned16(a.x_f32)) ||
+      (a.norm_w && !aligned16(a.norm_w)))
     return invalid_argument("cuda gemv: k (", a.k, ") must be a multiple of 8 and x, w 16-byte aligned");
   if (a.n > int64_t(kThreads) * 0x7fffffff) return invalid_argument("cuda gemv: n ", a.n, " is too large");
   const size_t out_elem = a.epilogue == GemvEpilogue::kStoreBf16 || a.epilogue == GemvEpilogue::kSwigluBf16
