@@ -43,6 +43,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/decode_ops.h"
 #include "backends/cuda/generation_ops.h"
+#include "core/log.h"
 #include "io/safetensors.h"
 #include "models/weight_loader.h"
 
@@ -180,6 +181,7 @@ class CudaCausalLmImpl {
   Status decode_layer(int l, int b);
   Status decode_step(int b);
   Status decode(std::span<const int32_t> tokens);
+  Status enqueue_step(int b);  // eagerly, or as this b's graph (captured on its second step)
 };
 
 // ---- Load --------------------------------------------------------------------
@@ -600,16 +602,30 @@ Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
     LATHE_TRY(check_tokens(s, tokens.subspan(s, 1)).with_context("decode step, sequence " + std::to_string(s)));
   }
   LATHE_TRY(upload_step(tokens, [&](int64_t i) { return seq_len[i]; }));
+  Status st = enqueue_step(b);
+  if (!st.is_ok() && overlap) {
+    // A driver that refuses programmatic dependent launches (or their capture):
+    // the step is idempotent (it rewrites h and the same cache rows), so run it
+    // again with ordinary launches and keep them.
+    LATHE_LOG(kWarn, "cuda decode: overlapped launches failed (", st.message(), "); using ordinary launches");
+    overlap = false;
+    for (cuda::CudaGraph& g : graphs) g = cuda::CudaGraph();
+    st = enqueue_step(b);
+  }
+  LATHE_TRY(st);
+  for (int s = 0; s < b; ++s) ++seq_len[s];
+  return Status::ok();
+}
+
+Status CudaCausalLmImpl::enqueue_step(int b) {
   if (opts.use_graphs && decoded_eagerly[b]) {
     if (graphs[b].empty()) {
       LATHE_ASSIGN_OR_RETURN(graphs[b], cuda::CudaGraph::capture(ctx, [&] { return decode_step(b); }));
     }
-    LATHE_TRY(graphs[b].launch(ctx));
-  } else {
-    LATHE_TRY(decode_step(b));
-    decoded_eagerly[b] = true;
+    return graphs[b].launch(ctx);
   }
-  for (int s = 0; s < b; ++s) ++seq_len[s];
+  LATHE_TRY(decode_step(b));
+  decoded_eagerly[b] = true;
   return Status::ok();
 }
 
