@@ -7,12 +7,13 @@
 // The residual stream h is f32: every add into it and every norm of it is
 // done in f32 (rounding h to bf16 after each add is the largest error of a
 // bf16 forward), the projections that feed it write f32, and the logits are
-// never rounded. Gate and up stay f32 until SwiGLU rounds their product
-// once. A decode step of up to 4 sequences rounds only what is stored:
-// the normed input of a projection, q/k before RoPE and the SwiGLU output
-// stay f32 into the next kernel, and q, k, v are rounded once for the
-// attention and the cache. q/k/v and gate/up weights are stacked into one
-// matrix each.
+// never rounded. A decode step of up to 4 sequences rounds only what is
+// stored: the normed input of a projection, q/k until after RoPE, gate/up
+// and the SwiGLU output stay f32 into the next kernel, and q, k, v are
+// rounded once for the attention and the cache. (Prefill rounds gate and up
+// as Hugging Face does: measured on the fixtures, SwiGLU from f32 gate/up
+// there moved the error around rather than down.) q/k/v and gate/up
+// weights are stacked into one matrix each.
 //
 // Two paths. Prefill (n tokens of one sequence) runs cuBLASLt GEMMs into
 // buffers laid out [q | k | v] by part and the flash attention kernel. A
@@ -84,8 +85,8 @@ struct StateBuffers {
   bf16_bits* qkv = nullptr;      // [R, q_dim + 2·kv_dim] prefill: [q | k | v] by part; decode: by row
   bf16_bits* q = nullptr;        // [max_batch, q_dim] decode: q after RoPE
   bf16_bits* attn = nullptr;     // [R, q_dim]
-  bf16_bits* gu = nullptr;       // [R, ffn] prefill: silu(gate)·up
-  float* gu32 = nullptr;         // [R, 2·ffn] prefill: [gate | up] by part, f32; decode: [B, ffn] silu(gate)·up
+  bf16_bits* gu = nullptr;       // [R, 2·ffn] prefill: [gate | up] by part, then silu(gate)·up
+  float* act = nullptr;          // [max_batch, ffn] decode: silu(gate)·up, f32
   float* qkv32 = nullptr;        // [max_batch, q_dim + 2·kv_dim] decode: the projection by row, f32
   float* logits = nullptr;       // [max(max_logit_rows, max_batch), vocab]
   void* attn_workspace = nullptr;
@@ -286,8 +287,8 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.qkv, c.take<bf16_bits>(t * qkv_dim, "qkv"));
   LATHE_ASSIGN_OR_RETURN(buf.q, c.take<bf16_bits>(nb * q_dim, "decode q"));
   LATHE_ASSIGN_OR_RETURN(buf.attn, c.take<bf16_bits>(t * q_dim, "attention out"));
-  LATHE_ASSIGN_OR_RETURN(buf.gu, c.take<bf16_bits>(t * ffn, "swiglu out"));
-  LATHE_ASSIGN_OR_RETURN(buf.gu32, c.take<float>(t * 2 * ffn, "gate_up f32"));
+  LATHE_ASSIGN_OR_RETURN(buf.gu, c.take<bf16_bits>(t * 2 * ffn, "gate_up"));
+  LATHE_ASSIGN_OR_RETURN(buf.act, c.take<float>(nb * ffn, "decode swiglu out"));
   LATHE_ASSIGN_OR_RETURN(buf.qkv32, c.take<float>(nb * qkv_dim, "decode qkv f32"));
   const int64_t logit_rows = std::max<int64_t>(opts.max_logit_rows, nb);
   LATHE_ASSIGN_OR_RETURN(buf.logits, c.take<float>(logit_rows * vocab, "logits"));
@@ -475,14 +476,8 @@ Status CudaCausalLmImpl::prefill_layer(int l, int64_t n, int seq, int pos0) {
                              .trans_b = true, .c_dtype = DType::F32}));
   LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .delta = buf.delta, .bias = w.o_b, .w = w.mlp_norm, .y = buf.normed,
                                       .rows = n, .dim = hidden, .eps = eps}));
-  // gate and up stay f32 (one GEMM each, or one for both when n = 1) until SwiGLU rounds its product once.
-  for (int64_t part = 0; part < (n == 1 ? 1 : 2); ++part) {
-    LATHE_TRY(cuda::gemm(ctx, {.a = buf.normed, .b = w.gu_w + part * ffn * hidden, .c = buf.gu32 + part * n * ffn,
-                               .m = n, .n = n == 1 ? 2 * ffn : ffn, .k = hidden, .trans_b = true,
-                               .c_dtype = DType::F32}));
-  }
-  LATHE_TRY(cuda::swiglu_f32(ctx, {.gate = buf.gu32, .up = buf.gu32 + n * ffn, .bias = w.gu_b, .out = buf.gu,
-                                   .rows = n, .cols = ffn}));
+  LATHE_TRY(project(buf.normed, hidden, w.gu_w, w.gu_b, buf.gu, n, {ffn, ffn}));
+  LATHE_TRY(cuda::swiglu_forward(ctx, {.gate = buf.gu, .up = buf.gu + n * ffn, .out = buf.gu, .n = n * ffn}));
   return cuda::gemm(ctx, {.a = buf.gu, .b = w.down_w, .c = buf.delta, .m = n, .n = hidden, .k = ffn, .trans_b = true,
                           .c_dtype = DType::F32});
 }
@@ -556,10 +551,10 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   LATHE_TRY(decode_attention(l, b));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));
-  LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.gu32, .rows = b, .n = ffn, .k = hidden,
+  LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn, .k = hidden,
                                     .epilogue = GemvEpilogue::kSwigluF32}));
   return cuda::gemv(ctx, {.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
-                          .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.gu32});
+                          .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.act});
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.

@@ -1,6 +1,5 @@
 // The decode step's small kernels (decode_ops.h) besides the skinny GEMM:
-// the bias broadcast for a GEMM's beta = 1, SwiGLU from f32 gate/up, the
-// f32 embedding, the f32 residual stream's pre-norm and the fused
+// the bias broadcast for a GEMM's beta = 1, the f32 embedding, the f32 residual stream's pre-norm and the fused
 // q/k norm + RoPE + KV append. Each is one plain kernel; they move a few
 // kilobytes per token, so launch count matters more than their speed: the
 // norm takes up to 1024 threads for a row so a lone decode row is not
@@ -18,18 +17,6 @@ constexpr int kMaxHeadDim = 256;
 __global__ void broadcast_rows_kernel(bf16_bits* y, const bf16_bits* b, int64_t rows, int64_t cols) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * cols) y[i] = b[i % cols];
-}
-
-__global__ void swiglu_f32_kernel(SwigluF32Args a) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.rows * a.cols) return;
-  const int64_t c = i % a.cols;
-  float g = a.gate[i], u = a.up[i];
-  if (a.bias) {
-    g += dev::ld(a.bias, c);
-    u += dev::ld(a.bias, a.cols + c);
-  }
-  dev::st(a.out, i, g / (1.0f + expf(-g)) * u);
 }
 
 __global__ void embedding_f32_kernel(EmbeddingF32Args a) {
@@ -115,14 +102,6 @@ Status broadcast_rows(CudaContext& ctx, bf16_bits* y, const bf16_bits* b, int64_
   if (rows == 0) return Status::ok();
   broadcast_rows_kernel<<<blocks_for(rows * cols, kThreads), kThreads, 0, stream_of(ctx)>>>(y, b, rows, cols);
   return ctx.check_launch("broadcast_rows");
-}
-
-Status swiglu_f32(CudaContext& ctx, const SwigluF32Args& a) {
-  if (a.rows < 0 || a.cols <= 0) return invalid_argument("cuda swiglu_f32: bad shape ", a.rows, "x", a.cols);
-  if (!a.gate || !a.up || !a.out) return invalid_argument("cuda swiglu_f32: null argument");
-  if (a.rows == 0) return Status::ok();
-  swiglu_f32_kernel<<<blocks_for(a.rows * a.cols, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
-  return ctx.check_launch("swiglu_f32");
 }
 
 Status embedding_f32(CudaContext& ctx, const EmbeddingF32Args& a) {

@@ -112,17 +112,6 @@ struct RopeAppendArgs {
 };
 Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
 
-// out[r, c] = bf16(silu(gate[r, c] + bias[c]) · (up[r, c] + bias[cols + c]))
-// from f32 gate and up (the GEMM outputs, unrounded); bias may be null.
-struct SwigluF32Args {
-  const float* gate = nullptr;      // [rows, cols]
-  const float* up = nullptr;        // [rows, cols]
-  const bf16_bits* bias = nullptr;  // [2·cols] (gate's, then up's) or null
-  bf16_bits* out = nullptr;         // [rows, cols]
-  int64_t rows = 0, cols = 0;
-};
-Status swiglu_f32(CudaContext& ctx, const SwigluF32Args& a);
-
 // Whether device supports `overlap` (compute capability 9.0 or later).
 bool supports_overlap(int device);
 
