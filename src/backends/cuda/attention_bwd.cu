@@ -23,6 +23,15 @@
 //             document) skip the per-element visibility test.
 // The arithmetic is the same on both paths, so they agree to the bit up to
 // the compiler's instruction choices.
+//
+// Where it stands (H200, 8 documents × 2048, 32/8 heads, head_dim 128):
+// 172 TFLOP/s counted as 2.5× the forward (the simple kernels: 106). Both
+// kernels hold 255 registers, so registers and shared memory allow 2 blocks
+// (8 warps) per SM, and they are latency-bound: ~5 cycles between issued
+// instructions per warp, tensor-core instructions under a fifth of those. The
+// next step is fewer registers per warp — dK/dV split over head_dim across
+// twice the warps, P and dS passed through shared memory — for more warps
+// per SM, rather than more work per warp.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 
