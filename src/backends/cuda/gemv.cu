@@ -2,8 +2,9 @@
 // of x. Memory-bound: the weights are read once, so the kernel is shaped to
 // keep every SM's loads in flight, not to reuse data.
 //
-// A block of 256 threads owns kRows weight rows (4 up to 4 input rows, 2
-// above, to bound registers) and splits their k dimension over all its
+// A block of 256 threads owns R weight rows (8 for 1-2 input rows, 4 for
+// 3-4, 2 above, to bound registers: more rows, more bytes in flight per
+// thread) and splits their k dimension over all its
 // threads: thread t reads 16-byte chunks t, t + 256, ... of each of its
 // rows (no L1 allocation: each weight byte is used once; the next chunk's
 // loads are issued before this chunk's arithmetic, and the first ones
@@ -169,7 +170,7 @@ constexpr bool is_swiglu() {
 
 template <int B>
 constexpr int rows_per_block() {
-  return B <= 4 ? 4 : 2;
+  return B <= 2 ? 8 : B <= 4 ? 4 : 2;
 }
 
 // Weight row of the block's slot r, or −1 past the end.
@@ -218,21 +219,21 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
 #pragma unroll
   for (int b = 0; b < B; ++b) rstd[b] = a.norm_w && b < rows ? s_rstd[b] : 0.0f;
   for (int64_t c = threadIdx.x; c < n_chunks; c += kThreads) {
-    float wf[R][8];
+    float xf[B][8];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (b < rows) x_chunk(a, b, c * 8, rstd[b], xf[b]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      unpack8(w_next[r], wf[r]);
+      float wf[8];
+      unpack8(w_next[r], wf);
       w_next[r] = load_weights(w_row[r], row[r] >= 0, c + kThreads, n_chunks);
-    }
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      if (b >= rows) break;
-      float xf[8];
-      x_chunk(a, b, c * 8, rstd[b], xf);
+      for (int b = 0; b < B; ++b) {
+        if (b >= rows) break;
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[r][i], xf[i], acc[r][b]);
+        for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+      }
     }
   }
 
