@@ -18,6 +18,7 @@
 #include "backends/cuda/device.h"
 #include "train/fake_codec.h"
 #include "train/trainer.h"
+#include "train/pretokenized_data.h"
 
 namespace lathe {
 namespace {
@@ -27,21 +28,6 @@ namespace fs = std::filesystem;
 std::string fixture_model() {
   if (std::filesystem::exists(LATHE_TEST_DATA "/grad_hd64")) return LATHE_TEST_DATA "/grad_hd64/llama/model";
   return "tests/data/grad_hd64/llama/model";
-}
-
-// Short documents with a repeating pattern each, the second half supervised.
-std::string pretokenized_jsonl(int n_records, int salt) {
-  std::ostringstream os;
-  for (int r = 0; r < n_records; ++r) {
-    nlohmann::json ids = nlohmann::json::array(), mask = nlohmann::json::array();
-    const int len = 12 + (r * 5 + salt) % 9;
-    for (int i = 0; i < len; ++i) {
-      ids.push_back(3 + (r * 7 + i * (r % 3 + 1) + salt) % 300);
-      mask.push_back(i >= len / 2 ? 1 : 0);
-    }
-    os << nlohmann::json{{"input_ids", ids}, {"loss_mask", mask}}.dump() << "\n";
-  }
-  return os.str();
 }
 
 struct FileCloser {

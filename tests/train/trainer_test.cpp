@@ -17,27 +17,13 @@
 #include "train/metrics.h"
 #include "train/trainable_model.h"
 #include "train/trainer.h"
+#include "pretokenized_data.h"
 
 namespace lathe {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kModel = LATHE_TEST_DATA "/models/llama";
-
-// Short "documents" of ids with a repeating pattern each, the second half supervised.
-std::string pretokenized_jsonl(int n_records, int salt) {
-  std::ostringstream os;
-  for (int r = 0; r < n_records; ++r) {
-    nlohmann::json ids = nlohmann::json::array(), mask = nlohmann::json::array();
-    const int len = 12 + (r * 5 + salt) % 9;
-    for (int i = 0; i < len; ++i) {
-      ids.push_back(3 + (r * 7 + i * (r % 3 + 1) + salt) % 300);
-      mask.push_back(i >= len / 2 ? 1 : 0);
-    }
-    os << nlohmann::json{{"input_ids", ids}, {"loss_mask", mask}}.dump() << "\n";
-  }
-  return os.str();
-}
 
 class TrainerTest : public ::testing::Test {
  protected:
