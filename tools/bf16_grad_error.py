@@ -98,20 +98,23 @@ def merged(ids, mask, labels):
     return ids[keep][None], torch.ones(1, int(keep.sum()), dtype=torch.int64), labels[keep][None]
 
 
+DEVICE = "cpu"  # --device
+
+
 def step(family, dtype, attn, batch):
     """Loss and LoRA gradients (f32) of one pass of the fixture model + adapter."""
     path = os.path.join(DATA, family)
     base = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.join(path, "model"), dtype=dtype, attn_implementation=attn)
+        os.path.join(path, "model"), dtype=dtype, attn_implementation=attn).to(DEVICE)
     model = peft.PeftModel.from_pretrained(base, os.path.join(path, "adapter"), is_trainable=True).train()
-    ids, mask, labels = batch
+    ids, mask, labels = (t.to(DEVICE) for t in batch)
     loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     loss.backward()
     grads = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
             assert p.dtype == torch.float32, f"{name} is {p.dtype}: PEFT did not keep LoRA in f32"
-            grads[name.replace(".default", "")] = p.grad.detach().double()
+            grads[name.replace(".default", "")] = p.grad.detach().double().cpu()
     return loss.item(), grads
 
 
@@ -142,7 +145,14 @@ def rounded(c):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(DATA, "bf16_error.json"))
+    ap.add_argument("--device", default="cpu",
+                    help="where HF runs (cuda: HF's own bf16 error on a GPU, for comparison; the tests' "
+                         "tolerances come from the cpu run); f32 matmuls stay full f32 (no TF32)")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     torch.set_num_threads(1)  # reproducible reductions
     cases = {}
@@ -153,7 +163,8 @@ def main():
         cases[f"packed/{fam}"] = rounded(case(fam, packed_batch(vocab)))
     doc = {"what": "HF + PEFT bf16 training step (base bf16, LoRA f32) vs f32: max|diff| / max|ref| "
                    "per LoRA gradient, |diff| / loss for the loss",
-           "made_by": "python3 tools/bf16_grad_error.py",
+           "made_by": "python3 tools/bf16_grad_error.py" + ("" if DEVICE == "cpu" else f" --device {DEVICE}"),
+           "device": DEVICE if DEVICE == "cpu" else f"{DEVICE} ({torch.cuda.get_device_name()})",
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "peft": peft.__version__},
            "attn_implementation": "error: sdpa (the default); eager: eager, for comparison",
