@@ -53,24 +53,7 @@ check_failed() { echo "cuda finetune e2e: CHECK FAILED: $*" >&2; FAILURES+=("$*"
 skip() { echo "cuda finetune e2e: SKIP: $*"; exit "$SKIP"; }
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
-command -v nvidia-smi >/dev/null 2>&1 || skip "no nvidia-smi"
-nvidia-smi -L 2>/dev/null | grep -q "^GPU" || skip "nvidia-smi -L lists no GPU"
-
-# ---- the head_dim-64 tiny model -----------------------------------------------------
-M="$TMP/tiny64"
-"$LATHE" init-model --preset tiny --out "$M" --seed 1 --dtype bf16 >/dev/null
-python3 - "$M/config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-assert c["hidden_size"] == 128 and c["num_attention_heads"] * c["head_dim"] == 128, c
-assert c["num_key_value_heads"] * c["head_dim"] == 64, c
-c.update(num_attention_heads=2, num_key_value_heads=1, head_dim=64)
-json.dump(c, open(sys.argv[1], "w"), indent=2)
-PY
-if ! "$LATHE" generate --model "$M" --prompt-ids 1,2,3 --max-new-tokens 1 --device cuda --json >/dev/null 2>"$TMP/err"; then
-  grep -q "no CUDA backend\|no CUDA device is visible" "$TMP/err" && skip "$(cat "$TMP/err")"
-  fail "generate --device cuda on the head_dim-64 model: $(cat "$TMP/err")"
-fi
+source "$SRC/tests/cli/cuda_common.sh"  # skips without a GPU; the head_dim-64 model in $M
 
 # ---- the same recipe on both devices ------------------------------------------------
 train() {  # train DEVICE
