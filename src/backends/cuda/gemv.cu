@@ -35,6 +35,7 @@
 // the row's rstd and the norm weights. The tensor cores round such inputs
 // to bf16 as they load them.
 #include <algorithm>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 
@@ -375,23 +376,28 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   }
 }
 
+// Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
+// epilogue e, so each launcher below names its kernel template once.
+template <class F>
+cudaError_t with_epilogue(GemvEpilogue e, F&& f) {
+  using E = GemvEpilogue;
+  switch (e) {
+    case E::kStoreBf16: return f(std::integral_constant<E, E::kStoreBf16>{});
+    case E::kStoreF32: return f(std::integral_constant<E, E::kStoreF32>{});
+    case E::kAddF32: return f(std::integral_constant<E, E::kAddF32>{});
+    case E::kSwigluBf16: return f(std::integral_constant<E, E::kSwigluBf16>{});
+    case E::kSwigluF32: return f(std::integral_constant<E, E::kSwigluF32>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <int NT>
 cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
   const int64_t per_block = swiglu(a.epilogue) ? kTile / 2 : kTile;
   const dim3 grid(static_cast<unsigned>((a.n + per_block - 1) / per_block));
-  switch (a.epilogue) {
-    case GemvEpilogue::kStoreBf16:
-      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kStoreBf16>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kStoreF32:
-      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kStoreF32>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kAddF32:
-      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kAddF32>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kSwigluBf16:
-      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kSwigluBf16>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kSwigluF32:
-      return launch_overlapped(gemv_mma_kernel<NT, GemvEpilogue::kSwigluF32>, grid, kThreads, st, a.overlap, a);
-  }
-  return cudaErrorInvalidValue;
+  return with_epilogue(a.epilogue, [&](auto e) {
+    return launch_overlapped(gemv_mma_kernel<NT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
+  });
 }
 
 template <int B>
@@ -399,19 +405,9 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st) {
   constexpr int R = rows_per_block<B>();
   const int64_t slots = swiglu(a.epilogue) ? R / 2 : R;
   const dim3 grid(static_cast<unsigned>((a.n + slots - 1) / slots));
-  switch (a.epilogue) {
-    case GemvEpilogue::kStoreBf16:
-      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kStoreBf16>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kStoreF32:
-      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kStoreF32>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kAddF32:
-      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kAddF32>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kSwigluBf16:
-      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kSwigluBf16>, grid, kThreads, st, a.overlap, a);
-    case GemvEpilogue::kSwigluF32:
-      return launch_overlapped(gemv_kernel<B, GemvEpilogue::kSwigluF32>, grid, kThreads, st, a.overlap, a);
-  }
-  return cudaErrorInvalidValue;
+  return with_epilogue(a.epilogue, [&](auto e) {
+    return launch_overlapped(gemv_kernel<B, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
+  });
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
