@@ -53,17 +53,7 @@ constexpr int kBlock = 32;          // rows and columns of C per micro-kernel ca
 constexpr int64_t kNC = 64;         // columns of C per thread task
 constexpr int64_t kMaxSteps = 16;   // k tiles per packed B block: 32 KiB per 32 columns, in L1
 
-struct Problem {
-  bool trans_b;
-  int64_t m, n, k;
-  float alpha;
-  const float* a;
-  int64_t lda;
-  const uint16_t* b;
-  int64_t ldb;
-  bool accumulate;
-  float* c;
-  int64_t ldc;
+struct Problem : Bf16GemmProblem {
   int64_t kt;  // k tiles, ceil(k / 32)
 };
 
@@ -362,7 +352,7 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
               "gemm_bf16_amx: this machine cannot run the requested path");
   LATHE_CHECK(k > 0, "gemm_bf16_amx: k must be positive");
   if (m <= 0 || n <= 0) return;
-  run({trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc, (k + kTileK - 1) / kTileK}, tiles);
+  run({{trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc}, (k + kTileK - 1) / kTileK}, tiles);
 }
 
 double amx_tile_peak_gflops(int64_t calls) {

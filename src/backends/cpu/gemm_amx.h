@@ -20,6 +20,21 @@ namespace lathe::cpu {
 
 enum class AmxTiles : uint8_t { kHardware, kEmulated };
 
+// The operands of one gemm_bf16 call (gemm_bf16.h's arguments), which every
+// kernel (gemm_bf16.cpp's and this one) extends with its own k blocking.
+struct Bf16GemmProblem {
+  bool trans_b;
+  int64_t m, n, k;
+  float alpha;
+  const float* a;
+  int64_t lda;
+  const uint16_t* b;
+  int64_t ldb;
+  bool accumulate;
+  float* c;
+  int64_t ldc;
+};
+
 // True when the hardware path can run in this process. Thread-safe; the
 // first call makes the arch_prctl request.
 bool amx_bf16_available();

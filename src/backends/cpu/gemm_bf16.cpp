@@ -36,17 +36,7 @@ constexpr int kNR = 32;          // columns of the register tile (two zmm)
 constexpr int64_t kNC = 128;     // columns per thread task
 constexpr int64_t kKcMax = 256;  // pairs of k per packed B block (32 KiB panels)
 
-struct Problem {
-  bool trans_b;
-  int64_t m, n, k;
-  float alpha;
-  const float* a;
-  int64_t lda;
-  const uint16_t* b;
-  int64_t ldb;
-  bool accumulate;
-  float* c;
-  int64_t ldc;
+struct Problem : Bf16GemmProblem {
   int64_t k2;  // pairs of k, (k + 1) / 2
 };
 
@@ -237,7 +227,7 @@ void force_bf16_gemm_path(std::optional<Bf16GemmPath> path) {
 void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  const Problem P{trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc, (k + 1) / 2};
+  const Problem P{{trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc}, (k + 1) / 2};
   if (k <= 0) return sgemm(false, false, m, n, 0, alpha, a, lda, nullptr, n, accumulate ? 1.0f : 0.0f, c, ldc);
   switch (bf16_gemm_path()) {
     case Bf16GemmPath::kAmx:
