@@ -279,9 +279,7 @@ Status TrainerImpl::state_to_device() {
   if (!gpu) return Status::ok();
   LATHE_TRY(gpu->upload_params(model->params().subspan(0, size_t(gpu->n_params()))));
   for (size_t i = 0; i < model->param_table().size(); ++i) {
-    const auto m = adamw->exp_avg(i), v = adamw->exp_avg_sq(i);
-    LATHE_TRY(gpu->optimizer().write_moments(gpu->context(), i, std::vector<float>(m.begin(), m.end()),
-                                             std::vector<float>(v.begin(), v.end())));
+    LATHE_TRY(gpu->optimizer().write_moments(gpu->context(), i, adamw->exp_avg(i), adamw->exp_avg_sq(i)));
   }
   gpu->optimizer().set_steps_taken(adamw->steps_taken());
   return Status::ok();

@@ -184,7 +184,7 @@ Status CudaAdamW::read_moments(CudaContext& ctx, size_t i, std::vector<float>* m
   return Status::ok();
 }
 
-Status CudaAdamW::write_moments(CudaContext& ctx, size_t i, const std::vector<float>& m, const std::vector<float>& v) {
+Status CudaAdamW::write_moments(CudaContext& ctx, size_t i, std::span<const float> m, std::span<const float> v) {
   if (i >= params_.size()) return invalid_argument("cuda adamw: no parameter ", i, " (have ", params_.size(), ")");
   const int64_t n = params_[i].n;
   if (int64_t(m.size()) != n || int64_t(v.size()) != n)

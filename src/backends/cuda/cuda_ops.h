@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -277,7 +278,7 @@ class CudaAdamW {
   // Copies moments of parameter i to the host (tests, checkpoints).
   Status read_moments(CudaContext& ctx, size_t i, std::vector<float>* m, std::vector<float>* v) const;
   // Restores them (resuming from a checkpoint); sizes must be the tensor's.
-  Status write_moments(CudaContext& ctx, size_t i, const std::vector<float>& m, const std::vector<float>& v);
+  Status write_moments(CudaContext& ctx, size_t i, std::span<const float> m, std::span<const float> v);
   void set_steps_taken(int64_t n) { step_ = n; }
 
  private:

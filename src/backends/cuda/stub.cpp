@@ -76,7 +76,7 @@ Result<double> CudaAdamW::clip_grad_norm(CudaContext&, double) { return no_cuda(
 Status CudaAdamW::read_moments(CudaContext&, size_t, std::vector<float>*, std::vector<float>*) const {
   return no_cuda();
 }
-Status CudaAdamW::write_moments(CudaContext&, size_t, const std::vector<float>&, const std::vector<float>&) {
+Status CudaAdamW::write_moments(CudaContext&, size_t, std::span<const float>, std::span<const float>) {
   return no_cuda();
 }
 Status bf16_to_f32(CudaContext&, const bf16_bits*, float*, int64_t) { return no_cuda(); }
