@@ -6,22 +6,34 @@
 // memory-bandwidth floor (every weight read once per step plus each
 // sequence's KV cache, at the measured ~4.3 TB/s of the H200; tokens/s
 // counts all B sequences), prefill against the bf16 GEMM peak
-// (~810 TFLOP/s through cuBLASLt). A decode step is 7·n_layer + 3 kernels
+// (~810 TFLOP/s through cuBLASLt). A decode step is 5·n_layer + 3 kernels
 // (cuda_causal_lm.cpp) plus the argmax. The baseline, transformers generate
 // on the same machine, is bench/generate_hf.py (same --batch).
 //
-//   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1]
+//   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
+// After each shape's row, unless --kernels 0, a table of the decode step's
+// kernels one at a time at that shape and batch: each skinny GEMM (with
+// the epilogue and fused norm the decode step gives it) and the attention
+// at the mean context, timed as a CUDA graph of back-to-back calls (each
+// call on its own copy of the weights, so nothing is served from L2), in
+// GB/s of weights (K/V for attention) beside the ~4.3 TB/s floor; and the
+// step those times add up to, beside the one measured.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "backends/cuda/attention.h"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/decode_ops.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/generation_ops.h"
 #include "models/cuda_causal_lm.h"
 #include "models/family.h"
 
@@ -117,18 +129,220 @@ Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_dec
   return t;
 }
 
-void run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap) {
+// ---- The decode step's kernels one at a time ------------------------------------
+
+using lathe::Status;
+using lathe::cuda::bf16_bits;
+namespace cu = lathe::cuda;
+
+bool ok(const Status& st, const char* what) {
+  if (!st.is_ok()) std::fprintf(stderr, "kernels: %s: %s\n", what, st.message().c_str());
+  return st.is_ok();
+}
+
+// Seconds per call of body(i) (i = 0..calls−1), captured once as a graph of
+// `calls` calls and replayed: the best of 5 replays after a warm-up one.
+double time_graph(cu::CudaContext& ctx, int calls, const std::function<Status(int)>& body) {
+  auto graph = cu::CudaGraph::capture(ctx, [&]() -> Status {
+    for (int i = 0; i < calls; ++i) LATHE_TRY(body(i));
+    return Status::ok();
+  });
+  if (!ok(graph.status(), "capture")) return 0.0;
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    const Clock::time_point t0 = Clock::now();
+    if (!ok(graph->launch(ctx), "launch") || !ok(ctx.synchronize(), "synchronize")) return 0.0;
+    if (rep > 0) best = std::min(best, seconds_since(t0) / calls);
+  }
+  return best;
+}
+
+struct KernelRow {
+  std::string name;
+  double s = 0.0, bytes = 0.0;
+  int per_step = 1;  // calls per decode step
+};
+
+// Device buffers for the kernel table: a pool of weights (copies of the
+// largest matrix's size), x rows, the f32 stream, norm weights, and one
+// sequence's caches per row.
+struct KernelBuffers {
+  cu::DeviceBuffer pool, scratch;
+  size_t pool_bytes = 0;
+  float *h = nullptr, *act = nullptr, *out = nullptr, *cos = nullptr, *sin = nullptr;
+  bf16_bits *x = nullptr, *norm = nullptr, *q = nullptr, *attn = nullptr, *cache = nullptr;
+  bf16_bits** cache_ptrs = nullptr;
+  int32_t* pos = nullptr;
+  void* workspace = nullptr;
+};
+
+bool make_buffers(cu::CudaContext& ctx, const ModelConfig& c, int batch, int max_ctx, KernelBuffers& kb) {
+  const int64_t hd = c.head_dim, kv_dim = int64_t(c.num_key_value_heads) * hd, q_dim = int64_t(c.num_attention_heads) * hd;
+  const int64_t widest = std::max<int64_t>({c.hidden_size, c.intermediate_size, q_dim, c.vocab_size});
+  kb.pool_bytes = std::max<size_t>(size_t(c.vocab_size) * c.hidden_size * 2, size_t(1) << 30);
+  const size_t cache_bytes = size_t(batch) * 2 * max_ctx * kv_dim * 2;
+  const size_t ws = cu::attention_decode_workspace_bytes(batch, c.num_attention_heads, static_cast<int>(hd));
+  size_t off = 0;
+  std::vector<size_t> offs;
+  auto carve = [&](size_t bytes) {
+    offs.push_back(off);
+    off += (bytes + 255) / 256 * 256;
+  };
+  carve(size_t(batch) * widest * 4);                       // h
+  carve(size_t(batch) * widest * 4);                       // act
+  carve(size_t(batch) * widest * 4);                       // out
+  carve(size_t(batch) * hd * 2);                           // cos
+  carve(size_t(batch) * hd * 2);                           // sin
+  carve(size_t(batch) * widest * 2);                       // x
+  carve(size_t(widest) * 2);                               // norm
+  carve(size_t(batch) * q_dim * 2);                        // q
+  carve(size_t(batch) * q_dim * 2);                        // attn
+  carve(cache_bytes);                                      // caches
+  carve(size_t(batch) * 2 * sizeof(void*));                // cache pointers
+  carve(size_t(batch) * 4);                                // positions
+  carve(ws);                                               // attention workspace
+  auto pool = cu::DeviceBuffer::alloc(ctx.device(), kb.pool_bytes);
+  auto scratch = cu::DeviceBuffer::alloc(ctx.device(), off);
+  if (!ok(pool.status(), "alloc") || !ok(scratch.status(), "alloc")) return false;
+  kb.pool = std::move(*pool);
+  kb.scratch = std::move(*scratch);
+  char* base = static_cast<char*>(kb.scratch.data());
+  int i = 0;
+  kb.h = reinterpret_cast<float*>(base + offs[i++]);
+  kb.act = reinterpret_cast<float*>(base + offs[i++]);
+  kb.out = reinterpret_cast<float*>(base + offs[i++]);
+  kb.cos = reinterpret_cast<float*>(base + offs[i++]);
+  kb.sin = reinterpret_cast<float*>(base + offs[i++]);
+  kb.x = reinterpret_cast<bf16_bits*>(base + offs[i++]);
+  kb.norm = reinterpret_cast<bf16_bits*>(base + offs[i++]);
+  kb.q = reinterpret_cast<bf16_bits*>(base + offs[i++]);
+  kb.attn = reinterpret_cast<bf16_bits*>(base + offs[i++]);
+  kb.cache = reinterpret_cast<bf16_bits*>(base + offs[i++]);
+  kb.cache_ptrs = reinterpret_cast<bf16_bits**>(base + offs[i++]);
+  kb.pos = reinterpret_cast<int32_t*>(base + offs[i++]);
+  kb.workspace = base + offs[i++];
+  if (!ok(cu::fill_zero(ctx, base, off), "zero") ||
+      !ok(cu::fill_random_bf16(ctx, static_cast<bf16_bits*>(kb.pool.data()), int64_t(kb.pool_bytes / 2), 7, 0.0f, 0.02f),
+          "fill") ||
+      !ok(cu::fill_random_bf16(ctx, kb.norm, widest, 0, 1.0f, 0.0f), "fill"))
+    return false;
+  std::vector<bf16_bits*> ptrs(size_t(2 * batch));
+  for (int s = 0; s < 2 * batch; ++s) ptrs[size_t(s)] = kb.cache + int64_t(s) * max_ctx * kv_dim;
+  std::vector<int32_t> pos(size_t(batch), max_ctx - 1);
+  return ok(cu::copy_to_device(ctx, kb.cache_ptrs, ptrs.data(), ptrs.size() * sizeof(void*)), "upload") &&
+         ok(cu::copy_to_device(ctx, kb.pos, pos.data(), pos.size() * sizeof(int32_t)), "upload");
+}
+
+// One GEMV as decode_layer() calls it, timed over copies of its weights
+// (w_rows × g.k each) spread through the pool.
+KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::string& name, int64_t w_rows,
+                    cu::GemvArgs g, int per_step) {
+  const size_t w_bytes = size_t(w_rows) * g.k * 2;
+  const int copies = static_cast<int>(std::max<size_t>(1, std::min<size_t>(64, kb.pool_bytes / w_bytes)));
+  const int calls = std::max(8, std::min(64, copies));
+  const double t = time_graph(ctx, calls, [&](int i) {
+    cu::GemvArgs gi = g;
+    gi.w = static_cast<const bf16_bits*>(kb.pool.data()) + int64_t(i % copies) * int64_t(w_bytes / 2);
+    return cu::gemv(ctx, gi);
+  });
+  std::string label = name + " " + std::to_string(w_rows) + "x" + std::to_string(g.k);
+  if (g.shape != 0) label += " (block shape " + std::to_string(g.shape) + ")";
+  return KernelRow{label, t, double(w_bytes), g.shape == 0 ? per_step : 0};
+}
+
+// The layer's GEMVs and the LM head with block shape `shape`.
+void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
+               bool overlap, uint8_t shape, std::vector<KernelRow>& rows) {
+  using E = cu::GemvEpilogue;
+  const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * hd, kv_dim = int64_t(c.num_key_value_heads) * hd;
+  const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
+  const int layers = c.num_hidden_layers;
+  // The normed input: f32 stream + norm weights in the kernel, or bf16 rows normed before.
+  auto normed = [&](cu::GemvArgs g) {
+    if (fused_norm) {
+      g.x_f32 = kb.h;
+      g.norm_w = kb.norm;
+      g.eps = 1e-5f;
+    } else {
+      g.x = kb.x;
+    }
+    g.rows = batch;
+    g.overlap = overlap;
+    g.shape = shape;
+    return g;
+  };
+  auto plain = [&](cu::GemvArgs g) {
+    g.rows = batch;
+    g.overlap = overlap;
+    g.shape = shape;
+    return g;
+  };
+  cu::GemvArgs qkv = normed({.n = q_dim + 2 * kv_dim, .k = hidden, .epilogue = E::kRopeAppend});
+  qkv.rope = {.q_out = kb.q, .k_caches = kb.cache_ptrs, .v_caches = kb.cache_ptrs + batch, .pos = kb.pos,
+              .cos = kb.cos, .sin = kb.sin, .n_head = c.num_attention_heads, .n_head_kv = c.num_key_value_heads,
+              .head_dim = static_cast<int>(hd), .max_ctx = max_ctx};
+  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, layers));
+  rows.push_back(time_gemv(ctx, kb, "o +residual", hidden,
+                           plain({.x = kb.attn, .out = kb.h, .n = hidden, .k = q_dim, .epilogue = E::kAddF32}),
+                           layers));
+  rows.push_back(time_gemv(ctx, kb, "norm+gate|up+swiglu", 2 * ffn,
+                           normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}), layers));
+  rows.push_back(time_gemv(ctx, kb, "down +residual", hidden,
+                           plain({.out = kb.h, .n = hidden, .k = ffn, .epilogue = E::kAddF32, .x_f32 = kb.act}),
+                           layers));
+  rows.push_back(time_gemv(ctx, kb, "norm+lm_head", c.vocab_size,
+                           normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}), 1));
+}
+
+// The decode step's kernels at this shape and batch, as decode_layer() calls them.
+void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, double step_s) {
+  const ModelConfig& c = s.cfg;
+  auto ctx = cu::CudaContext::create(0);
+  KernelBuffers kb;
+  if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
+  std::vector<KernelRow> rows;
+  for (uint8_t shape = 0; shape < (batch <= 4 ? 3 : 1); ++shape)
+    gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, rows);
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
+  const double t_attn = time_graph(*ctx, 64, [&](int) {
+    return cu::attention_decode_batch(
+        {.q = kb.q, .k_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs),
+         .v_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs + batch), .pos = kb.pos, .out = kb.attn,
+         .workspace = kb.workspace, .n_seqs = batch, .max_ctx = mean_ctx, .n_head = c.num_attention_heads,
+         .n_head_kv = c.num_key_value_heads, .head_dim = c.head_dim, .scale = 0.088f, .stream = ctx->stream(),
+         .overlap = overlap});
+  });
+  rows.push_back({"attention, ctx " + std::to_string(mean_ctx), t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
+                  c.num_hidden_layers});
+  std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
+              "x0: a block shape the step does not run)\n", s.name, batch);
+  std::printf("| kernel | us | GB/s | of 4.3 TB/s | per step |\n|---|---|---|---|---|\n");
+  double sum = 0.0;
+  for (const KernelRow& r : rows) {
+    const double gbps = r.s > 0 ? r.bytes / r.s / 1e9 : 0.0;
+    std::printf("| %s | %.1f | %.0f | %.0f%% | x%d |\n", r.name.c_str(), r.s * 1e6, gbps, 100.0 * gbps / 4300.0,
+                r.per_step);
+    sum += r.s * r.per_step;
+  }
+  std::printf("these kernels add up to %.3f ms per step; the graph's step took %.3f ms (the rest: embedding, RoPE "
+              "tables, argmax, gaps)\n",
+              sum * 1e3, step_s * 1e3);
+  std::fflush(stdout);
+}
+
+double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
-    return;
+    return 0.0;
   }
   lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch,
                                .overlap_launches = overlap};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
-    return;
+    return 0.0;
   }
   CudaCausalLM& m = **model;
   const std::vector<int32_t> prompt = prompt_ids(n_prompt, s.cfg.vocab_size);
@@ -144,19 +358,21 @@ void run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overl
               batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
               tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
   std::fflush(stdout);
+  return graph.decode_s / n_decode;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string which = "all";
-  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1;
+  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--decode")) n_decode = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--overlap")) overlap = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -170,13 +386,17 @@ int main(int argc, char** argv) {
       {"Llama-3.2-1B", llama3(2048, 16, 32, 8, 8192, /*tied=*/true)},
       {"Llama-3.1-8B", llama3(4096, 32, 32, 8, 14336, /*tied=*/false)},
   };
-  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 7 kernels per layer + 3 "
+  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 5 kernels per layer + 3 "
               "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
               "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::pair<const Shape*, double>> ran;  // shape, seconds per decode step
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
-    if (which == "all" || (which == "1b" && is_1b) || (which == "8b" && !is_1b)) run_shape(s, n_prompt, n_decode, batch, overlap != 0);
+    if (which != "all" && !(which == "1b" && is_1b) && !(which == "8b" && !is_1b)) continue;
+    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0)});
   }
+  if (kernels)
+    for (const auto& [s, step_s] : ran) bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, step_s);
   return 0;
 }

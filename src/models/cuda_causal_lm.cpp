@@ -19,13 +19,16 @@
 // buffers laid out [q | k | v] by part and the flash attention kernel. A
 // decode step (one token for each of sequences 0..B−1) runs the skinny GEMM
 // of decode_ops.h with the norm before it and its epilogue fused: per layer
-// norm+qkv (+bias), q/k-norm+RoPE+append, attention (split + merge),
-// o (+residual), norm+gate|up (+SwiGLU), down (+residual): 7 kernels; plus
-// embedding, RoPE tables and final norm+LM head: 7·n_layer + 3 kernels per
-// step (115 for Llama-3.2-1B, 227 for Llama-3.1-8B; above 4 sequences the
-// three norms are kernels of their own), captured once per B as a CUDA graph. On sm_90+ the GEMVs and RoPE/append are programmatic
-// dependent launches (decode_ops.h): each starts while its predecessor
-// drains, with its first weights in flight before it waits.
+// norm+qkv (+bias)+RoPE+KV append, attention (split-K, the last block of
+// each head merging), o (+residual), norm+gate|up (+SwiGLU), down
+// (+residual): 5 kernels (6 with a q/k norm, which takes RoPE and the
+// append into a kernel of its own); plus embedding, RoPE tables and final
+// norm+LM head: 5·n_layer + 3 kernels per step (83 for Llama-3.2-1B, 163
+// for Llama-3.1-8B; above 4 sequences the three norms are kernels of their
+// own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
+// layer is a programmatic dependent launch (decode_ops.h): each starts
+// while its predecessor drains, the GEMVs with their first weights in
+// flight before they wait.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -508,7 +511,7 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
                                          .pos = buf.positions, .out = buf.attn, .workspace = buf.attn_workspace,
                                          .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
                                          .head_dim = static_cast<int>(hd), .window = window, .scale = scale,
-                                         .stream = ctx.stream()});
+                                         .stream = ctx.stream(), .overlap = overlap});
   }
   for (int s = 0; s < b; ++s) {
     LATHE_TRY(cuda::attention_simple(ctx, {.q = buf.q + s * q_dim, .k_cache = k_at(l, s), .v_cache = v_at(l, s),
@@ -541,13 +544,23 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim,
-                                     .k = hidden, .epilogue = GemvEpilogue::kStoreF32}));
-  LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
-                                    .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
-                                    .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
-                                    .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
-                                    .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
+  if (!w.q_norm) {
+    // RoPE and the cache append in the projection's epilogue.
+    cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
+                     .epilogue = GemvEpilogue::kRopeAppend};
+    g.rope = {.q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l), .pos = buf.positions, .cos = buf.cos,
+              .sin = buf.sin, .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
+              .head_dim = static_cast<int>(hd), .max_ctx = opts.max_seq};
+    LATHE_TRY(norm_gemv(w.attn_norm, g));
+  } else {
+    LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim,
+                                       .k = hidden, .epilogue = GemvEpilogue::kStoreF32}));
+    LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
+                                      .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
+                                      .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
+                                      .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
+                                      .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
+  }
   LATHE_TRY(decode_attention(l, b));
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));

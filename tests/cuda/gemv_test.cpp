@@ -73,6 +73,29 @@ TEST(CudaGemv, EveryEpilogueRowCountAndShape) {
       for (int64_t rows : kRows) run_case(ctx, rows, s, e, /*with_bias=*/rows % 2 == 1, seed += 5);
 }
 
+// The CUDA-core path's other block shapes (GemvArgs::shape, 1..4 rows):
+// the same sums in another order.
+TEST(CudaGemv, EveryBlockShape) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  for (uint8_t shape : {0, 1, 2})
+    for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32})
+      for (const Shape2& s : {Shape2{33, 96}, Shape2{130, 4096}, Shape2{20, 2056}})
+        for (int64_t rows : {1, 2, 3, 4}) {
+          SCOPED_TRACE(::testing::Message() << "shape=" << int(shape) << " rows=" << rows << " n=" << s.n
+                                            << " k=" << s.k << " epilogue=" << static_cast<int>(e));
+          const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * s.n : s.n;
+          std::vector<float> x = random_bf16(rows * s.k, 40 + shape), w = random_bf16(w_rows * s.k, 41, 0.05f);
+          DeviceBuffer dx = upload_bf16(ctx, x), dw = upload_bf16(ctx, w);
+          DeviceBuffer dout = upload(ctx, std::vector<float>(size_t(rows * s.n)));
+          Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = dout.data(), .rows = rows,
+                                 .n = s.n, .k = s.k, .epilogue = e, .shape = shape});
+          ASSERT_TRUE(st.is_ok()) << st.message();
+          EXPECT_LE(rel_error(download<float>(ctx, dout, rows * s.n), reference(x, w, {}, {}, rows, s.n, s.k, e)),
+                    1e-4);
+        }
+}
+
 // Each row's result does not depend on the other rows, so a batched decode
 // step gives every sequence the logits it would get alone: bitwise up to 4
 // rows (the CUDA-core path, the same sums in the same order for any row
@@ -116,10 +139,11 @@ TEST(CudaGemv, RowsAreIndependent) {
 }
 
 // f32 input (x_f32), plain or RMSNorm'd inside the kernel (norm_w): against
-// the double reference of the input the kernel is documented to use, as is
-// on the CUDA cores (up to 4 rows; f32 outputs then held to 1e-4), rounded
-// to bf16 on the tensor cores, where a last-bit difference in rstd can flip
-// an input's rounding (held to the bf16 tolerance, 4e-3 of max|out|).
+// the double reference of the input the kernel is documented to use:
+// rstd·(x_f32·norm_w), as is on the CUDA cores (up to 4 rows; f32 outputs
+// then held to 1e-4), with x_f32·norm_w rounded to bf16 on the tensor cores,
+// where a last-bit difference in the f32 product can flip an input's
+// rounding (held to the bf16 tolerance, 4e-3 of max|out|).
 TEST(CudaGemv, F32InputPlainAndNormed) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
@@ -142,8 +166,8 @@ TEST(CudaGemv, F32InputPlainAndNormed) {
             for (int64_t i = 0; i < s.k; ++i) ss += double(h[r * s.k + i]) * h[r * s.k + i];
             const double rstd = 1.0 / std::sqrt(ss / double(s.k) + eps);
             for (int64_t i = 0; i < s.k; ++i) {
-              const float v = normed ? float(h[r * s.k + i] * rstd * nw[i]) : h[r * s.k + i];
-              x[r * s.k + i] = tensor_cores ? round_bf16(v) : v;
+              const float v = normed ? h[r * s.k + i] * nw[i] : h[r * s.k + i];
+              x[r * s.k + i] = static_cast<float>((tensor_cores ? round_bf16(v) : double(v)) * (normed ? rstd : 1.0));
             }
           }
           const bool f32_out = e != GemvEpilogue::kStoreBf16;
@@ -157,6 +181,98 @@ TEST(CudaGemv, F32InputPlainAndNormed) {
           const double tol = f32_out && !(tensor_cores && normed) ? 1e-4 : 4e-3;
           EXPECT_LE(rel_error(got, reference(x, w, {}, {}, rows, s.n, s.k, e)), tol);
         }
+}
+
+// kRopeAppend: the q|k|v projection with RoPE and the cache append in its
+// epilogue, against a double reference of the projection rotated the same
+// way and rounded once: 4 q heads and 2 kv heads of 16, with a bias, on
+// both paths (k 96 takes the tensor cores above 4 rows, k 40 never), plain
+// bf16 x and f32 x normed in the kernel; row 2's position is past the cache,
+// so its k and v go nowhere (q still does), and cache rows not appended to
+// keep their contents.
+TEST(CudaGemv, RopeAppendEpilogue) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int n_head = 4, n_kv = 2, hd = 16, half = hd / 2, max_ctx = 8;
+  const int64_t n = (n_head + 2 * n_kv) * hd, kv = int64_t(n_kv) * hd;
+  const float eps = 1e-5f, sentinel = 3.0f;
+  uint32_t seed = 900;
+  for (int64_t k : {96, 40})
+    for (bool normed : {false, true})
+      for (int64_t rows : {1, 2, 4, 5, 16, 20}) {
+        SCOPED_TRACE(::testing::Message() << "rows=" << rows << " k=" << k << " normed=" << normed);
+        const bool tensor_cores = rows > 4 && k % 32 == 0;
+        std::vector<float> h = random_bf16(rows * k, seed += 7, 2.0f), nw = random_bf16(k, seed + 1);
+        std::vector<float> w = random_bf16(n * k, seed + 2, 0.05f), bias = random_bf16(n, seed + 3);
+        std::vector<float> cos = random_bf16(rows * half, seed + 4), sin = random_bf16(rows * half, seed + 5);
+        std::vector<int32_t> pos(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) pos[r] = r == 2 ? max_ctx : static_cast<int32_t>((r * 3) % max_ctx);
+        std::vector<float> x(h.size());  // the input the kernel is documented to use (rstd folded in)
+        for (int64_t r = 0; r < rows; ++r) {
+          double ss = 0;
+          for (int64_t i = 0; i < k; ++i) ss += double(h[r * k + i]) * h[r * k + i];
+          const double rstd = normed ? 1.0 / std::sqrt(ss / double(k) + eps) : 1.0;
+          for (int64_t i = 0; i < k; ++i) {
+            const float v = normed ? h[r * k + i] * nw[i] : h[r * k + i];
+            x[r * k + i] = static_cast<float>((tensor_cores && normed ? round_bf16(v) : double(v)) * rstd);
+          }
+        }
+        const std::vector<float> proj = reference(x, w, bias, {}, rows, n, k, GemvEpilogue::kStoreF32);
+        // Reference q and caches.
+        std::vector<float> want_q(size_t(rows * n_head * hd)), want_k(size_t(rows * max_ctx * kv), sentinel);
+        std::vector<float> want_v = want_k;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int head = 0; head < n_head + 2 * n_kv; ++head)
+            for (int p = 0; p < half; ++p) {
+              const double x1 = proj[r * n + head * hd + p], x2 = proj[r * n + head * hd + p + half];
+              const double c = cos[r * half + p], sn = sin[r * half + p];
+              const bool is_v = head >= n_head + n_kv;
+              const double o1 = is_v ? x1 : x1 * c - x2 * sn, o2 = is_v ? x2 : x2 * c + x1 * sn;
+              float* dst;
+              if (head < n_head) {
+                dst = &want_q[(r * n_head + head) * hd];
+              } else {
+                if (pos[r] >= max_ctx) continue;
+                const int hk = head - n_head - (is_v ? n_kv : 0);
+                dst = &(is_v ? want_v : want_k)[(r * max_ctx + pos[r]) * kv + hk * hd];
+              }
+              dst[p] = static_cast<float>(o1);
+              dst[p + half] = static_cast<float>(o2);
+            }
+        DeviceBuffer dx = upload_bf16(ctx, h), dh = upload(ctx, h), dn = upload_bf16(ctx, nw);
+        DeviceBuffer dw = upload_bf16(ctx, w), db = upload_bf16(ctx, bias), dcos = upload(ctx, cos);
+        DeviceBuffer dsin = upload(ctx, sin), dpos = upload(ctx, pos);
+        DeviceBuffer dq = upload_bf16(ctx, std::vector<float>(want_q.size()));
+        DeviceBuffer dk = upload_bf16(ctx, std::vector<float>(want_k.size(), sentinel));
+        DeviceBuffer dv = upload_bf16(ctx, std::vector<float>(want_v.size(), sentinel));
+        std::vector<bf16_bits*> ptrs(size_t(2 * rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          ptrs[r] = dptr<bf16_bits>(dk) + r * max_ctx * kv;
+          ptrs[rows + r] = dptr<bf16_bits>(dv) + r * max_ctx * kv;
+        }
+        DeviceBuffer dptrs = upload(ctx, ptrs);
+        GemvArgs g{.w = dptr<bf16_bits>(dw), .bias = dptr<bf16_bits>(db), .rows = rows, .n = n, .k = k,
+                   .epilogue = GemvEpilogue::kRopeAppend};
+        if (normed) {
+          g.x_f32 = dptr<float>(dh);
+          g.norm_w = dptr<bf16_bits>(dn);
+          g.eps = eps;
+        } else {
+          g.x = dptr<bf16_bits>(dx);  // h is made of bf16 values
+        }
+        g.rope = {.q_out = dptr<bf16_bits>(dq), .k_caches = dptr<bf16_bits*>(dptrs),
+                  .v_caches = dptr<bf16_bits*>(dptrs) + rows, .pos = dptr<int32_t>(dpos), .cos = dptr<float>(dcos),
+                  .sin = dptr<float>(dsin), .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .max_ctx = max_ctx};
+        Status st = gemv(ctx, g);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        EXPECT_LE(rel_error(download_bf16(ctx, dq, rows * n_head * hd), want_q), 4e-3);
+        EXPECT_LE(rel_error(download_bf16(ctx, dk, rows * max_ctx * kv), want_k), 4e-3);
+        EXPECT_LE(rel_error(download_bf16(ctx, dv, rows * max_ctx * kv), want_v), 4e-3);
+        // Rows never appended to still hold the sentinel, exactly.
+        const std::vector<float> got_k = download_bf16(ctx, dk, rows * max_ctx * kv);
+        for (size_t i = 0; i < got_k.size(); ++i)
+          if (want_k[i] == sentinel) ASSERT_EQ(got_k[i], sentinel) << "k cache element " << i;
+      }
 }
 
 TEST(CudaGemv, RefusesUnalignedK) {

@@ -90,7 +90,10 @@ Status attention_decode(const AttentionDecodeArgs& a);
 // above) and position; everything the kernels read lies on the device, so
 // a captured CUDA graph replays for any positions up to max_ctx. Sequence s
 // attends with query row s of q to rows 0 .. pos[s] of its cache.
-// Workspace: attention_decode_workspace_bytes(n_seqs, n_head, head_dim).
+// Workspace: attention_decode_workspace_bytes(n_seqs, n_head, head_dim),
+// zeroed before the first call (the kernel counts its blocks there and
+// leaves the counts zero; attention_decode() does not touch them). One
+// kernel; `overlap`: a programmatic dependent launch (decode_ops.h).
 struct AttentionDecodeBatchArgs {
   const void* q = nullptr;                // bf16 [n_seqs, n_head, head_dim]
   const void* const* k_caches = nullptr;  // device array of n_seqs device pointers, 16-byte aligned
@@ -103,6 +106,7 @@ struct AttentionDecodeBatchArgs {
   int window = 0;
   float scale = 1.0f;
   void* stream = nullptr;
+  bool overlap = false;
 };
 Status attention_decode_batch(const AttentionDecodeBatchArgs& a);
 

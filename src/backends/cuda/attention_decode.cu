@@ -3,11 +3,18 @@
 // per (chunk, head) streams its K/V rows with 16-byte loads — head_dim / 8
 // lanes per key, so a warp reads 2 or 4 keys at once — keeping a running
 // max, sum and fp32 output per key group; the groups merge in shared memory
-// and a second kernel merges the chunks (log-sum-exp weights). Several new
-// tokens (prefill) go to the tensor-core forward kernel with the queries
-// offset by pos0.
+// and the chunks merge with log-sum-exp weights: in a second kernel for one
+// sequence, and for the batched decode step (whose workspace starts zeroed)
+// in the last chunk's block of each (sequence, head): every block counts
+// itself in the workspace after writing its partial result, and the one that
+// brings the count to the number of chunks merges and resets the count, so a
+// decode step is one attention kernel. The batched kernel can be a
+// programmatic dependent launch (decode_launch.cuh). Several new tokens
+// (prefill) go to the tensor-core forward kernel with the queries offset by
+// pos0.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/decode_launch.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -23,20 +30,50 @@ struct DecodeParams {
   const bf16 *q, *k, *v;
   bf16* out;
   float* lse;
-  float* part;  // [n_tokens, n_head, kMaxSplits, D + 2]: o[D], m, l (m in log2 units)
+  float* part;  // [n_tokens, n_head] records of record_floats(D): per split o[D], m, l (m in log2 units); a count
   int n_head, n_head_kv, pos0, window, chunk, n_splits;
   float scale;
   // Batched: blockIdx.z is a sequence with its own cache and position (device arrays).
   const bf16* const* k_seq = nullptr;
   const bf16* const* v_seq = nullptr;
   const int32_t* pos_seq = nullptr;
+  // The last split block of each (token, head) merges (the records' counts are zero between calls).
+  bool fused_merge = false;
 };
+
+// A (token, head)'s workspace record: kMaxSplits partial results of D + 2
+// floats, then the count of split blocks done (an int), at a place that
+// does not depend on the number of tokens.
+__host__ __device__ constexpr int64_t record_floats(int d) { return int64_t(kMaxSplits) * (d + 2) + 1; }
+
+// Merges the n_splits partial results of (token t, head h) into out (and lse): one thread per d.
+template <int D>
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, int t, int h) {
+  const float* src = p.part + (int64_t(t) * p.n_head + h) * record_floats(D);
+  float mx = -INFINITY;
+  for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, __ldcg(src + s * (D + 2) + D));
+  const float base = mx == -INFINITY ? 0.f : mx;
+  const int64_t row = int64_t(t) * p.n_head + h;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.f, sum = 0.f;
+    for (int s = 0; s < p.n_splits; ++s) {
+      const float w = exp2f(__ldcg(src + s * (D + 2) + D) - base);
+      acc += __ldcg(src + s * (D + 2) + d) * w;
+      sum += __ldcg(src + s * (D + 2) + D + 1) * w;
+    }
+    p.out[row * D + d] = __float2bfloat16(sum > 0.f ? acc / sum : 0.f);
+    if (p.lse && d == 0) p.lse[row] = sum > 0.f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
+  }
+}
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) {
   constexpr int kLanes = D / 8, kGroups = kThreads / kLanes;  // lanes per key, key groups per block
   __shared__ float s_o[kGroups][D];
   __shared__ float s_m[kGroups], s_l[kGroups];
+  __shared__ bool s_last;
+  allow_next_grid();
+  wait_prior_grid();  // q and the newest cache row come from the kernel before
   const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z, hk = h / (p.n_head / p.n_head_kv);
   const int pos = p.pos_seq ? p.pos_seq[t] : p.pos0 + t;
   const bf16* k_rows = p.k_seq ? p.k_seq[t] : p.k;
@@ -86,7 +123,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
   if (threadIdx.x % kLanes == 0) s_m[grp] = m, s_l[grp] = l;
   __syncthreads();
 
-  float* dst = p.part + ((int64_t(t) * p.n_head + h) * kMaxSplits + split) * (D + 2);
+  float* record = p.part + (int64_t(t) * p.n_head + h) * record_floats(D);
+  float* dst = record + split * (D + 2);
   float mx = -INFINITY;
   for (int gi = 0; gi < kGroups; ++gi) mx = fmaxf(mx, s_m[gi]);
   const float base = mx == -INFINITY ? 0.f : mx;
@@ -101,31 +139,30 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
     dst[D] = mx;
     dst[D + 1] = sum;
   }
+  if (!p.fused_merge) return;
+  __threadfence();  // this block's partial result is visible to every block before it is counted
+  __syncthreads();
+  int* count = reinterpret_cast<int*>(record + kMaxSplits * (D + 2));
+  if (threadIdx.x == 0) s_last = atomicAdd(count, 1) == p.n_splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *count = 0;  // for the next call
+  merge_splits<D>(p, t, h);
 }
 
 // One block of D threads per (head, token) merges the splits.
 template <int D>
 __global__ void decode_merge_kernel(DecodeParams p) {
-  const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
-  const float* src = p.part + (int64_t(t) * p.n_head + h) * kMaxSplits * (D + 2);
-  float mx = -INFINITY;
-  for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, src[s * (D + 2) + D]);
-  const float base = mx == -INFINITY ? 0.f : mx;
-  float acc = 0.f, sum = 0.f;
-  for (int s = 0; s < p.n_splits; ++s) {
-    const float w = exp2f(src[s * (D + 2) + D] - base);
-    acc += src[s * (D + 2) + d] * w;
-    sum += src[s * (D + 2) + D + 1] * w;
-  }
-  const int64_t row = int64_t(t) * p.n_head + h;
-  p.out[row * D + d] = __float2bfloat16(sum > 0.f ? acc / sum : 0.f);
-  if (p.lse && d == 0) p.lse[row] = sum > 0.f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
+  merge_splits<D>(p, blockIdx.y, blockIdx.x);
 }
 
 template <int D>
-Status launch_decode(const DecodeParams& p, int n_tokens, cudaStream_t st) {
-  decode_split_kernel<D><<<dim3(p.n_splits, p.n_head, n_tokens), kThreads, 0, st>>>(p);
-  LATHE_TRY(cuda_check(cudaGetLastError(), "attention decode launch"));
+Status launch_decode(const DecodeParams& p, int n_tokens, cudaStream_t st, bool overlap) {
+  LATHE_TRY(cuda_check(launch_overlapped(decode_split_kernel<D>, dim3(p.n_splits, p.n_head, n_tokens),
+                                         dim3(kThreads), st, overlap, p),
+                       "attention decode launch"));
+  if (p.fused_merge) return Status::ok();
   decode_merge_kernel<D><<<dim3(p.n_head, n_tokens), D, 0, st>>>(p);
   return cuda_check(cudaGetLastError(), "attention decode merge launch");
 }
@@ -153,7 +190,7 @@ Status check_shape(const char* name, int head_dim, int n_head, int n_head_kv, in
 
 size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim) {
   if (n_tokens <= 0 || n_head <= 0 || head_dim <= 0) return 0;
-  return size_t(n_tokens) * size_t(n_head) * attn::kMaxSplits * size_t(head_dim + 2) * sizeof(float);
+  return size_t(n_tokens) * size_t(n_head) * size_t(attn::record_floats(head_dim)) * sizeof(float);
 }
 
 Status attention_decode(const AttentionDecodeArgs& a) {
@@ -183,7 +220,8 @@ Status attention_decode(const AttentionDecodeArgs& a) {
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, a.pos0, a.window, chunk, n_splits,
                        a.scale};
   auto st = static_cast<cudaStream_t>(a.stream);
-  return attn::with_head_dim(a.head_dim, [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, 1, st); });
+  return attn::with_head_dim(a.head_dim,
+                             [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, 1, st, false); });
 }
 
 Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
@@ -203,9 +241,11 @@ Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, 0, a.window, chunk, n_splits,
                        a.scale, reinterpret_cast<const bf16* const*>(a.k_caches),
                        reinterpret_cast<const bf16* const*>(a.v_caches), a.pos};
+  p.fused_merge = true;
   auto st = static_cast<cudaStream_t>(a.stream);
-  return attn::with_head_dim(a.head_dim,
-                             [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, a.n_seqs, st); });
+  return attn::with_head_dim(a.head_dim, [&](auto d) {
+    return attn::launch_decode<decltype(d)::value>(p, a.n_seqs, st, a.overlap);
+  });
 }
 
 }  // namespace lathe::cuda

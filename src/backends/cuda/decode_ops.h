@@ -7,7 +7,8 @@
 // (rounding it to bf16 after every add is where bf16 inference loses most),
 // so the norm here adds an f32 delta into an f32 stream. RoPE, the optional
 // q/k norm and the KV-cache append are one kernel that writes each
-// sequence's k and v at its own position. Every per-step input (token ids,
+// sequence's k and v at its own position; without the q/k norm they are the
+// q|k|v GEMV's epilogue instead (kRopeAppend). Every per-step input (token ids,
 // positions, cache pointers) is a device pointer, so one captured CUDA
 // graph replays for every step. Stubs in decode_stub.cpp.
 //
@@ -34,12 +35,29 @@ namespace lathe::cuda {
 //                entries; out bf16 [rows, n] = bf16(silu(g)·u) from the f32
 //                gate and up sums.
 //   kSwigluF32:  the same, out f32 [rows, n] (unrounded).
+//   kRopeAppend: w is one decode step's stacked q|k|v projection (n =
+//                (n_head + 2·n_head_kv)·head_dim rows, out unused) and the
+//                epilogue is rope_append()'s without q/k norm: the f32 sums
+//                (+ bias) of rows p and p + head_dim/2 of a head are rotated
+//                together (q, k; v as is), rounded once to bf16 and written
+//                to rope.q_out and row rope.pos[r] of x row r's caches.
 // k must be a multiple of 8 and x, w 16-byte aligned (refused otherwise: the
 // caller takes cuBLASLt). 1..4 rows are summed with f32 FMAs, 5..16 on the
 // tensor cores when k is a multiple of 32 (f32 accumulation either way);
 // rows beyond 16 are taken 16 at a time (the weights are read once per 16
 // rows). out must not alias x.
-enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16, kSwigluF32 };
+enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16, kSwigluF32, kRopeAppend };
+// Where kRopeAppend puts x row r's q, k and v (RopeAppendArgs' fields, the
+// sequence being x row r).
+struct GemvRope {
+  bf16_bits* q_out = nullptr;            // [rows, n_head, head_dim]
+  bf16_bits* const* k_caches = nullptr;  // device [rows] → [max_ctx, n_head_kv, head_dim]
+  bf16_bits* const* v_caches = nullptr;  // device [rows] → [max_ctx, n_head_kv, head_dim]
+  const int32_t* pos = nullptr;          // device [rows]; outside [0, max_ctx): no cache row is written
+  const float* cos = nullptr;            // [rows, head_dim / 2]
+  const float* sin = nullptr;            // [rows, head_dim / 2]
+  int n_head = 0, n_head_kv = 0, head_dim = 0, max_ctx = 0;
+};
 struct GemvArgs {
   const bf16_bits* x = nullptr;     // [rows, k]
   const bf16_bits* w = nullptr;     // [n, k] (kSwigluBf16: [2·n, k])
@@ -51,11 +69,19 @@ struct GemvArgs {
   // With x_f32 set (x unused) the input is f32: used as is on the CUDA
   // cores (up to 4 rows), rounded to bf16 on the tensor cores. With norm_w
   // too, the input rows are the RMSNorm of x_f32's, x_f32·rstd·norm_w with
-  // rstd = rsqrt(mean(x_f32²) + eps) in f32 (residual_norm()'s y before its
-  // rounding), computed inside the kernel.
+  // rstd = rsqrt(mean(x_f32²) + eps) in f32, computed inside the kernel:
+  // the sums run over x_f32·norm_w (f32 on the CUDA cores, rounded to bf16
+  // on the tensor cores) and are scaled by rstd before the bias, so the
+  // sum of squares is taken in the same pass as the products.
   const float* x_f32 = nullptr;       // [rows, k], 16-byte aligned, not written while the kernel runs
   const bf16_bits* norm_w = nullptr;  // [k] or null
   float eps = 1e-6f;
+  GemvRope rope{};                    // kRopeAppend only
+  // The CUDA-core path's block shape: 0 (the default) 128 threads with 2
+  // chunks of each weight row in flight per thread; 1: 256 threads, 2 in
+  // flight; 2: 256 threads, 1 in flight. Shapes differ only in the order
+  // of the f32 sums; the bench compares their speed.
+  uint8_t shape = 0;
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.

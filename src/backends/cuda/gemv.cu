@@ -1,20 +1,22 @@
 // The decode step's skinny GEMM (decode_ops.h): out = x·Wᵀ for 1..16 rows
 // of x. Memory-bound: the weights are read once, so the kernel is shaped to
-// keep every SM's loads in flight, not to reuse data.
+// keep every SM's loads in flight, not to reuse data, and to spend as
+// little as possible before the first load and after the last.
 //
-// A block of 256 threads owns R weight rows (8 for 1-2 input rows, 4 for
-// 3-4, 2 above, to bound registers: more rows, more bytes in flight per
-// thread) and splits their k dimension over all its
-// threads: thread t reads 16-byte chunks t, t + 256, ... of each of its
-// rows (no L1 allocation: each weight byte is used once; the next chunk's
-// loads are issued before this chunk's arithmetic, and the first ones
-// before waiting for the previous kernel under `overlap`) and the matching
-// chunks of every x row (cached: all blocks share x), accumulating
-// kRows × B dot products in f32. The block then sums each product over its
-// threads (warp shuffles, then shared memory) and the first kRows·B threads
-// apply the epilogue, so every output element is written by one thread (the
-// residual add needs no atomics). Grid: ⌈n / kRows⌉ blocks, ~770 for a
-// 3072-row projection: all SMs busy with several blocks each.
+// A block of T threads (128 by default; GemvArgs::shape picks others for
+// the bench) owns R weight rows (8 for 1-2 input rows, 4 for 3-4, 2 above,
+// to bound registers) and splits their k dimension over all its threads:
+// thread t reads 16-byte chunks t, t + T, ... of each of its rows (no L1
+// allocation: each weight byte is used once) through a ring of D chunks
+// per row (2 by default), so D·R loads are in flight per thread while it
+// does the arithmetic of the oldest; the first ring is issued before
+// waiting for the previous kernel under `overlap` (at k = 2048, or 4096
+// with 256 threads, that is all of the block's weights). The registers are
+// capped so that 3 blocks of 128 (2 of 256) fit on an SM. x chunks are
+// read cached (all blocks share x). The block sums each of its R × B
+// products over its threads (warp shuffles, then shared memory) and the
+// first R·B threads apply the epilogue, so every output element is written
+// by one thread (the residual add needs no atomics). Grid: ⌈n / R⌉ blocks, 768 for a 6144-row projection.
 //
 // From 5 rows on (k a multiple of 32) f32 FMAs would cost as much time as
 // the weight reads, so the products go to the tensor cores instead
@@ -29,11 +31,15 @@
 //
 // With x_f32 the input is f32 and, on the CUDA cores, used unrounded; with
 // norm_w too its rows are RMSNorm'd in the kernel (the norm before a
-// projection costs no launch of its own): after its first weight loads each
-// block sums the squares of its input rows (a few KB, in L1 for every block
-// on the SM after the first), then makes every x chunk from the f32 row,
-// the row's rstd and the norm weights. The tensor cores round such inputs
-// to bf16 as they load them.
+// projection costs no launch of its own, nor a pass of its own): the
+// products run over x_f32·norm_w while the threads that read each x chunk
+// also sum its squares, and the block's reduction carries those sums beside
+// the products, so the epilogue scales each sum by its row's rstd. The
+// tensor cores round x_f32·norm_w to bf16 as they load it.
+//
+// Paired epilogues (SwiGLU, RoPE) need two weight rows' sums in one thread:
+// a block's slots [0, R/2) hold the first rows of R/2 pairs and [R/2, R)
+// their partners (gate j and up j; rows p and p + head_dim/2 of a head).
 #include <algorithm>
 #include <type_traits>
 
@@ -46,17 +52,28 @@
 namespace lathe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // tensor-core path
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 16;  // x rows per launch
 
-bool swiglu(GemvEpilogue e) { return e == GemvEpilogue::kSwigluBf16 || e == GemvEpilogue::kSwigluF32; }
+// The CUDA-core path's block shapes (GemvArgs::shape): threads per block,
+// ring depth (chunks per weight row in flight per thread) and the blocks
+// per SM the registers are capped for.
+struct RowsShape {
+  int threads, depth, min_blocks;
+};
+constexpr RowsShape kRowsShapes[] = {{128, 2, 3}, {256, 2, 2}, {256, 1, 1}};
+constexpr int kNumRowsShapes = 3;
+
+bool paired(GemvEpilogue e) {
+  return e == GemvEpilogue::kSwigluBf16 || e == GemvEpilogue::kSwigluF32 || e == GemvEpilogue::kRopeAppend;
+}
 
 __device__ __forceinline__ uint4 ld_streaming(const bf16_bits* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 
@@ -81,8 +98,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // 8 inputs of row b from element off, as floats: the bf16 x, or x_f32
-// (times the row's rstd and the norm weights when norm_w is set), unrounded.
-__device__ __forceinline__ void x_chunk(const GemvArgs& a, int b, int64_t off, float rstd, float* xf) {
+// (times the norm weights when norm_w is set, its squares added to *ss),
+// unrounded.
+__device__ __forceinline__ void x_chunk(const GemvArgs& a, int b, int64_t off, float* xf, float* ss) {
   if (!a.x_f32) {
     unpack8(__ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + off)), xf);
     return;
@@ -94,49 +112,41 @@ __device__ __forceinline__ void x_chunk(const GemvArgs& a, int b, int64_t off, f
   float w[8];
   unpack8(__ldg(reinterpret_cast<const uint4*>(a.norm_w + off)), w);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) xf[i] = xf[i] * rstd * w[i];
+  for (int i = 0; i < 8; ++i) {
+    *ss = fmaf(xf[i], xf[i], *ss);
+    xf[i] *= w[i];
+  }
 }
 // The same chunk as 8 bf16 for the tensor cores (an f32 input is rounded here).
-__device__ __forceinline__ uint4 x_chunk_bf16(const GemvArgs& a, int b, int64_t off, float rstd) {
+__device__ __forceinline__ uint4 x_chunk_bf16(const GemvArgs& a, int b, int64_t off, float* ss) {
   if (!a.x_f32) return __ldg(reinterpret_cast<const uint4*>(a.x + int64_t(b) * a.k + off));
   float xf[8];
-  x_chunk(a, b, off, rstd, xf);
+  x_chunk(a, b, off, xf, ss);
   return make_uint4(pack_bf16x2(xf[0], xf[1]), pack_bf16x2(xf[2], xf[3]), pack_bf16x2(xf[4], xf[5]),
                     pack_bf16x2(xf[6], xf[7]));
 }
 
-// With norm_w: rstd of input rows 0..B−1 (those < rows) into s_rstd, the
-// whole block summing each row's squares in the same order whatever B is.
-template <int B>
-__device__ void rows_rstd(const GemvArgs& a, int rows, float (*s_ss)[B], float* s_rstd) {
-  float ss[B];
+// With norm_w: the factor of x row b's sums, rstd from its per-warp sums of
+// squares (added in warp order: the same for any number of rows); else 1.
+template <int W>
+__device__ __forceinline__ float row_scale(const GemvArgs& a, const float* ss_by_warp, int stride) {
+  if (!a.norm_w) return 1.0f;
+  float total = 0.0f;
 #pragma unroll
-  for (int b = 0; b < B; ++b) {
-    ss[b] = 0.0f;
-    if (b >= rows) continue;
-    const float* row = a.x_f32 + int64_t(b) * a.k;
-    for (int64_t i = int64_t(threadIdx.x) * 4; i < a.k; i += kThreads * 4) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(row + i));
-      ss[b] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int b = 0; b < B; ++b) {
-    const float s = dev::warp_sum(ss[b]);
-    if (lane == 0) s_ss[warp][b] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < B) {
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += s_ss[w][threadIdx.x];
-    s_rstd[threadIdx.x] = rsqrtf(total / static_cast<float>(a.k) + a.eps);
-  }
-  __syncthreads();
+  for (int w = 0; w < W; ++w) total += ss_by_warp[w * stride];
+  return rsqrtf(total / static_cast<float>(a.k) + a.eps);
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+template <GemvEpilogue E>
+constexpr bool is_swiglu() {
+  return E == GemvEpilogue::kSwigluBf16 || E == GemvEpilogue::kSwigluF32;
+}
+template <GemvEpilogue E>
+constexpr bool is_paired() {
+  return is_swiglu<E>() || E == GemvEpilogue::kRopeAppend;
+}
 
 // The epilogues: output (row b, column j) from its dot product(s).
 template <GemvEpilogue E>
@@ -151,22 +161,90 @@ __device__ __forceinline__ void store_out(const GemvArgs& a, int b, int64_t j, f
     static_cast<float*>(a.out)[o] += v;
   }
 }
+// Paired: j is the pair's first weight row, v1 and v2 the two sums.
 template <GemvEpilogue E>
-__device__ __forceinline__ void store_swiglu(const GemvArgs& a, int b, int64_t j, float gate, float up) {
-  if (a.bias) {
-    gate += dev::ld(a.bias, j);
-    up += dev::ld(a.bias, a.n + j);
-  }
-  const float v = silu(gate) * up;
-  if constexpr (E == GemvEpilogue::kSwigluF32) {
-    static_cast<float*>(a.out)[int64_t(b) * a.n + j] = v;
+__device__ __forceinline__ void store_pair(const GemvArgs& a, int b, int64_t j, float v1, float v2) {
+  if constexpr (is_swiglu<E>()) {
+    if (a.bias) {
+      v1 += dev::ld(a.bias, j);
+      v2 += dev::ld(a.bias, a.n + j);
+    }
+    const float v = silu(v1) * v2;
+    if constexpr (E == GemvEpilogue::kSwigluF32) {
+      static_cast<float*>(a.out)[int64_t(b) * a.n + j] = v;
+    } else {
+      dev::st(static_cast<bf16_bits*>(a.out), int64_t(b) * a.n + j, v);
+    }
   } else {
-    dev::st(static_cast<bf16_bits*>(a.out), int64_t(b) * a.n + j, v);
+    // RoPE + KV append (rope_append_kernel's arithmetic): head rows p and p + half.
+    const GemvRope& r = a.rope;
+    const int hd = r.head_dim, half = hd / 2;
+    const int head = static_cast<int>(j / hd), p = static_cast<int>(j % hd);
+    if (a.bias) {
+      v1 += dev::ld(a.bias, j);
+      v2 += dev::ld(a.bias, j + half);
+    }
+    bf16_bits* dst;
+    bool rotate = true;
+    if (head < r.n_head) {
+      dst = r.q_out + (int64_t(b) * r.n_head + head) * hd;
+    } else {
+      const int pos = r.pos[b];
+      if (pos < 0 || pos >= r.max_ctx) return;
+      const bool is_k = head < r.n_head + r.n_head_kv;
+      const int hk = head - r.n_head - (is_k ? 0 : r.n_head_kv);
+      dst = (is_k ? r.k_caches[b] : r.v_caches[b]) + (int64_t(pos) * r.n_head_kv + hk) * hd;
+      rotate = is_k;
+    }
+    if (!rotate) {
+      dev::st(dst, p, v1);
+      dev::st(dst, p + half, v2);
+      return;
+    }
+    const float c = r.cos[int64_t(b) * half + p], sn = r.sin[int64_t(b) * half + p];
+    dev::st(dst, p, v1 * c - v2 * sn);
+    dev::st(dst, p + half, v2 * c + v1 * sn);
   }
 }
-template <GemvEpilogue E>
-constexpr bool is_swiglu() {
-  return E == GemvEpilogue::kSwigluBf16 || E == GemvEpilogue::kSwigluF32;
+
+// Output columns (pairs for the paired epilogues) a grid covers.
+int64_t gemv_columns(const GemvArgs& a) {
+  if (a.epilogue == GemvEpilogue::kRopeAppend) return a.n / 2;
+  return a.n;
+}
+
+// Weight row of slot r of block blockIdx.x owning R slots, or −1 past the end.
+template <int R, GemvEpilogue E>
+__device__ __forceinline__ int64_t slot_row(const GemvArgs& a, int r) {
+  if constexpr (is_paired<E>()) {
+    constexpr int kHalf = R / 2;
+    const int64_t pair = int64_t(blockIdx.x) * kHalf + (r % kHalf);
+    const bool second = r >= kHalf;
+    if constexpr (is_swiglu<E>()) {
+      if (pair >= a.n) return -1;
+      return second ? a.n + pair : pair;
+    } else {
+      if (pair >= a.n / 2) return -1;
+      const int half = a.rope.head_dim / 2;
+      return (pair / half) * a.rope.head_dim + pair % half + (second ? half : 0);
+    }
+  } else {
+    const int64_t j = int64_t(blockIdx.x) * R + r;
+    return j < a.n ? j : -1;
+  }
+}
+
+// The epilogue of slot r for x row b, given the block's summed slots.
+template <int R, GemvEpilogue E, class Total>
+__device__ __forceinline__ void finish_slot(const GemvArgs& a, int r, int b, float scale, Total&& total) {
+  const int64_t j = slot_row<R, E>(a, r);
+  if (j < 0) return;
+  if constexpr (is_paired<E>()) {
+    if (r >= R / 2) return;
+    store_pair<E>(a, b, j, total(r) * scale, total(r + R / 2) * scale);
+  } else {
+    store_out<E>(a, b, j, total(r) * scale);
+  }
 }
 
 template <int B>
@@ -174,66 +252,62 @@ constexpr int rows_per_block() {
   return B <= 2 ? 8 : B <= 4 ? 4 : 2;
 }
 
-// Weight row of the block's slot r, or −1 past the end.
-template <int R, GemvEpilogue E>
-__device__ __forceinline__ int64_t weight_row(int64_t n, int r) {
-  if constexpr (is_swiglu<E>()) {
-    constexpr int kHalf = R / 2;  // slots [0, R/2) gate rows, [R/2, R) the matching up rows
-    const int64_t j = int64_t(blockIdx.x) * kHalf + (r % kHalf);
-    if (j >= n) return -1;
-    return r < kHalf ? j : n + j;
-  } else {
-    const int64_t j = int64_t(blockIdx.x) * R + r;
-    return j < n ? j : -1;
-  }
-}
-
-template <int B, GemvEpilogue E>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
+// S: kRowsShapes[S]. Several blocks per SM up to 4 rows, so one block's
+// loads stay in flight through another's reduction and epilogue (more rows
+// want their registers for the x chunks).
+template <int B, GemvEpilogue E, int S>
+__global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S].min_blocks : 1)
+    gemv_kernel(GemvArgs a) {
   constexpr int R = rows_per_block<B>();
-  __shared__ float s_part[kWarps][R * B];
-  __shared__ float s_ss[kWarps][B];
-  __shared__ float s_rstd[B];
-  int64_t row[R];  // indexed by constants only (unrolled), so they stay in registers
-  const bf16_bits* w_row[R];
+  constexpr int kT = kRowsShapes[S].threads, kW = kT / 32, kDepth = kRowsShapes[S].depth;
+  __shared__ float s_part[kW][R * B];
+  __shared__ float s_ss[kW][B];
+  const bf16_bits* w_row[R];  // null past the end; indexed by constants only (unrolled), so in registers
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    row[r] = weight_row<R, E>(a.n, r);
-    w_row[r] = a.w + (row[r] < 0 ? 0 : row[r]) * a.k;
+    const int64_t row = slot_row<R, E>(a, r);
+    w_row[r] = row < 0 ? nullptr : a.w + row * a.k;
   }
   const int rows = static_cast<int>(a.rows);
-  float acc[R][B];
+  float acc[R][B], ss[B];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int b = 0; b < B; ++b) {
+    ss[b] = 0.0f;
 #pragma unroll
-    for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
+    for (int r = 0; r < R; ++r) acc[r][b] = 0.0f;
+  }
 
   const int64_t n_chunks = a.k / 8;
-  uint4 w_next[R];  // the weights of chunk c, loaded one iteration ahead
+  // The ring: w_buf[u] holds chunk c + u·kT of the current pass.
+  uint4 w_buf[kDepth][R];
   allow_next_grid();
-  // Weights never depend on the previous kernel: the first loads go out before waiting for it.
+  // Weights never depend on the previous kernel: the first ring goes out before waiting for it.
 #pragma unroll
-  for (int r = 0; r < R; ++r) w_next[r] = load_weights(w_row[r], row[r] >= 0, threadIdx.x, n_chunks);
+  for (int u = 0; u < kDepth; ++u)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, threadIdx.x + u * kT, n_chunks);
   wait_prior_grid();
-  float rstd[B];
-  if (a.norm_w) rows_rstd<B>(a, rows, s_ss, s_rstd);
+  for (int64_t c0 = threadIdx.x; c0 < n_chunks; c0 += kDepth * kT) {
 #pragma unroll
-  for (int b = 0; b < B; ++b) rstd[b] = a.norm_w && b < rows ? s_rstd[b] : 0.0f;
-  for (int64_t c = threadIdx.x; c < n_chunks; c += kThreads) {
-    float xf[B][8];
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t c = c0 + u * kT;
+      if (c >= n_chunks) break;
+      float xf[B][8];
 #pragma unroll
-    for (int b = 0; b < B; ++b)
-      if (b < rows) x_chunk(a, b, c * 8, rstd[b], xf[b]);
+      for (int b = 0; b < B; ++b)
+        if (b < rows) x_chunk(a, b, c * 8, xf[b], &ss[b]);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float wf[8];
-      unpack8(w_next[r], wf);
-      w_next[r] = load_weights(w_row[r], row[r] >= 0, c + kThreads, n_chunks);
+      for (int r = 0; r < R; ++r) {
+        float wf[8];
+        unpack8(w_buf[u][r], wf);
+        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, n_chunks);
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        if (b >= rows) break;
+        for (int b = 0; b < B; ++b) {
+          if (b >= rows) break;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+          for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+        }
       }
     }
   }
@@ -246,26 +320,26 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a) {
       const float s = dev::warp_sum(acc[r][b]);
       if (lane == 0) s_part[warp][r * B + b] = s;
     }
+  if (a.norm_w) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const float s = dev::warp_sum(ss[b]);
+      if (lane == 0) s_ss[warp][b] = s;
+    }
+  }
   __syncthreads();
 
   const int t = threadIdx.x;
   if (t >= R * B) return;
   const int r = t / B, b = t % B;
   if (b >= rows) return;
-  auto total = [&](int rr) {
+  const float scale = row_scale<kW>(a, &s_ss[0][b], B);
+  finish_slot<R, E>(a, r, b, scale, [&](int rr) {
     float s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += s_part[w][rr * B + b];
+    for (int w = 0; w < kW; ++w) s += s_part[w][rr * B + b];
     return s;
-  };
-  const int64_t j = weight_row<R, E>(a.n, r);  // kSwigluBf16: a gate row, the output column
-  if (j < 0) return;
-  if constexpr (is_swiglu<E>()) {
-    if (r >= R / 2) return;
-    store_swiglu<E>(a, b, j, total(r), total(r + R / 2));
-  } else {
-    store_out<E>(a, b, j, total(r));
-  }
+  });
 }
 
 // ---- Tensor-core path ---------------------------------------------------------
@@ -283,35 +357,22 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Weight row of tile row r (0..15), or −1 past the end. kSwigluBf16: rows
-// 0..7 are gate rows, 8..15 the matching up rows.
-template <GemvEpilogue E>
-__device__ __forceinline__ int64_t tile_row(int64_t n, int r) {
-  if constexpr (is_swiglu<E>()) {
-    const int64_t j = int64_t(blockIdx.x) * (kTile / 2) + (r % (kTile / 2));
-    if (j >= n) return -1;
-    return r < kTile / 2 ? j : n + j;
-  } else {
-    const int64_t j = int64_t(blockIdx.x) * kTile + r;
-    return j < n ? j : -1;
-  }
-}
-
-// NT: n-tiles of 8 x rows (1: up to 8 rows, 2: up to 16).
+// NT: n-tiles of 8 x rows (1: up to 8 rows, 2: up to 16). Tile row r is
+// slot r of slot_row<kTile, E>.
 template <int NT, GemvEpilogue E>
 __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   constexpr int kB = 8 * NT;
   __shared__ float s_c[kWarps][kTile][kB];
   __shared__ float s_ss[kWarps][kB];
-  __shared__ float s_rstd[kB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int rows = static_cast<int>(a.rows);
-  const int64_t row_lo = tile_row<E>(a.n, g), row_hi = tile_row<E>(a.n, g + 8);
+  const int64_t row_lo = slot_row<kTile, E>(a, g), row_hi = slot_row<kTile, E>(a, g + 8);
   const bf16_bits* w_lo = a.w + (row_lo < 0 ? 0 : row_lo) * a.k + 8 * t;
   const bf16_bits* w_hi = a.w + (row_hi < 0 ? 0 : row_hi) * a.k + 8 * t;
   const bool x_lo_ok = g < rows, x_hi_ok = NT == 2 && g + 8 < rows;
   const int n_steps = static_cast<int>(a.k / kStepK);
   float c[NT][4] = {};
+  float ss_lo = 0.0f, ss_hi = 0.0f;  // with norm_w: squares of x rows g and g + 8 over this lane's chunks
   uint4 wl[kUnroll], wh[kUnroll];
   auto load_w = [&](int s0) {
 #pragma unroll
@@ -324,8 +385,6 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   allow_next_grid();
   load_w(warp);  // weights never depend on the previous kernel
   wait_prior_grid();
-  if (a.norm_w) rows_rstd<kB>(a, rows, s_ss, s_rstd);
-  const float r_lo = a.norm_w && x_lo_ok ? s_rstd[g] : 0.0f, r_hi = a.norm_w && x_hi_ok ? s_rstd[g + 8] : 0.0f;
   for (int s0 = warp; s0 < n_steps; s0 += kWarps * kUnroll) {
     if (s0 != warp) load_w(s0);
     uint4 xl[kUnroll], xh[kUnroll];
@@ -333,8 +392,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int step = s0 + u * kWarps;
       const int64_t off = int64_t(step) * kStepK + 8 * t;
-      xl[u] = x_lo_ok && step < n_steps ? x_chunk_bf16(a, g, off, r_lo) : make_uint4(0, 0, 0, 0);
-      xh[u] = x_hi_ok && step < n_steps ? x_chunk_bf16(a, g + 8, off, r_hi) : make_uint4(0, 0, 0, 0);
+      xl[u] = x_lo_ok && step < n_steps ? x_chunk_bf16(a, g, off, &ss_lo) : make_uint4(0, 0, 0, 0);
+      xh[u] = x_hi_ok && step < n_steps ? x_chunk_bf16(a, g + 8, off, &ss_hi) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -355,25 +414,29 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     s_c[warp][g + 8][b] = c[nt][2];
     s_c[warp][g + 8][b + 1] = c[nt][3];
   }
+  if (a.norm_w) {
+    // The 4 lanes of group g read x rows g and g + 8's chunks of every step of this warp.
+    ss_lo += __shfl_xor_sync(0xffffffffu, ss_lo, 1);
+    ss_lo += __shfl_xor_sync(0xffffffffu, ss_lo, 2);
+    ss_hi += __shfl_xor_sync(0xffffffffu, ss_hi, 1);
+    ss_hi += __shfl_xor_sync(0xffffffffu, ss_hi, 2);
+    if (t == 0) {
+      s_ss[warp][g] = ss_lo;
+      if constexpr (NT == 2) s_ss[warp][g + 8] = ss_hi;
+    }
+  }
   __syncthreads();
   const int i = threadIdx.x;
   if (i >= kTile * kB) return;
   const int r = i / kB, b = i % kB;
   if (b >= rows) return;
-  auto total = [&](int rr) {
+  const float scale = row_scale<kWarps>(a, &s_ss[0][b], kB);
+  finish_slot<kTile, E>(a, r, b, scale, [&](int rr) {
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += s_c[w][rr][b];
     return sum;
-  };
-  const int64_t j = tile_row<E>(a.n, r);
-  if (j < 0) return;
-  if constexpr (is_swiglu<E>()) {
-    if (r >= kTile / 2) return;
-    store_swiglu<E>(a, b, j, total(r), total(r + kTile / 2));
-  } else {
-    store_out<E>(a, b, j, total(r));
-  }
+  });
 }
 
 // Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
@@ -387,30 +450,53 @@ cudaError_t with_epilogue(GemvEpilogue e, F&& f) {
     case E::kAddF32: return f(std::integral_constant<E, E::kAddF32>{});
     case E::kSwigluBf16: return f(std::integral_constant<E, E::kSwigluBf16>{});
     case E::kSwigluF32: return f(std::integral_constant<E, E::kSwigluF32>{});
+    case E::kRopeAppend: return f(std::integral_constant<E, E::kRopeAppend>{});
   }
   return cudaErrorInvalidValue;
 }
 
 template <int NT>
 cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
-  const int64_t per_block = swiglu(a.epilogue) ? kTile / 2 : kTile;
-  const dim3 grid(static_cast<unsigned>((a.n + per_block - 1) / per_block));
+  const int64_t per_block = paired(a.epilogue) ? kTile / 2 : kTile;
+  const dim3 grid(static_cast<unsigned>((gemv_columns(a) + per_block - 1) / per_block));
   return with_epilogue(a.epilogue, [&](auto e) {
     return launch_overlapped(gemv_mma_kernel<NT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
   });
 }
 
+template <int B, int S>
+cudaError_t launch_rows_shape(const GemvArgs& a, cudaStream_t st) {
+  constexpr int R = rows_per_block<B>();
+  const int64_t slots = paired(a.epilogue) ? R / 2 : R;
+  const dim3 grid(static_cast<unsigned>((gemv_columns(a) + slots - 1) / slots));
+  return with_epilogue(a.epilogue, [&](auto e) {
+    return launch_overlapped(gemv_kernel<B, decltype(e)::value, S>, grid, kRowsShapes[S].threads, st, a.overlap, a);
+  });
+}
+// Up to 4 rows any shape; above, shape 0 only (the tensor cores take those rows when k allows).
 template <int B>
 cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st) {
-  constexpr int R = rows_per_block<B>();
-  const int64_t slots = swiglu(a.epilogue) ? R / 2 : R;
-  const dim3 grid(static_cast<unsigned>((a.n + slots - 1) / slots));
-  return with_epilogue(a.epilogue, [&](auto e) {
-    return launch_overlapped(gemv_kernel<B, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
-  });
+  if constexpr (B <= 4) {
+    if (a.shape == 1) return launch_rows_shape<B, 1>(a, st);
+    if (a.shape == 2) return launch_rows_shape<B, 2>(a, st);
+  }
+  return launch_rows_shape<B, 0>(a, st);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+Status check_rope(const GemvArgs& a) {
+  const GemvRope& r = a.rope;
+  if (r.head_dim <= 0 || r.head_dim % 2 != 0 || r.n_head <= 0 || r.n_head_kv <= 0 || r.max_ctx <= 0)
+    return invalid_argument("cuda gemv: rope head_dim ", r.head_dim, " (must be even), heads ", r.n_head, "/",
+                            r.n_head_kv, ", max_ctx ", r.max_ctx);
+  if (a.n != int64_t(r.n_head + 2 * r.n_head_kv) * r.head_dim)
+    return invalid_argument("cuda gemv: rope projection has ", a.n, " rows, expected (", r.n_head, " + 2·",
+                            r.n_head_kv, ")·", r.head_dim);
+  if (!r.q_out || !r.k_caches || !r.v_caches || !r.pos || !r.cos || !r.sin)
+    return invalid_argument("cuda gemv: rope pointers must be set");
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -420,12 +506,15 @@ bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k) {
 
 Status gemv(CudaContext& ctx, const GemvArgs& a) {
   if (a.rows < 0 || a.n <= 0 || a.k <= 0) return invalid_argument("cuda gemv: bad shape ", a.rows, "x", a.n, "x", a.k);
-  if ((!a.x && !a.x_f32) || !a.w || !a.out) return invalid_argument("cuda gemv: null argument");
+  const bool rope = a.epilogue == GemvEpilogue::kRopeAppend;
+  if ((!a.x && !a.x_f32) || !a.w || (!a.out && !rope)) return invalid_argument("cuda gemv: null argument");
+  if (rope) LATHE_TRY(check_rope(a));
   if (a.norm_w && !a.x_f32) return invalid_argument("cuda gemv: norm_w goes with x_f32");
   if (!gemv_supports(a.x_f32 ? a.w : a.x, a.w, a.k) || (a.x_f32 && !aligned16(a.x_f32)) ||
       (a.norm_w && !aligned16(a.norm_w)))
     return invalid_argument("cuda gemv: k (", a.k, ") must be a multiple of 8 and x, w 16-byte aligned");
   if (a.n > int64_t(kThreads) * 0x7fffffff) return invalid_argument("cuda gemv: n ", a.n, " is too large");
+  if (a.shape >= kNumRowsShapes) return invalid_argument("cuda gemv: shape ", int(a.shape), " does not exist");
   const size_t out_elem = a.epilogue == GemvEpilogue::kStoreBf16 || a.epilogue == GemvEpilogue::kSwigluBf16
                               ? sizeof(bf16_bits)
                               : sizeof(float);
@@ -435,7 +524,16 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
     c.rows = std::min<int64_t>(kMaxRows, a.rows - r0);
     if (a.x_f32) c.x_f32 = a.x_f32 + r0 * a.k;
     else c.x = a.x + r0 * a.k;
-    c.out = static_cast<char*>(a.out) + r0 * a.n * out_elem;
+    if (a.out) c.out = static_cast<char*>(a.out) + r0 * a.n * out_elem;
+    if (rope) {
+      const int half = a.rope.head_dim / 2;
+      c.rope.q_out += r0 * a.rope.n_head * a.rope.head_dim;
+      c.rope.k_caches += r0;
+      c.rope.v_caches += r0;
+      c.rope.pos += r0;
+      c.rope.cos += r0 * half;
+      c.rope.sin += r0 * half;
+    }
     cudaError_t err;
     if (c.rows > 4 && a.k % kStepK == 0) err = c.rows <= 8 ? launch_mma<1>(c, st) : launch_mma<2>(c, st);
     else if (c.rows == 1) err = launch_rows<1>(c, st);
