@@ -24,7 +24,7 @@ namespace attn {
 namespace {
 
 constexpr int kMaxSplits = 64;
-constexpr int kMinChunk = 128;  // keys per split at least
+constexpr int kMinChunk = 32;   // keys per split at least (short contexts still spread over many blocks)
 
 struct DecodeParams {
   const bf16 *q, *k, *v;
@@ -89,16 +89,22 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
     for (int i = 0; i < 8; ++i) q[i] = __bfloat162float(e[i]) * p.scale * kLog2e;
   }
   float m = -INFINITY, l = 0.f;
+  // Key j's 16 bytes of K and V for this lane (zeros past the chunk).
+  auto load_kv = [&](int j, uint4& kr, uint4& vr) {
+    kr = vr = make_uint4(0, 0, 0, 0);
+    if (j >= j_end) return;
+    const int64_t off = (int64_t(j) * p.n_head_kv + hk) * D + d0;
+    kr = *reinterpret_cast<const uint4*>(k_rows + off);
+    vr = *reinterpret_cast<const uint4*>(v_rows + off);
+  };
+  uint4 k_next, v_next;  // the next key group's rows, in flight during this group's arithmetic
+  load_kv(j_begin + grp, k_next, v_next);
   // The trip count is the same for every thread so the shuffles stay converged.
   for (int jb = j_begin; jb < j_end; jb += kGroups) {
     const int j = jb + grp;
     const bool valid = j < j_end;
-    uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;
-    if (valid) {
-      const int64_t off = (int64_t(j) * p.n_head_kv + hk) * D + d0;
-      kr = *reinterpret_cast<const uint4*>(k_rows + off);
-      vr = *reinterpret_cast<const uint4*>(v_rows + off);
-    }
+    const uint4 kr = k_next, vr = v_next;
+    load_kv(j + kGroups, k_next, v_next);
     const bf16* ke = reinterpret_cast<const bf16*>(&kr);
     const bf16* ve = reinterpret_cast<const bf16*>(&vr);
     float s = 0.f;

@@ -3,17 +3,19 @@
 // keep every SM's loads in flight, not to reuse data, and to spend as
 // little as possible before the first load and after the last.
 //
-// A block of T threads (128 by default; GemvArgs::shape picks others for
-// the bench) owns R weight rows (8 for 1-2 input rows, 4 for 3-4, 2 above,
-// to bound registers) and splits their k dimension over all its threads:
-// thread t reads 16-byte chunks t, t + T, ... of each of its rows (no L1
-// allocation: each weight byte is used once) through a ring of D chunks
-// per row (2 by default), so D·R loads are in flight per thread while it
-// does the arithmetic of the oldest; the first ring is issued before
-// waiting for the previous kernel under `overlap` (at k = 2048, or 4096
-// with 256 threads, that is all of the block's weights). The registers are
-// capped so that 3 blocks of 128 (2 of 256) fit on an SM. x chunks are
-// read cached (all blocks share x). The block sums each of its R × B
+// A block of T threads owns R weight rows and splits their k dimension
+// over all its threads: thread t reads 16-byte chunks t, t + T, ... of
+// each of its rows (no L1 allocation: each weight byte is used once)
+// through a ring of D chunks per row, so D·R loads are in flight per
+// thread while it does the arithmetic of the oldest; the first ring is
+// issued before waiting for the previous kernel under `overlap`. By
+// default (GemvArgs::shape 0) T = 128, D = 2, R = 8 for 1-2 input rows (4
+// for 3-4, 2 above, to bound registers): 16 loads in flight per thread, at
+// k = 2048 all of the block's weights; the registers are capped so that 3
+// blocks fit on an SM. Shape 1 halves R and doubles D (twice the blocks,
+// the same bytes in flight; at k = 4096 all the block's weights at once),
+// shape 2 is 256 threads with D = 1. x chunks are read cached (all blocks
+// share x). The block sums each of its R × B
 // products over its threads (warp shuffles, then shared memory) and the
 // first R·B threads apply the epilogue, so every output element is written
 // by one thread (the residual add needs no atomics). Grid: ⌈n / R⌉ blocks, 768 for a 6144-row projection.
@@ -57,12 +59,13 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 16;  // x rows per launch
 
 // The CUDA-core path's block shapes (GemvArgs::shape): threads per block,
-// ring depth (chunks per weight row in flight per thread) and the blocks
-// per SM the registers are capped for.
+// ring depth (chunks per weight row in flight per thread), the blocks per
+// SM the registers are capped for (up to 4 x rows), and weight rows per
+// block for 1-2 and 3-4 x rows (2 above).
 struct RowsShape {
-  int threads, depth, min_blocks;
+  int threads, depth, min_blocks, rows_12, rows_34;
 };
-constexpr RowsShape kRowsShapes[] = {{128, 2, 3}, {256, 2, 2}, {256, 1, 1}};
+constexpr RowsShape kRowsShapes[] = {{128, 2, 3, 8, 4}, {128, 4, 3, 4, 2}, {256, 1, 1, 8, 4}};
 constexpr int kNumRowsShapes = 3;
 
 bool paired(GemvEpilogue e) {
@@ -247,9 +250,9 @@ __device__ __forceinline__ void finish_slot(const GemvArgs& a, int r, int b, flo
   }
 }
 
-template <int B>
+template <int B, int S>
 constexpr int rows_per_block() {
-  return B <= 2 ? 8 : B <= 4 ? 4 : 2;
+  return B <= 2 ? kRowsShapes[S].rows_12 : B <= 4 ? kRowsShapes[S].rows_34 : 2;
 }
 
 // S: kRowsShapes[S]. Several blocks per SM up to 4 rows, so one block's
@@ -258,7 +261,7 @@ constexpr int rows_per_block() {
 template <int B, GemvEpilogue E, int S>
 __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S].min_blocks : 1)
     gemv_kernel(GemvArgs a) {
-  constexpr int R = rows_per_block<B>();
+  constexpr int R = rows_per_block<B, S>();
   constexpr int kT = kRowsShapes[S].threads, kW = kT / 32, kDepth = kRowsShapes[S].depth;
   __shared__ float s_part[kW][R * B];
   __shared__ float s_ss[kW][B];
@@ -466,7 +469,7 @@ cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
 
 template <int B, int S>
 cudaError_t launch_rows_shape(const GemvArgs& a, cudaStream_t st) {
-  constexpr int R = rows_per_block<B>();
+  constexpr int R = rows_per_block<B, S>();
   const int64_t slots = paired(a.epilogue) ? R / 2 : R;
   const dim3 grid(static_cast<unsigned>((gemv_columns(a) + slots - 1) / slots));
   return with_epilogue(a.epilogue, [&](auto e) {
