@@ -2,8 +2,9 @@
 // cuBLASLt at the Llama-3.1-8B linear shapes (8192 tokens: micro batch 4 at
 // sequence 2048) for forward, dX and dW, against the measured bf16 peak
 // (~810 TFLOP/s on H200); the LM head fused with cross-entropy against the
-// same peak; RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), RoPE, the
-// embedding, dtype conversion and multi-tensor AdamW in GB/s against the
+// same peak; RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), the trainer's
+// [gate | up] SwiGLU and q|k|v split / merge, RoPE, the embedding, dtype
+// conversion and multi-tensor AdamW in GB/s against the
 // memory-bandwidth floor (~4.3 TB/s). Attention has its own bench. Times are the best of several
 // repetitions of a stream-synchronized batch of calls. Without a GPU it says
 // so and exits 0.
@@ -14,6 +15,7 @@
 #include <functional>
 
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/train_fused.h"
 
 namespace {
 
@@ -112,9 +114,45 @@ void bench_pointwise(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
                                  .accumulate = true};
   s = time_calls(ctx, 20, [&] { return rms_norm_residual_backward(ctx, rb); });
   report_bytes("rms_norm bwd (+= dh f32)", s, 12.0 * double(tokens * dim));
+  // The trainer's: also writes dh's bf16 copy: 14 bytes per element.
+  rb.dh_bf = *a + tokens * dim;
+  s = time_calls(ctx, 20, [&] { return rms_norm_residual_backward(ctx, rb); });
+  report_bytes("rms_norm bwd +dh_bf", s, 14.0 * double(tokens * dim));
   // fp32 -> bf16 (the residual gradient before a GEMM reads it): 6 bytes.
   s = time_calls(ctx, 20, [&] { return f32_to_bf16(ctx, dh, *a, tokens * dim); });
   report_bytes("f32_to_bf16", s, 6.0 * double(tokens * dim));
+}
+
+// The trainer's fused-projection kernels at the 8B shapes: SwiGLU on
+// [gate | up] rows (fwd: reads 2F, writes F; bwd: reads 3F, writes 2F) and
+// the q|k|v split with RoPE / merge (reads and writes the 6144-wide row,
+// reads the two f32 tables once per token).
+void bench_train_fused(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
+  arena.reset();
+  const int64_t ffn = 14336, heads = 32, kv = 8, hd = 128, row = (heads + 2 * kv) * hd;
+  auto gu = arena.alloc_n<bf16_bits>(tokens * 2 * ffn, "gu");
+  auto act = arena.alloc_n<bf16_bits>(tokens * ffn, "act");
+  auto cs = arena.alloc_n<float>(tokens * hd / 2, "cos");
+  auto sn = arena.alloc_n<float>(tokens * hd / 2, "sin");
+  if (!gu.is_ok() || !act.is_ok() || !cs.is_ok() || !sn.is_ok()) return;
+  if (!fill_zero(ctx, *cs, size_t(tokens * hd / 2) * 4).is_ok() ||
+      !fill_zero(ctx, *sn, size_t(tokens * hd / 2) * 4).is_ok())
+    std::exit(1);
+  SwigluRowsArgs sf{.gu = *gu, .out = *act, .n_tokens = tokens, .inter = ffn};
+  double s = time_calls(ctx, 20, [&] { return swiglu_rows_forward(ctx, sf); });
+  report_bytes("swiglu rows fwd", s, 6.0 * double(tokens * ffn));
+  SwigluRowsBackwardArgs sb{.gu = *gu, .d_out = *act, .d_gu = *gu, .n_tokens = tokens, .inter = ffn};
+  s = time_calls(ctx, 20, [&] { return swiglu_rows_backward(ctx, sb); });
+  report_bytes("swiglu rows bwd", s, 10.0 * double(tokens * ffn));
+  bf16_bits* qkv = *gu;
+  bf16_bits* q = *act;
+  QkvSplitArgs qa{.qkv = qkv, .q = q, .k = q + tokens * heads * hd, .v = q + tokens * (heads + kv) * hd, .cos = *cs,
+                  .sin = *sn, .n_tokens = tokens, .n_head = heads, .n_head_kv = kv, .head_dim = hd};
+  const double bytes = 4.0 * double(tokens * row) + 4.0 * double(tokens * hd);
+  s = time_calls(ctx, 20, [&] { return qkv_split(ctx, qa); });
+  report_bytes("qkv split + rope", s, bytes);
+  s = time_calls(ctx, 20, [&] { return qkv_merge(ctx, qa); });
+  report_bytes("qkv merge + rope⁻¹", s, bytes);
 }
 
 // RoPE on q (32 heads) and the embedding lookup at the 8B shapes.
@@ -208,6 +246,7 @@ int main(int argc, char** argv) {
   }
   bench_gemms(*ctx, *arena, tokens);
   bench_pointwise(*ctx, *arena, tokens);
+  bench_train_fused(*ctx, *arena, tokens);
   bench_rope_embedding(*ctx, *arena, tokens);
   bench_cross_entropy(*ctx, *arena, tokens);
   bench_adamw(*ctx, *arena);

@@ -13,10 +13,13 @@
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]
-//                         [--profile 0|1]
+//                         [--arena-gib X] [--profile 0|1]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
 // 10 timed steps after 3 warm-up steps, recomputation none for 1B and
-// selective for 8B (--recompute 0 / 1 mean none / full).
+// selective for 8B (--recompute 0 / 1 mean none / full). --arena-gib is
+// selective's budget: layers keep q/k/v and h_mid (no GEMM reruns) while
+// the arena stays within it; 8B's default leaves the optimizer's moments
+// and the CUDA context room under a 40 GB (37.25 GiB) device peak.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,23 +40,27 @@ namespace {
 
 using namespace lathe;
 
+constexpr double kArenaGib8b = 35.9;
+
 struct BenchShape {
   const char* name;
   int64_t vocab, hidden, inter, layers, heads, kv, head_dim;
   bool tied;
   int64_t micro_batch;
   CudaRecompute recompute;
+  double arena_gib;  // selective's arena budget (CudaTrainOptions::max_arena_bytes); 0: none
 };
 
 const BenchShape kShapes[] = {
-    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, true, 8, CudaRecompute::kNone},
-    {"llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, false, 4, CudaRecompute::kSelective},
+    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, true, 8, CudaRecompute::kNone, 0.0},
+    {"llama-3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, false, 4, CudaRecompute::kSelective, kArenaGib8b},
 };
 
 struct Args {
   std::string shape = "all";
   int64_t micro_batch = 0, seq = 2048, steps = 10, warmup = 3, r = 32;
   std::string recompute;  // empty: the shape's default
+  double arena_gib = -1;  // < 0: the shape's default
   int profile = 1;
 };
 
@@ -138,8 +145,9 @@ int run_shape(const BenchShape& s, const Args& a) {
                        .n_head = s.heads, .n_kv = s.kv, .head_dim = s.head_dim, .eps = 1e-5f, .tied = s.tied};
   for (int64_t i = 0; i < s.head_dim / 2; ++i)
     shape.inv_freq.push_back(float(std::pow(500000.0, -2.0 * double(i) / double(s.head_dim))));
+  const double arena_gib = a.arena_gib >= 0 ? a.arena_gib : s.arena_gib;
   CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
-                       .recompute = recompute};
+                       .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30))};
   auto model = CudaTrainableModel::create(shape, opt);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -173,8 +181,10 @@ int run_shape(const BenchShape& s, const Args& a) {
   const double tflops = tps * model_flops_per_token(s, a.seq, a.r) / 1e12;
   std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::string mode = mode_name[int(recompute)];
+  if (m.layers_kept() > 0) mode += " (" + std::to_string(m.layers_kept()) + " layers keep q/k/v, h_mid)";
   std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
-              (long long)mbs, (long long)a.seq, mode_name[int(recompute)], tps, 1e3 * dt / double(a.steps),
+              (long long)mbs, (long long)a.seq, mode.c_str(), tps, 1e3 * dt / double(a.steps),
               double(m.arena_bytes()) / double(1ull << 30), used_gib(), tflops, 100.0 * tflops / 810.0, loss);
   std::fflush(stdout);
   if (a.profile) return profile_phases(s, m, step);
@@ -196,6 +206,7 @@ int main(int argc, char** argv) {
     else if (k == "--recompute") a.recompute = v;
     else if (k == "--r") a.r = std::atoll(v);
     else if (k == "--profile") a.profile = std::atoi(v);
+    else if (k == "--arena-gib") a.arena_gib = std::atof(v);
     else {
       std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
       return 2;

@@ -12,6 +12,8 @@
 #include <array>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 
 #include "backends/cuda/attention.h"
 #include "core/dtype.h"
@@ -107,10 +109,12 @@ Status carve_weights(CudaModelImpl& m, C& c) {
 
 // Layer inputs and what the backward reads of each layer: a buffer kept per
 // layer, or (recomputed in the backward) one copy all layers share.
-//   none:      everything per layer;
+//   none:      everything per layer (silu(gate)·up too);
 //   selective: per layer the attention output and lse, [gate | up] and the
 //              LoRA u of gate|up and down; shared the norms' outputs, q/k/v,
-//              h_mid and the LoRA u of q|k|v and o (those GEMMs rerun);
+//              h_mid and the LoRA u of q|k|v and o (those GEMMs rerun) —
+//              except in the first keep_layers layers, which keep q/k/v,
+//              h_mid and those u as well and rerun only the two norms;
 //   full:      everything shared (each layer's forward reruns).
 template <class C>
 Status carve_acts(CudaModelImpl& m, C& c) {
@@ -122,89 +126,130 @@ Status carve_acts(CudaModelImpl& m, C& c) {
   for (bf16p& h : m.hs) {
     LATHE_ASSIGN_OR_RETURN(h, c.bf(T * H, "layer input"));
   }
+  CActs shared;
+  std::set<std::string> made;  // the shared copies handed out (pointers are null while sizing)
   for (size_t l = 0; l < m.acts.size(); ++l) {
     CActs& a = m.acts[l];
-    const CActs& first = m.acts[0];
+    const bool layer = all || int64_t(l) < m.keep_layers;  // keeps what selective reruns GEMMs for
     auto bf = [&](bf16p CActs::*field, bool keep, int64_t n, const char* what) -> Status {
-      if (l > 0 && !keep) {
-        a.*field = first.*field;
+      if (!keep && !made.insert(what).second) {
+        a.*field = shared.*field;
         return Status::ok();
       }
       LATHE_ASSIGN_OR_RETURN(a.*field, c.bf(n, what));
+      if (!keep) shared.*field = a.*field;
       return Status::ok();
     };
     auto f32 = [&](float* CActs::*field, bool keep, int64_t n, const char* what) -> Status {
-      if (l > 0 && !keep) {
-        a.*field = first.*field;
+      if (!keep && !made.insert(what).second) {
+        a.*field = shared.*field;
         return Status::ok();
       }
       LATHE_ASSIGN_OR_RETURN(a.*field, c.f32(n, what));
+      if (!keep) shared.*field = a.*field;
       return Status::ok();
     };
     LATHE_TRY(bf(&CActs::xn1, all, T * H, "xn1"));
     LATHE_TRY(f32(&CActs::rstd1, all, T, "rstd1"));
     if (s.qk_norm) {
-      LATHE_TRY(bf(&CActs::q_raw, all, T * qd, "q_raw"));
-      LATHE_TRY(bf(&CActs::k_raw, all, T * kvd, "k_raw"));
-      LATHE_TRY(f32(&CActs::q_rstd, all, T * s.n_head, "q_rstd"));
-      LATHE_TRY(f32(&CActs::k_rstd, all, T * s.n_kv, "k_rstd"));
+      LATHE_TRY(bf(&CActs::q_raw, layer, T * qd, "q_raw"));
+      LATHE_TRY(bf(&CActs::k_raw, layer, T * kvd, "k_raw"));
+      LATHE_TRY(f32(&CActs::q_rstd, layer, T * s.n_head, "q_rstd"));
+      LATHE_TRY(f32(&CActs::k_rstd, layer, T * s.n_kv, "k_rstd"));
     }
-    LATHE_TRY(bf(&CActs::q, all, T * qd, "q"));
-    LATHE_TRY(bf(&CActs::k, all, T * kvd, "k"));
-    LATHE_TRY(bf(&CActs::v, all, T * kvd, "v"));
+    LATHE_TRY(bf(&CActs::q, layer, T * qd, "q"));
+    LATHE_TRY(bf(&CActs::k, layer, T * kvd, "k"));
+    LATHE_TRY(bf(&CActs::v, layer, T * kvd, "v"));
     LATHE_TRY(bf(&CActs::attn, mid, T * qd, "attention out"));
     LATHE_TRY(f32(&CActs::lse, mid, T * s.n_head, "lse"));
-    LATHE_TRY(bf(&CActs::h_mid, all, T * H, "h_mid"));
+    LATHE_TRY(bf(&CActs::h_mid, layer, T * H, "h_mid"));
     LATHE_TRY(bf(&CActs::xn2, all, T * H, "xn2"));
     LATHE_TRY(f32(&CActs::rstd2, all, T, "rstd2"));
     LATHE_TRY(bf(&CActs::gu, mid, T * 2 * F, "gate|up"));
+    a.act = nullptr;  // per layer with none; else the scratch's (carve_scratch)
+    if (all) {
+      LATHE_ASSIGN_OR_RETURN(a.act, c.bf(T * F, "silu(gate)·up"));
+    }
     for (int g = 0; g < kGnum; ++g) {
       const int64_t n_lora = int64_t(m.blocks[l].g[size_t(g)].loras.size());
       if (n_lora == 0) continue;
-      if (l > 0 && !(g == kGqkv || g == kGo ? all : mid)) {
-        a.u[size_t(g)] = first.u[size_t(g)];
+      const bool keep = g == kGqkv || g == kGo ? layer : mid;
+      const std::string key = "LoRA u " + std::to_string(g);
+      if (!keep && !made.insert(key).second) {
+        a.u[size_t(g)] = shared.u[size_t(g)];
         continue;
       }
       LATHE_ASSIGN_OR_RETURN(a.u[size_t(g)], c.bf(T * n_lora * 4 * r, "LoRA u"));
+      if (!keep) shared.u[size_t(g)] = a.u[size_t(g)];
     }
   }
   return Status::ok();
+}
+
+// Offsets inside one arena block; the sizing pass (base null) hands out
+// null pointers and only counts.
+struct SubCarver {
+  char* base = nullptr;
+  size_t used = 0;
+  template <class T>
+  T* take(int64_t n) {
+    const size_t at = used;
+    used += (size_t(n) * sizeof(T) + cuda::ArenaPlan::kAlign - 1) / cuda::ArenaPlan::kAlign * cuda::ArenaPlan::kAlign;
+    return base ? reinterpret_cast<T*>(base + at) : nullptr;
+  }
+};
+
+// The scratch that is dead while the LM head runs (the layers' forward and
+// backward buffers); the head's cross-entropy workspace overlays it. Inside,
+// the backward's gradients of the norms' outputs, the attention output and
+// q, k, v overlay act (silu(gate)·up, then its gradient), which is dead
+// whenever they are live:
+//   act / d_act ........................... down's backward, SwiGLU's backward
+//   d_xn (at 0) ........................... gate|up's and q|k|v's backward, then the norms' backward
+//   d_attn (at 0) | dq | dk | dv .......... o's backward, attention's backward, the q|k|v merge
+void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
+  const CudaModelShape& s = m.s;
+  const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
+  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
+  CScratch& x = m.x;
+  x.qkv = c.take<cuda::bf16_bits>(T * (qd + 2 * kvd));
+  x.tmp_h = c.take<cuda::bf16_bits>(T * H);
+  x.act = c.take<cuda::bf16_bits>(T * std::max({F, H, 2 * qd + 2 * kvd}));
+  x.d_xn = x.d_attn = x.act;
+  x.dq = x.act ? x.act + T * qd : nullptr;
+  x.dk = x.act ? x.dq + T * qd : nullptr;
+  x.dv = x.act ? x.dk + T * kvd : nullptr;
+  x.dh_bf = c.take<cuda::bf16_bits>(T * H);
+  x.du = c.take<cuda::bf16_bits>(T * 3 * 4 * r);
+  x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));
+  x.dh = c.take<float>(T * H);
 }
 
 // Buffers every layer reuses, workspaces and the batch's inputs.
 template <class C, class Alloc>
 Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   const CudaModelShape& s = m.s;
-  const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
-  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
+  const int64_t T = m.o.max_tokens, H = s.hidden, hd = s.head_dim;
   auto bf = [&](int64_t n, const char* what) { return c.bf(n, what); };
   auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
   auto i32 = [&](int64_t n, const char* what) { return c.i32(n, what); };
   CScratch& x = m.x;
-  LATHE_ASSIGN_OR_RETURN(x.qkv, bf(T * (qd + 2 * kvd), "q|k|v"));
-  LATHE_ASSIGN_OR_RETURN(x.tmp_h, bf(T * H, "tmp_h"));
-  LATHE_ASSIGN_OR_RETURN(x.act, bf(T * F, "act"));
-  LATHE_ASSIGN_OR_RETURN(x.d_xn, bf(T * H, "d_xn"));
-  LATHE_ASSIGN_OR_RETURN(x.d_attn, bf(T * qd, "d_attn"));
-  LATHE_ASSIGN_OR_RETURN(x.dq, bf(T * qd, "dq"));
-  LATHE_ASSIGN_OR_RETURN(x.dk, bf(T * kvd, "dk"));
-  LATHE_ASSIGN_OR_RETURN(x.dv, bf(T * kvd, "dv"));
-  LATHE_ASSIGN_OR_RETURN(x.dh_bf, bf(T * H, "dh bf16"));
+  SubCarver sizing;
+  carve_layer_scratch(m, sizing);
+  const size_t ce_bytes = cuda::cross_entropy_workspace_bytes(s.vocab, 0);
+  LATHE_ASSIGN_OR_RETURN(void* shared, alloc(std::max(sizing.used, ce_bytes), "layer scratch / cross-entropy workspace"));
+  SubCarver sub{.base = static_cast<char*>(shared)};
+  carve_layer_scratch(m, sub);
+  x.ce_ws = shared;
+  for (CActs& a : m.acts)
+    if (!a.act) a.act = x.act;  // not kept: the backward recomputes it into the scratch
   LATHE_ASSIGN_OR_RETURN(x.xf, bf(T * H, "final norm out"));
   LATHE_ASSIGN_OR_RETURN(x.d_xf, bf(T * H, "d final norm out"));
-  LATHE_ASSIGN_OR_RETURN(x.du, bf(T * 3 * 4 * r, "LoRA du"));
-  const int64_t widest = std::max({H, F, qd});
-  LATHE_ASSIGN_OR_RETURN(x.lora_f32, f32(std::max(T * 3 * 4 * r, widest * 2 * r), "LoRA partial products"));
   LATHE_ASSIGN_OR_RETURN(x.ones8, bf(T * 8, "bias ones"));
-  LATHE_ASSIGN_OR_RETURN(x.dh, f32(T * H, "dh"));
   LATHE_ASSIGN_OR_RETURN(x.rstd_f, f32(T, "final rstd"));
-  if (s.qk_norm) {
-    LATHE_ASSIGN_OR_RETURN(x.dqk, f32(T * qd, "q/k norm grad"));
-  }
   LATHE_ASSIGN_OR_RETURN(x.cos, f32(T * hd / 2, "rope cos"));
   LATHE_ASSIGN_OR_RETURN(x.sin, f32(T * hd / 2, "rope sin"));
   LATHE_ASSIGN_OR_RETURN(x.inv_freq, f32(hd / 2, "inv_freq"));
-  LATHE_ASSIGN_OR_RETURN(x.ce_ws, alloc(cuda::cross_entropy_workspace_bytes(s.vocab, 0), "cross-entropy workspace"));
   LATHE_ASSIGN_OR_RETURN(x.attn_ws, alloc(cuda::attention_varlen_backward_workspace_bytes(T, int(s.n_head)),
                                           "attention workspace"));
   LATHE_ASSIGN_OR_RETURN(x.tokens, i32(T, "tokens"));
@@ -267,6 +312,7 @@ void lay_out(CudaModelImpl& m) {
   m.n_split = n_split;
   m.hs.assign(size_t(s.n_layer + 1), nullptr);
   m.acts.assign(size_t(s.n_layer), {});
+  m.last_shared = m.o.recompute == CudaRecompute::kNone ? -1 : s.n_layer - 1;
 }
 
 void name_base(CudaModelImpl& m) {
@@ -329,10 +375,18 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   m->o = options;
   lay_out(*m);
   size_t total = 0;
-  LATHE_TRY(carve(*m, [&](size_t bytes, const char*) -> Result<void*> {
-    total += (bytes + cuda::ArenaPlan::kAlign - 1) / cuda::ArenaPlan::kAlign * cuda::ArenaPlan::kAlign;
-    return static_cast<void*>(nullptr);
-  }));
+  auto size_arena = [&]() -> Status {
+    total = 0;
+    return carve(*m, [&](size_t bytes, const char*) -> Result<void*> {
+      total += (bytes + cuda::ArenaPlan::kAlign - 1) / cuda::ArenaPlan::kAlign * cuda::ArenaPlan::kAlign;
+      return static_cast<void*>(nullptr);
+    });
+  };
+  const bool plan_keep = options.recompute == CudaRecompute::kSelective && options.max_arena_bytes > 0;
+  for (m->keep_layers = plan_keep ? shape.n_layer : 0;; --m->keep_layers) {  // the most layers that fit
+    LATHE_TRY(size_arena());
+    if (m->keep_layers == 0 || total <= size_t(options.max_arena_bytes)) break;
+  }
   LATHE_ASSIGN_OR_RETURN(m->ctx, cuda::CudaContext::create(options.device));
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
@@ -484,5 +538,6 @@ Result<std::vector<std::pair<std::string, double>>> CudaTrainableModel::phase_ti
 cuda::CudaAdamW& CudaTrainableModel::optimizer() { return *impl_->adamw; }
 cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }
+int64_t CudaTrainableModel::layers_kept() const { return impl_->keep_layers; }
 
 }  // namespace lathe

@@ -30,8 +30,12 @@
 // selective (keeps the attention output and gate|up, the expensive ones,
 // and reruns the norms, the q|k|v and o projections and RoPE: ~20% of the
 // forward's GEMM FLOPs, ~8% of a step's, at Llama-8B shapes, for ~1/3 less
-// activation memory than none); full (keeps each layer's input only, reruns
-// its forward: ~1/3 more work).
+// activation memory than none; with max_arena_bytes, as many layers as fit
+// keep q, k, v and h_mid and rerun only their norms); full (keeps each
+// layer's input only, reruns its forward: ~1/3 more work). The last layer's
+// forward is still in the shared buffers when the backward starts: it reruns
+// nothing. Scratch that is dead while the LM head runs holds the
+// cross-entropy workspace.
 // Recomputed values are bitwise the ones the forward made.
 //
 // This file depends only on core, ops and the CUDA backend (the benchmark
@@ -78,6 +82,10 @@ struct CudaTrainOptions {
   // Projections that carry LoRA, in HF order q, k, v, o, gate, up, down.
   std::array<bool, 7> targets{true, true, true, true, true, true, true};
   CudaRecompute recompute = CudaRecompute::kNone;
+  // With selective: the first layers keep what selective reruns the q|k|v
+  // and o GEMMs for (q, k, v, h_mid: ~3.5 hidden-size rows per token per
+  // layer) while the arena stays within this many bytes; 0: none do.
+  int64_t max_arena_bytes = 0;
   cuda::CudaAdamWConfig adamw;
 };
 
@@ -119,6 +127,7 @@ class CudaTrainableModel {
   cuda::CudaContext& context();
 
   int64_t arena_bytes() const;  // device memory this model holds
+  int64_t layers_kept() const;  // selective: layers that rerun no GEMM (max_arena_bytes)
 
   // Profiling: with timing on, CUDA events cut the stream's timeline into
   // phases (base GEMMs, LoRA, attention, elementwise, LM head, optimizer,

@@ -65,6 +65,7 @@ struct CBlock {
 struct CActs {
   bf16p xn1 = nullptr, q_raw = nullptr, k_raw = nullptr, q = nullptr, k = nullptr, v = nullptr, attn = nullptr;
   bf16p h_mid = nullptr, xn2 = nullptr, gu = nullptr;  // gu: [T, 2F] = [gate | up]
+  bf16p act = nullptr;  // silu(gate)·up [T, F]: kept with none, else the scratch's act (recomputed)
   float *rstd1 = nullptr, *q_rstd = nullptr, *k_rstd = nullptr, *lse = nullptr, *rstd2 = nullptr;
   std::array<bf16p, kGnum> u{};  // x·Aᵀ per group, 4-term [T, n_lora, 4, r]
 };
@@ -73,13 +74,14 @@ struct CActs {
 struct CScratch {
   bf16p qkv = nullptr;  // [T, q|k|v]: the fused projection's output, then its gradient
   bf16p tmp_h = nullptr, d_xn = nullptr, d_attn = nullptr;
-  bf16p act = nullptr;  // silu(gate)·up [T, F], then its gradient
-  bf16p dq = nullptr, dk = nullptr, dv = nullptr, dh_bf = nullptr, xf = nullptr, d_xf = nullptr;
+  bf16p act = nullptr;  // silu(gate)·up [T, F] when not kept, then its gradient
+  bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
+  bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh
   bf16p du = nullptr;         // s·dy·B per group member, 4-term [T, n_lora, 4, r]
   float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
   bf16p ones8 = nullptr;  // [max_tokens, 8], column 0 ones
-  float *dh = nullptr, *rstd_f = nullptr, *dqk = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
-  void *ce_ws = nullptr, *attn_ws = nullptr;
+  float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
+  void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)
   int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *cu_seqlens = nullptr;
 };
 
@@ -93,6 +95,13 @@ struct CudaModelImpl {
   std::vector<CLora> loras;
   std::vector<bf16p> hs;     // [n_layer + 1]: layer inputs, then the last layer's output
   std::vector<CActs> acts;   // [n_layer]; shared buffers repeat the same pointer
+  // The last layer whose forward writes the shared buffers: they still hold
+  // its activations when the backward reaches it, so it recomputes nothing
+  // (-1: nothing shared).
+  int64_t last_shared = -1;
+  // Selective: layers [0, keep_layers) keep q/k/v, h_mid and their LoRA u
+  // (planned from CudaTrainOptions::max_arena_bytes) and rerun no GEMM.
+  int64_t keep_layers = 0;
   CScratch x;
   float* params = nullptr;   // flat LoRA masters
   float* grads = nullptr;

@@ -7,10 +7,10 @@
 //   [gate|up] = gu(xn2); t = down(silu(gate) ⊙ up)
 //   hs[l + 1] = h_mid + t, next xn1 = norm(hs[l + 1])  (one fused kernel)
 // The backward carries the residual stream's gradient dh in fp32; each norm's
-// backward adds its input gradient into it, and dh is rounded to bf16 where a
-// GEMM reads it. Before a layer's backward, what its recompute mode did not
-// keep is recomputed by the same kernels on the same inputs (bitwise the
-// same values).
+// backward adds its input gradient into it and writes dh rounded to bf16
+// beside it, the copy the next GEMMs read. Before a layer's backward, what
+// its recompute mode did not keep is recomputed by the same kernels on the
+// same inputs (bitwise the same values).
 #include <algorithm>
 #include <cmath>
 
@@ -169,43 +169,48 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
   LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden));
   LATHE_TRY(group_forward(l, kGgu, a.xn2, a.gu, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = s.inter}));
-  return group_forward(l, kGdown, x.act, x.tmp_h, n);
+  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = a.act, .n_tokens = n, .inter = s.inter}));
+  return group_forward(l, kGdown, a.act, x.tmp_h, n);
 }
 
 // What layer l's backward reads and its recompute mode did not keep: with
 // "full" the whole forward from hs[l]; with "selective" xn1, q|k|v and o
-// (GEMMs and LoRA), q, k, v, h_mid and xn2.
+// (GEMMs and LoRA), q, k, v, h_mid and xn2, or in a layer that keeps
+// q, k, v and h_mid only the norms' outputs xn1 and xn2. The last layer to
+// write the shared buffers finds its own values there.
 Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen) {
-  if (o.recompute == CudaRecompute::kNone || s.n_layer == 1) return Status::ok();
+  if (o.recompute == CudaRecompute::kNone || l == last_shared) return Status::ok();
   CActs& a = act_of(l);
   const CBlock& b = blocks[size_t(l)];
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, b.attn_norm, a.xn1, a.rstd1, n, s.hidden));
   if (o.recompute == CudaRecompute::kFull) return layer_forward(l, n, n_docs, max_seqlen);
+  if (l < keep_layers) return norm(a.h_mid, nullptr, nullptr, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden);
   LATHE_TRY(attention_inputs(l, n));
   LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, n));
   LATHE_TRY(phase(kPhElementwise));
   return norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden);
 }
 
-// Layer l's backward; x.dh holds the gradient of hs[l + 1] and becomes that of hs[l].
+// Layer l's backward; x.dh holds the gradient of hs[l + 1] and x.dh_bf its
+// bf16 copy (both from the norm backward that made it); they become those
+// of hs[l].
 Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen) {
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
   const int64_t H = s.hidden, F = s.inter;
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
-  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F}));
-  // act becomes its own gradient (down's LoRA reads it before), and
+  if (a.act == x.act) LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F}));
+  // x.act becomes act's gradient (down's LoRA reads act before), and
   // [gate | up] its own.
-  LATHE_TRY(group_backward(l, kGdown, x.act, x.dh_bf, x.act, n, false));
+  LATHE_TRY(group_backward(l, kGdown, a.act, x.dh_bf, x.act, n, false));
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::swiglu_rows_backward(ctx, {.gu = a.gu, .d_out = x.act, .d_gu = a.gu, .n_tokens = n, .inter = F}));
   LATHE_TRY(group_backward(l, kGgu, a.xn2, a.gu, x.d_xn, n, false));
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.h_mid, .w = b.mlp_norm, .rstd = a.rstd2, .dy = x.d_xn,
-                                                   .dh = x.dh, .rows = n, .dim = H, .accumulate = true}));
+                                                   .dh = x.dh, .dh_bf = x.dh_bf, .rows = n, .dim = H,
+                                                   .accumulate = true}));
   return attention_backward(l, n, n_docs, max_seqlen);
 }
 
@@ -214,8 +219,6 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
   const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
-  LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::f32_to_bf16(ctx, x.dh, x.dh_bf, n * H));
   LATHE_TRY(group_backward(l, kGo, a.attn, x.dh_bf, x.d_attn, n, false));
   LATHE_TRY(phase(kPhAttnBwd));
   LATHE_TRY(cuda::attention_varlen_backward(
@@ -226,24 +229,24 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
   LATHE_TRY(phase(kPhElementwise));
   cuda::QkvSplitArgs merge{.qkv = x.qkv, .q = x.dq, .k = x.dk, .v = x.dv, .cos = x.cos, .sin = x.sin,
                            .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd};
-  if (s.qk_norm) {  // RoPE's inverse, then the q/k norms' backward, before merging
+  if (s.qk_norm) {  // RoPE's inverse, then the q/k norms' backward (bf16 in place), before merging
     LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dq, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh,
                                      .half = hd / 2, .inverse = true}));
     LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dk, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv,
                                      .half = hd / 2, .inverse = true}));
     LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.q_raw, .w = b.q_norm, .rstd = a.q_rstd, .dy = x.dq,
-                                                     .dh = x.dqk, .rows = n * nh, .dim = hd}));
-    LATHE_TRY(cuda::f32_to_bf16(ctx, x.dqk, x.dq, n * nh * hd));
+                                                     .dh_bf = x.dq, .rows = n * nh, .dim = hd}));
     LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.k_raw, .w = b.k_norm, .rstd = a.k_rstd, .dy = x.dk,
-                                                     .dh = x.dqk, .rows = n * nkv, .dim = hd}));
-    LATHE_TRY(cuda::f32_to_bf16(ctx, x.dqk, x.dk, n * nkv * hd));
+                                                     .dh_bf = x.dk, .rows = n * nkv, .dim = hd}));
     merge.cos = merge.sin = nullptr;
   }
   LATHE_TRY(cuda::qkv_merge(ctx, merge));
   LATHE_TRY(group_backward(l, kGqkv, a.xn1, x.qkv, x.d_xn, n, false));
   LATHE_TRY(phase(kPhElementwise));
+  // Layer 0's input gradient is not read as bf16.
   return cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(l)], .w = b.attn_norm, .rstd = a.rstd1,
-                                                .dy = x.d_xn, .dh = x.dh, .rows = n, .dim = H, .accumulate = true});
+                                                .dy = x.d_xn, .dh = x.dh, .dh_bf = l > 0 ? x.dh_bf : nullptr,
+                                                .rows = n, .dim = H, .accumulate = true});
 }
 
 Status CudaModelImpl::upload_batch(const MicroBatch& mb, int* n_docs, int* max_seqlen) {
@@ -288,7 +291,8 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(phase(kPhElementwise));
 
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
-                                                   .dy = x.d_xf, .dh = x.dh, .rows = n, .dim = H}));
+                                                   .dy = x.d_xf, .dh = x.dh, .dh_bf = x.dh_bf, .rows = n,
+                                                   .dim = H}));
   for (int64_t l = L - 1; l >= 0; --l) {
     LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
     LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));

@@ -1,6 +1,7 @@
-// RMSNorm (fused residual add), RoPE (default and Llama 3 scaling), SwiGLU and
-// embedding kernels against the naive double references of tests/ops,
-// forward and backward. Inputs are bf16 values; the references see the same
+// RMSNorm (fused residual add), RoPE (default and Llama 3 scaling), SwiGLU,
+// embedding and dtype conversion kernels against the naive double
+// references of tests/ops, forward and backward, on the vector paths and
+// their scalar fallbacks. Inputs are bf16 values; the references see the same
 // values in f32. Tolerances, as max|got − want| / max|want|: bf16 outputs
 // 8e-3 (one bf16 rounding, 2⁻⁹, after a few f32 ops); f32 outputs 1e-4 (f32
 // sums over at most a few thousand terms); bit-exact where the device only
@@ -65,6 +66,45 @@ TEST(CudaRmsNorm, ForwardWithoutResidual) {
   check_rms_norm_forward(5, 1000, false, false);
 }
 
+// Every shape class of the register path (a group of 8/16/32 lanes per
+// row, a block per row with 1, 2, 4 or 8 chunks per thread) and the scalar
+// fallbacks (dim 32: too short; 40000: too long; 333: not a multiple of 8).
+TEST(CudaRmsNorm, ForwardEveryRowShape) {
+  LATHE_SKIP_WITHOUT_GPU();
+  for (int64_t dim : {32, 64, 96, 128, 200, 2048, 4096, 5120, 8192, 20000, 40000})
+    check_rms_norm_forward(dim >= 8192 ? 3 : 37, dim, true, false);
+  check_rms_norm_forward(45, 128, true, true);
+  check_rms_norm_forward(9, 4096, true, true);
+  check_rms_norm_forward(41, 64, false, false);
+}
+
+// The recompute path normalizes the stored h where the forward fused the
+// residual add: both must give the same bits.
+TEST(CudaRmsNorm, NormOfStoredSumIsBitwiseTheFusedForward) {
+  LATHE_SKIP_WITHOUT_GPU();
+  for (int64_t dim : {64, 2048, 4096, 333}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim);
+    CudaContext ctx = make_context();
+    const int64_t rows = 21;
+    std::vector<float> x = random_bf16(rows * dim, 71), r = random_bf16(rows * dim, 72), w = norm_weight(dim, 73);
+    DeviceBuffer dx = upload_bf16(ctx, x), dr = upload_bf16(ctx, r), dw = upload_bf16(ctx, w);
+    DeviceBuffer dh = upload_bf16(ctx, std::vector<float>(x.size()));
+    DeviceBuffer y1 = upload_bf16(ctx, std::vector<float>(x.size())), y2 = upload_bf16(ctx, std::vector<float>(x.size()));
+    DeviceBuffer s1 = upload(ctx, std::vector<float>(rows)), s2 = upload(ctx, std::vector<float>(rows));
+    ASSERT_TRUE(rms_norm_residual_forward(ctx, {.x = dptr<bf16_bits>(dx), .residual = dptr<bf16_bits>(dr),
+                                                .h_out = dptr<bf16_bits>(dh), .w = dptr<bf16_bits>(dw),
+                                                .y = dptr<bf16_bits>(y1), .rstd = dptr<float>(s1), .rows = rows,
+                                                .dim = dim})
+                    .is_ok());
+    ASSERT_TRUE(rms_norm_residual_forward(ctx, {.x = dptr<bf16_bits>(dh), .w = dptr<bf16_bits>(dw),
+                                                .y = dptr<bf16_bits>(y2), .rstd = dptr<float>(s2), .rows = rows,
+                                                .dim = dim})
+                    .is_ok());
+    EXPECT_EQ(download<uint16_t>(ctx, y1, rows * dim), download<uint16_t>(ctx, y2, rows * dim));
+    EXPECT_EQ(download<float>(ctx, s1, rows), download<float>(ctx, s2, rows));
+  }
+}
+
 void check_rms_norm_backward(int64_t rows, int64_t dim) {
   SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
   CudaContext ctx = make_context();
@@ -95,6 +135,86 @@ TEST(CudaRmsNorm, BackwardAccumulatesIntoResidualGradAndWeightGrad) {
   LATHE_SKIP_WITHOUT_GPU();
   check_rms_norm_backward(23, 300);
   check_rms_norm_backward(1500, 64);  // more rows than blocks: blocks stride over rows
+}
+
+// Without dw (the trainer's case: the register path where the shape allows
+// it): dh in f32, its bf16 copy dh_bf exactly the rounded dh; and with dh
+// null, dh_bf written over dy in place (the q/k norms).
+void check_rms_norm_backward_bf16(int64_t rows, int64_t dim) {
+  SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
+  CudaContext ctx = make_context();
+  std::vector<float> h = random_bf16(rows * dim, 81), w = norm_weight(dim, 82), dy = random_bf16(rows * dim, 83);
+  std::vector<float> rstd(rows), y(h.size());
+  ref::rms_norm_forward({.x = view(h, {rows, dim}), .w = view(w, {dim}), .y = view(y, {rows, dim}),
+                         .rstd = view(rstd, {rows}), .eps = 1e-6f});
+  DeviceBuffer d_h = upload_bf16(ctx, h), d_w = upload_bf16(ctx, w), d_rstd = upload(ctx, rstd);
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    std::vector<float> dh0 = random_bf16(rows * dim, 84), dh_ref = dh0, dw_unused(dim);
+    ref::rms_norm_backward({.x = view(h, {rows, dim}), .w = view(w, {dim}), .rstd = view(rstd, {rows}),
+                            .dy = view(dy, {rows, dim}), .dx = view(dh_ref, {rows, dim}),
+                            .dw = view(dw_unused, {dim}), .accumulate = accumulate});
+    DeviceBuffer d_dy = upload_bf16(ctx, dy), d_dh = upload(ctx, dh0);
+    DeviceBuffer d_bf = upload_bf16(ctx, std::vector<float>(h.size()));
+    Status st = rms_norm_residual_backward(
+        ctx, {.h = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w), .rstd = dptr<float>(d_rstd),
+              .dy = dptr<bf16_bits>(d_dy), .dh = dptr<float>(d_dh), .dh_bf = dptr<bf16_bits>(d_bf), .rows = rows,
+              .dim = dim, .accumulate = accumulate});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    const std::vector<float> got = download<float>(ctx, d_dh, rows * dim);
+    EXPECT_LE(rel_error(got, dh_ref), kF32Tol);
+    const std::vector<float> got_bf = download_bf16(ctx, d_bf, rows * dim);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got_bf[i], round_bf16(got[i])) << "dh_bf element " << i;
+    if (accumulate) continue;
+    // dh null, the bf16 result over dy.
+    st = rms_norm_residual_backward(ctx, {.h = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w),
+                                          .rstd = dptr<float>(d_rstd), .dy = dptr<bf16_bits>(d_dy),
+                                          .dh_bf = dptr<bf16_bits>(d_dy), .rows = rows, .dim = dim});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(download_bf16(ctx, d_dy, rows * dim), got_bf);
+  }
+}
+
+TEST(CudaRmsNorm, BackwardWritesTheBf16CopyOfDh) {
+  LATHE_SKIP_WITHOUT_GPU();
+  for (int64_t dim : {32, 64, 128, 200, 333, 2048, 4096, 8192}) check_rms_norm_backward_bf16(dim >= 4096 ? 5 : 29, dim);
+}
+
+TEST(CudaRmsNorm, BackwardRejectsAMissingDh) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  DeviceBuffer b = upload(ctx, std::vector<float>(64));
+  bf16_bits* p = dptr<bf16_bits>(b);
+  Status st = rms_norm_residual_backward(ctx, {.h = p, .w = p, .rstd = dptr<float>(b), .dy = p, .rows = 1, .dim = 8});
+  EXPECT_FALSE(st.is_ok());
+  st = rms_norm_residual_backward(
+      ctx, {.h = p, .w = p, .rstd = dptr<float>(b), .dy = p, .dh_bf = p, .rows = 1, .dim = 8, .accumulate = true});
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("accumulate"), std::string::npos) << st.message();
+}
+
+// Exact both ways, with and without a tail of n mod 8 and on unaligned
+// pointers (the scalar kernels).
+TEST(CudaConvert, RoundTripsAreExact) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  for (int64_t n : {3, 8, 61, 4096 + 5}) {
+    for (int64_t offset : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " offset " << offset);
+      std::vector<float> f = random_bf16(n + offset, 91);
+      for (float& v : f) v *= 1.0f + 1.0f / 512;  // not bf16 values any more
+      std::vector<float> want(f.begin() + offset, f.end());
+      for (float& v : want) v = round_bf16(v);
+      DeviceBuffer d_f = upload(ctx, f), d_b = upload_bf16(ctx, std::vector<float>(n + offset));
+      ASSERT_TRUE(f32_to_bf16(ctx, dptr<float>(d_f) + offset, dptr<bf16_bits>(d_b) + offset, n).is_ok());
+      std::vector<float> got = download_bf16(ctx, d_b, n + offset);
+      EXPECT_EQ(std::vector<float>(got.begin() + offset, got.end()), want);
+      DeviceBuffer d_back = upload(ctx, std::vector<float>(n + offset));
+      ASSERT_TRUE(bf16_to_f32(ctx, dptr<bf16_bits>(d_b) + offset, dptr<float>(d_back) + offset, n).is_ok());
+      got = download<float>(ctx, d_back, n + offset);
+      EXPECT_EQ(std::vector<float>(got.begin() + offset, got.end()), want);
+    }
+  }
 }
 
 void check_rope(const RopeParams& p, int64_t head_dim) {
@@ -137,6 +257,12 @@ TEST(CudaRope, DefaultFrequenciesMatchReference) {
   check_rope(RopeParams{.theta = 10000.0f}, 64);
 }
 
+TEST(CudaRope, ShortHeadsTakeTheScalarKernel) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_rope(RopeParams{.theta = 10000.0f}, 20);
+  check_rope(RopeParams{.theta = 10000.0f}, 48);
+}
+
 TEST(CudaRope, Llama3ScalingMatchesReference) {
   LATHE_SKIP_WITHOUT_GPU();
   check_rope(RopeParams{.theta = 500000.0f, .type = "llama3", .factor = 8.0f, .low_freq_factor = 1.0f,
@@ -164,6 +290,32 @@ TEST(CudaSwiglu, ForwardAndBackwardMatchReference) {
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_LE(rel_error(download_bf16(ctx, dg, n), dg_ref), kBf16Tol);
   EXPECT_LE(rel_error(download_bf16(ctx, du, n), du_ref), kBf16Tol);
+}
+
+// Unaligned pointers take the scalar kernels; both paths give the same bits.
+TEST(CudaSwiglu, ScalarAndVectorKernelsAgree) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t n = 1000 + 3;
+  std::vector<float> g = random_bf16(n + 1, 44, 2.0f), u = random_bf16(n + 1, 45), d = random_bf16(n + 1, 46);
+  std::vector<float> got[2][3];
+  for (int64_t offset : {0, 1}) {
+    DeviceBuffer dg = upload_bf16(ctx, g), du = upload_bf16(ctx, u), dd = upload_bf16(ctx, d);
+    DeviceBuffer dout = upload_bf16(ctx, std::vector<float>(n + 1));
+    bf16_bits *pg = dptr<bf16_bits>(dg) + offset, *pu = dptr<bf16_bits>(du) + offset;
+    ASSERT_TRUE(swiglu_forward(ctx, {.gate = pg, .up = pu, .out = dptr<bf16_bits>(dout) + offset, .n = n}).is_ok());
+    ASSERT_TRUE(swiglu_backward(ctx, {.gate = pg, .up = pu, .d_out = dptr<bf16_bits>(dd) + offset, .d_gate = pg,
+                                      .d_up = pu, .n = n})
+                    .is_ok());
+    got[offset][0] = download_bf16(ctx, dout, n + 1);
+    got[offset][1] = download_bf16(ctx, dg, n + 1);
+    got[offset][2] = download_bf16(ctx, du, n + 1);
+  }
+  for (int k = 0; k < 3; ++k) {  // elements 1..n-1 went through both runs
+    EXPECT_EQ(std::vector<float>(got[0][k].begin() + 1, got[0][k].begin() + n),
+              std::vector<float>(got[1][k].begin() + 1, got[1][k].begin() + n))
+        << "output " << k;
+  }
 }
 
 TEST(CudaEmbedding, GatherIsExactAndBackwardAddsRepeatedIds) {

@@ -276,6 +276,29 @@ TEST_P(CudaRecomputeModes, ChangeNothing) {
     SCOPED_TRACE(mode == CudaRecompute::kFull ? "full" : "selective");
     expect_identical_passes(**keep, **redo, mb);
   }
+  // Selective with an arena budget: every layer, then only some, keep
+  // q/k/v and h_mid and rerun just their norms.
+  auto plain = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective);
+  auto roomy = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective, int64_t{1} << 40);
+  ASSERT_TRUE(plain.is_ok() && roomy.is_ok());
+  const int64_t n_layer = host->config().num_hidden_layers;
+  EXPECT_EQ((*plain)->layers_kept(), 0);
+  EXPECT_EQ((*roomy)->layers_kept(), n_layer);
+  EXPECT_GT((*roomy)->arena_bytes(), (*plain)->arena_bytes());
+  const int64_t between = ((*plain)->arena_bytes() + (*roomy)->arena_bytes()) / 2;
+  auto some = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective, between);
+  ASSERT_TRUE(some.is_ok());
+  EXPECT_LE((*some)->arena_bytes(), between);
+  if (n_layer > 1) {
+    EXPECT_GT((*some)->layers_kept(), 0);
+    EXPECT_LT((*some)->layers_kept(), n_layer);
+  }
+  for (auto* redo : {&*roomy, &*some}) {
+    auto keep = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kNone);
+    ASSERT_TRUE(keep.is_ok());
+    SCOPED_TRACE(::testing::Message() << "selective keeping " << (*redo)->layers_kept() << " layers");
+    expect_identical_passes(**keep, **redo, mb);
+  }
   // The host's switch picks full.
   auto host_ckpt = load_host(GetParam(), /*checkpoint=*/true);
   ASSERT_TRUE(host_ckpt);

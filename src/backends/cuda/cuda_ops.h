@@ -141,14 +141,18 @@ Status rms_norm_residual_forward(CudaContext& ctx, const RmsNormResidualArgs& a)
 // Backward of the above through h: g = rstd·(w⊙dy − ĥ·mean(w⊙dy⊙ĥ)) with
 // ĥ = h·rstd; dh = g (or dh += g when accumulate: the residual stream's
 // gradient from later layers is already there). dh is the gradient of both x
-// and residual. dw += Σ_rows dy⊙ĥ when non-null.
+// and residual. dh_bf, when non-null, gets the same new dh rounded once to
+// bf16 (what f32_to_bf16 of dh gives: the copy a GEMM reads); without
+// accumulate dh may be null then. dh_bf may alias dy. dw += Σ_rows dy⊙ĥ
+// when non-null.
 struct RmsNormResidualBackwardArgs {
   const bf16_bits* h = nullptr;   // [rows, dim], the forward's h
   const bf16_bits* w = nullptr;   // [dim]
   const float* rstd = nullptr;    // [rows]
   const bf16_bits* dy = nullptr;  // [rows, dim]
-  float* dh = nullptr;            // [rows, dim]
+  float* dh = nullptr;            // [rows, dim] or null (only with dh_bf and no accumulate)
   float* dw = nullptr;            // [dim] or null
+  bf16_bits* dh_bf = nullptr;     // [rows, dim] or null
   int64_t rows = 0, dim = 0;
   bool accumulate = false;
 };

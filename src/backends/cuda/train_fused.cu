@@ -1,9 +1,14 @@
-// The fused-projection kernels of train_fused.h: one thread per (token,
-// head, rotation pair) for the q|k|v split and merge; for SwiGLU on
-// [gate | up] rows one per 8 features (16-byte loads and stores; the
-// trainer's sizes are multiples of 8), else one per feature.
+// The fused-projection kernels of train_fused.h. The q|k|v split and merge
+// take one thread per (token, head, 8 rotation pairs) with 16-byte loads
+// and stores when head_dim is a multiple of 16 and the pointers are 16-byte
+// aligned (the trainer's case), else one per (token, head, pair); both
+// rotate with vec8.cuh's rotate (the products rounded, no fused
+// multiply-add). SwiGLU on [gate | up] rows takes one thread per 8 features
+// (16-byte loads and stores; the trainer's sizes are multiples of 8), else
+// one per feature.
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/train_fused.h"
+#include "backends/cuda/vec8.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -37,18 +42,47 @@ __global__ void qkv_kernel(QkvSplitArgs a) {
   if (rotate) {
     const float c = a.cos[t * half + p];
     const float s = kMerge ? -a.sin[t * half + p] : a.sin[t * half + p];
-    const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-    x1 = y1, x2 = y2;
+    dev::rotate(x1, x2, c, s, &x1, &x2);
   }
   dev::st(dst, to + p, x1);
   dev::st(dst, to + p + half, x2);
 }
 
-// Eight bf16 in one 16-byte word.
-union Bf16x8 {
-  uint4 word;
-  __nv_bfloat16 h[8];
-};
+// As qkv_kernel with thread i owning pairs p..p + 7 of its head.
+template <bool kMerge>
+__global__ void qkv_kernel8(QkvSplitArgs a) {
+  const int64_t half = a.head_dim / 2, per = half / 8, slots = a.n_head + 2 * a.n_head_kv;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * slots * per) return;
+  const int64_t p = i % per * 8, th = i / per, t = th / slots, h = th % slots;
+  bf16_bits* dense;
+  int64_t head, heads;
+  if (h < a.n_head) {
+    dense = a.q, head = h, heads = a.n_head;
+  } else if (h < a.n_head + a.n_head_kv) {
+    dense = a.k, head = h - a.n_head, heads = a.n_head_kv;
+  } else {
+    dense = a.v, head = h - a.n_head - a.n_head_kv, heads = a.n_head_kv;
+  }
+  const int64_t fused = t * slots * a.head_dim + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
+  const bf16_bits* src = kMerge ? dense : a.qkv;
+  bf16_bits* dst = kMerge ? a.qkv : dense;
+  const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
+  float x1[8], x2[8];
+  dev::ld8(src, from + p, x1);
+  dev::ld8(src, from + p + half, x2);
+  if (a.cos && h < a.n_head + a.n_head_kv) {
+    float c[8], s[8];
+    dev::ld8(a.cos, t * half + p, c);
+    dev::ld8(a.sin, t * half + p, s);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dev::rotate(x1[e], x2[e], c[e], kMerge ? -s[e] : s[e], &x1[e], &x2[e]);
+  }
+  dev::st8(dst, to + p, x1);
+  dev::st8(dst, to + p + half, x2);
+}
+
+using dev::Bf16x8;
 
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
@@ -126,7 +160,11 @@ Status launch_qkv(CudaContext& ctx, const QkvSplitArgs& a, const char* what) {
   LATHE_TRY(check_qkv(a, what));
   const int64_t n = a.n_tokens * (a.n_head + 2 * a.n_head_kv) * (a.head_dim / 2);
   if (n == 0) return Status::ok();
-  qkv_kernel<kMerge><<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  if (a.head_dim % 16 == 0 && aligned16(a.qkv, a.q, a.k, a.v, a.cos, a.sin)) {
+    qkv_kernel8<kMerge><<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  } else {
+    qkv_kernel<kMerge><<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  }
   return ctx.check_launch(what);
 }
 
