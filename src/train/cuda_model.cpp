@@ -367,26 +367,46 @@ Result<CudaRecompute> parse_recompute(const std::string& text) {
 CudaTrainableModel::CudaTrainableModel(std::unique_ptr<CudaModelImpl> impl) : impl_(std::move(impl)) {}
 CudaTrainableModel::~CudaTrainableModel() = default;
 
+namespace {
+
+// Lays out m and picks selective's keep_layers: the most layers whose
+// arena (returned) stays within max_arena_bytes.
+Result<size_t> plan(CudaModelImpl& m) {
+  lay_out(m);
+  size_t total = 0;
+  auto size_arena = [&]() -> Status {
+    total = 0;
+    return carve(m, [&](size_t bytes, const char*) -> Result<void*> {
+      total += (bytes + cuda::ArenaPlan::kAlign - 1) / cuda::ArenaPlan::kAlign * cuda::ArenaPlan::kAlign;
+      return static_cast<void*>(nullptr);
+    });
+  };
+  const bool plan_keep = m.o.recompute == CudaRecompute::kSelective && m.o.max_arena_bytes > 0;
+  for (m.keep_layers = plan_keep ? m.s.n_layer : 0;; --m.keep_layers) {
+    LATHE_TRY(size_arena());
+    if (m.keep_layers == 0 || total <= size_t(m.o.max_arena_bytes)) break;
+  }
+  return total;
+}
+
+}  // namespace
+
+Result<CudaArenaPlan> CudaTrainableModel::plan_arena(const CudaModelShape& shape, const CudaTrainOptions& options) {
+  LATHE_TRY(check_shape(shape, options));
+  CudaModelImpl m;
+  m.s = shape;
+  m.o = options;
+  LATHE_ASSIGN_OR_RETURN(size_t total, plan(m));
+  return CudaArenaPlan{.bytes = int64_t(total), .layers_kept = m.keep_layers};
+}
+
 Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const CudaModelShape& shape,
                                                                        const CudaTrainOptions& options) {
   LATHE_TRY(check_shape(shape, options));
   auto m = std::make_unique<CudaModelImpl>();
   m->s = shape;
   m->o = options;
-  lay_out(*m);
-  size_t total = 0;
-  auto size_arena = [&]() -> Status {
-    total = 0;
-    return carve(*m, [&](size_t bytes, const char*) -> Result<void*> {
-      total += (bytes + cuda::ArenaPlan::kAlign - 1) / cuda::ArenaPlan::kAlign * cuda::ArenaPlan::kAlign;
-      return static_cast<void*>(nullptr);
-    });
-  };
-  const bool plan_keep = options.recompute == CudaRecompute::kSelective && options.max_arena_bytes > 0;
-  for (m->keep_layers = plan_keep ? shape.n_layer : 0;; --m->keep_layers) {  // the most layers that fit
-    LATHE_TRY(size_arena());
-    if (m->keep_layers == 0 || total <= size_t(options.max_arena_bytes)) break;
-  }
+  LATHE_ASSIGN_OR_RETURN(const size_t total, plan(*m));
   LATHE_ASSIGN_OR_RETURN(m->ctx, cuda::CudaContext::create(options.device));
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));

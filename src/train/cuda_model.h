@@ -91,12 +91,21 @@ struct CudaTrainOptions {
 
 struct CudaModelImpl;
 
+// What create() would allocate: the arena's bytes and, with selective and
+// max_arena_bytes, how many layers keep q/k/v and h_mid.
+struct CudaArenaPlan {
+  int64_t bytes = 0;
+  int64_t layers_kept = 0;
+};
+
 class CudaTrainableModel {
  public:
   // Plans and allocates every device buffer; the weights are left unset
   // (upload them, or fill_random) and the LoRA factors zero.
   static Result<std::unique_ptr<CudaTrainableModel>> create(const CudaModelShape& shape,
                                                             const CudaTrainOptions& options);
+  // create()'s plan without a device (no memory is touched).
+  static Result<CudaArenaPlan> plan_arena(const CudaModelShape& shape, const CudaTrainOptions& options);
   ~CudaTrainableModel();
 
   // ---- Weights ---------------------------------------------------------

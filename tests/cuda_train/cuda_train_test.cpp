@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -308,6 +309,36 @@ TEST_P(CudaRecomputeModes, ChangeNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaRecomputeModes, ::testing::Values("qwen2", "qwen3"));
+
+// The arena plan (no device needed) at Llama-3.1-8B's shape, micro batch
+// 4 x 2048, r 32: each recompute mode needs less than the one before;
+// selective's budget buys layers that keep q/k/v and h_mid, as many as fit.
+TEST(CudaTrainer, PlansTheArenaForEachRecomputeMode) {
+  CudaModelShape shape{.vocab = 128256, .hidden = 4096, .inter = 14336, .n_layer = 32, .n_head = 32, .n_kv = 8,
+                       .head_dim = 128, .eps = 1e-5f};
+  shape.inv_freq.assign(64, 1.0f);
+  auto plan = [&](CudaRecompute mode, int64_t budget) {
+    CudaTrainOptions o{.max_tokens = 8192, .lora_r = 32, .recompute = mode, .max_arena_bytes = budget};
+    auto p = CudaTrainableModel::plan_arena(shape, o);
+    EXPECT_TRUE(p.is_ok()) << p.status().message();
+    return p.is_ok() ? *p : CudaArenaPlan{};
+  };
+  const CudaArenaPlan none = plan(CudaRecompute::kNone, 0), sel = plan(CudaRecompute::kSelective, 0);
+  const CudaArenaPlan full = plan(CudaRecompute::kFull, 0);
+  EXPECT_GT(none.bytes, sel.bytes);
+  EXPECT_GT(sel.bytes, full.bytes);
+  EXPECT_EQ(sel.layers_kept, 0);
+  // A layer that keeps q, k, v (4096 + 2·1024 wide), h_mid (4096) and the
+  // q|k|v and o LoRA u (4·32·(3 + 1) wide) costs that many bf16 per token.
+  const int64_t per_layer = 8192 * (4096 + 2 * 1024 + 4096 + 4 * 32 * 4) * 2;
+  const CudaArenaPlan some = plan(CudaRecompute::kSelective, sel.bytes + 5 * per_layer + per_layer / 2);
+  EXPECT_EQ(some.layers_kept, 5);
+  EXPECT_LE(some.bytes, sel.bytes + 5 * per_layer + per_layer / 2);
+  EXPECT_EQ(plan(CudaRecompute::kSelective, none.bytes).layers_kept, 32);
+  EXPECT_EQ(plan(CudaRecompute::kSelective, sel.bytes - 1).layers_kept, 0);  // too small: plain selective
+  std::printf("8B arena GiB: none %.2f, selective %.2f, full %.2f\n", double(none.bytes) / (1 << 30),
+              double(sel.bytes) / (1 << 30), double(full.bytes) / (1 << 30));
+}
 
 TEST(CudaTrainer, ParsesRecomputeModes) {
   EXPECT_EQ(parse_recompute("none").value(), CudaRecompute::kNone);
