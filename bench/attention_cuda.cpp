@@ -4,7 +4,8 @@
 // (forward 2 matmuls, backward counted as 2.5× forward, the usual
 // convention; the kernels do more because the backward recomputes the
 // scores) beside the ~810 TFLOP/s bf16 GEMM peak; each for the fast kernels
-// and the simple ones they are checked against. Decode: one token against a
+// and the simple ones they are checked against, and the backward also in
+// its Hopper (wgmma) build where the device runs it (head_dim 64, 128). Decode: one token against a
 // KV cache of n_ctx rows, in GB/s of K and V read (the floor is the device's
 // copy bandwidth). Inputs are random bf16; timings are the median of runs
 // after a warm-up, synchronizing the stream around each.
@@ -79,6 +80,15 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
   const double fwd_tflop = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * d * 1e-12;
 
+  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels) {
+    cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
+                                   d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
+                                   kHeads, kKvHeads, d, 0, scale, s.handle(), simple, kernels};
+    const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
+    const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
+    std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
+                100.0 * bwd_rate / kPeakTflops);
+  };
   for (int warp_rows : {16, 32, 0}) {  // 0: the simple kernels
     const bool simple = warp_rows == 0;
     cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
@@ -93,13 +103,12 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
       std::printf("\n");
       continue;
     }
-    cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
-                                   d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
-                                   kHeads, kKvHeads, d, 0, scale, s.handle(), simple};
-    const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
-    const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
-    std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
-                100.0 * bwd_rate / kPeakTflops);
+    time_backward(simple, cuda::AttnBwdKernels::kMma);
+  }
+  auto info = cuda::device_info(0);
+  if (info.is_ok() && info.value().sm_major == 9 && (d == 64 || d == 128)) {
+    std::printf("  d=%-3d %-9s %48s", d, "wgmma", "");
+    time_backward(false, cuda::AttnBwdKernels::kWgmma);
   }
 }
 

@@ -6,15 +6,19 @@
 // GPU sees. Tolerances, as max|got − want| / max|want| over a whole tensor:
 // out 1e-2 (bf16 output and bf16 probabilities in P·V), lse 1e-3 (fp32
 // throughout), gradients 2e-2 (P and dS rounded to bf16 before their
-// products). Forward and backward each run both kernels (fast and simple).
+// products). Forward and backward each run both kernels (fast and simple);
+// the backward's fast kernels also in their Hopper (wgmma) build where the
+// device runs it.
 // Without a GPU the kernel tests skip themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/device.h"
+#include "core/dtype.h"
 #include "ops/op_test_util.h"
 #include "ops/reference/reference.h"
 
@@ -159,13 +163,24 @@ TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   }
 }
 
-// Forward on the device, then the backward (fast or simple kernels) into
+// Forward on the device, then the backward (one of its kernel sets) into
 // freshly zeroed d_q, d_k, d_v, downloaded as f32.
 struct VarlenGrads {
   Tensor dq, dk, dv;
 };
 
-VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, bool simple) {
+enum class Bwd { kSimple, kMma, kWgmma };
+const char* bwd_name(Bwd k) {
+  return k == Bwd::kSimple ? "simple kernels" : k == Bwd::kMma ? "mma.sync kernels" : "wgmma kernels";
+}
+// The wgmma kernels run on Hopper at head_dim 64 and 128 only.
+bool runs(Bwd k, int head_dim) {
+  if (k != Bwd::kWgmma) return true;
+  auto info = cuda::device_info(0);
+  return info.is_ok() && info.value().sm_major == 9 && (head_dim == 64 || head_dim == 128);
+}
+
+VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind) {
   const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
   const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
   cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
@@ -182,7 +197,8 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
   cuda::AttentionVarlenBwdArgs b{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                  static_cast<const float*>(lse.data()), d_out.dev.data(), dq.data(), dk.data(),
                                  dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
-                                 c.head_dim, c.window, scale, nullptr, simple};
+                                 c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple,
+                                 kind == Bwd::kWgmma ? cuda::AttnBwdKernels::kWgmma : cuda::AttnBwdKernels::kMma};
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
   return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
@@ -204,9 +220,10 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (bool simple : {false, true}) {
-      SCOPED_TRACE(simple ? "simple kernels" : "fast kernels");
-      VarlenGrads got = device_backward(c, d, d_out, simple);
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma, Bwd::kSimple}) {
+      if (!runs(kind, c.head_dim)) continue;
+      SCOPED_TRACE(bwd_name(kind));
+      VarlenGrads got = device_backward(c, d, d_out, kind);
       EXPECT_LE(testing::rel_error(got.dq, want_dq), 2e-2);
       EXPECT_LE(testing::rel_error(got.dk, want_dk), 2e-2);
       EXPECT_LE(testing::rel_error(got.dv, want_dv), 2e-2);
@@ -214,22 +231,84 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
   }
 }
 
-// At training length the fast backward must agree with the simple one: the
-// same arithmetic in the same order, so at most a rare bf16 rounding flip
-// apart (as for the forward above). Grouped heads and a document that is not
-// a whole number of tiles exercise the unmasked interior tiles and the
-// masked edges together.
+// At training length the fast backwards must agree with the simple one: the
+// same arithmetic (the wgmma kernels sum the fp32 products in another
+// order), so at most a rare bf16 rounding flip apart (as for the forward
+// above). Grouped heads and a document that is not a whole number of tiles
+// exercise the unmasked interior tiles and the masked edges together. Each
+// must also be deterministic: a second run gives the same bits.
 TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
   SKIP_WITHOUT_GPU();
-  for (int head_dim : {32, 128}) {
-    SCOPED_TRACE(::testing::Message() << "d=" << head_dim);
+  for (int head_dim : {32, 64, 128}) {
     const VarlenCase c{{1500, 700, 1}, 8, 2, head_dim, 0};
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
-    VarlenGrads fast = device_backward(c, d, d_out, false), simple = device_backward(c, d, d_out, true);
-    EXPECT_LE(testing::rel_error(fast.dq, simple.dq), 5e-3);
-    EXPECT_LE(testing::rel_error(fast.dk, simple.dk), 5e-3);
-    EXPECT_LE(testing::rel_error(fast.dv, simple.dv), 5e-3);
+    const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma}) {
+      if (!runs(kind, head_dim)) continue;
+      SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
+      const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
+      EXPECT_LE(testing::rel_error(fast.dq, simple.dq), 5e-3);
+      EXPECT_LE(testing::rel_error(fast.dk, simple.dk), 5e-3);
+      EXPECT_LE(testing::rel_error(fast.dv, simple.dv), 5e-3);
+      EXPECT_EQ(testing::rel_error(again.dq, fast.dq), 0.0);
+      EXPECT_EQ(testing::rel_error(again.dk, fast.dk), 0.0);
+      EXPECT_EQ(testing::rel_error(again.dv, fast.dv), 0.0);
+    }
+  }
+}
+
+// The two wgmma products alone (cuda::attention_wgmma_check) against host
+// sums: a fault in the shared-memory layout, its descriptors or the register
+// fragments shows as wrong elements, the first few printed with their place.
+size_t report_mismatches(const Tensor& got, const Tensor& want, int cols, const char* what) {
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  float max_ref = 0.f;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::abs(w[i]));
+  size_t bad = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!(std::abs(g[i] - w[i]) <= 1e-4f * max_ref)) {
+      if (++bad <= 6)
+        ADD_FAILURE() << what << " [" << i / cols << ", " << i % cols << "]: got " << g[i] << ", want " << w[i];
+    }
+  }
+  return bad;
+}
+
+TEST(CudaAttention, WgmmaProductsMatchHost) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {64, 128}) {
+    if (!runs(Bwd::kWgmma, d)) continue;
+    SCOPED_TRACE(::testing::Message() << "d=" << d);
+    Bf16Input a = upload({64, d}, 7000 + uint32_t(d)), b = upload({64, d}, 7001 + uint32_t(d));
+    cuda::DeviceBuffer s = device_zeros(2 * 64 * 64 * 4), o = device_zeros(size_t(64 * d * 4));
+    Status st = cuda::attention_wgmma_check(
+        {a.dev.data(), b.dev.data(), static_cast<float*>(s.data()), static_cast<float*>(o.data()), d, nullptr});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    Tensor got_s = download(s, DType::F32, {2, 64, 64}), got_o = download(o, DType::F32, {64, d});
+    const float* pa = a.host.data<float>();
+    const float* pb = b.host.data<float>();
+    Tensor want_s = Tensor::zeros(DType::F32, {2, 64, 64}), want_o = Tensor::zeros(DType::F32, {64, d});
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < 64; ++j) {
+        double ab = 0, ba = 0;
+        for (int k = 0; k < d; ++k) {
+          ab += double(pa[i * d + k]) * pb[j * d + k];
+          ba += double(pb[i * d + k]) * pa[j * d + k];
+        }
+        want_s.data<float>()[i * 64 + j] = float(ab);
+        want_s.data<float>()[4096 + i * 64 + j] = float(ba);
+      }
+    for (int i = 0; i < 64; ++i)  // o from the device's own s, rounded to bf16 as the kernel does
+      for (int n = 0; n < d; ++n) {
+        double acc = 0;
+        for (int j = 0; j < 64; ++j)
+          acc += double(bf16_to_f32(f32_to_bf16(got_s.data<float>()[i * 64 + j]))) * pb[j * d + n];
+        want_o.data<float>()[i * d + n] = float(acc);
+      }
+    EXPECT_EQ(report_mismatches(got_s, want_s, 64, "A·Bᵀ then B·Aᵀ (rows 64..127)"), 0u);
+    EXPECT_EQ(report_mismatches(got_o, want_o, d, "bf16(A·Bᵀ)·B"), 0u);
   }
 }
 

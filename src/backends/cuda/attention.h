@@ -43,6 +43,13 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 // Backward: d_q, d_k, d_v are overwritten. d_k/d_v of a KV head sum over the
 // query heads sharing it inside one thread block (no atomics), so the result
 // is deterministic. workspace holds D = rowsum(d_out ⊙ out) per row and head.
+// The fast kernels come in two builds of the same scheme: mma.sync (every
+// device, every compiled head_dim) and wgmma (Hopper, head_dim 64 and 128).
+enum class AttnBwdKernels {
+  kAuto,   // the best one this device and head_dim run
+  kMma,    // the mma.sync kernels
+  kWgmma,  // the Hopper kernels; refused where they do not run
+};
 struct AttentionVarlenBwdArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -61,9 +68,25 @@ struct AttentionVarlenBwdArgs {
   float scale = 1.0f;
   void* stream = nullptr;
   bool simple = false;  // the plain kernels, kept as an oracle for the fast ones
+  AttnBwdKernels kernels = AttnBwdKernels::kAuto;  // which fast kernels (ignored when simple)
 };
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head);
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);
+
+// A check of the two tensor-core products the wgmma backward is built from,
+// on one pair of row-major bf16 [64, head_dim] matrices A and B (Hopper,
+// head_dim 64 or 128): s[0:4096] = A·Bᵀ and s[4096:8192] = B·Aᵀ (row-major
+// f32 [64, 64]), o = bf16(A·Bᵀ)·B (row-major f32 [64, head_dim]). A test
+// compares them with host products, so a layout fault shows by itself.
+struct AttentionWgmmaCheckArgs {
+  const void* a = nullptr;  // bf16 [64, head_dim], device
+  const void* b = nullptr;  // bf16 [64, head_dim], device
+  float* s = nullptr;       // f32 [2, 64, 64], device
+  float* o = nullptr;       // f32 [64, head_dim], device
+  int head_dim = 0;
+  void* stream = nullptr;
+};
+Status attention_wgmma_check(const AttentionWgmmaCheckArgs& a);
 
 // Generation: query row i sits at position pos0 + i and sees cache rows
 // 0 .. pos0 + i (and only j > pos − window with a window). One token is

@@ -28,10 +28,11 @@
 // 172 TFLOP/s counted as 2.5× the forward (the simple kernels: 106). Both
 // kernels hold 255 registers, so registers and shared memory allow 2 blocks
 // (8 warps) per SM, and they are latency-bound: ~5 cycles between issued
-// instructions per warp, tensor-core instructions under a fifth of those. The
-// next step is fewer registers per warp — dK/dV split over head_dim across
-// twice the warps, P and dS passed through shared memory — for more warps
-// per SM, rather than more work per warp.
+// instructions per warp, tensor-core instructions under a fifth of those,
+// each warp re-reading from shared memory the operands its neighbours read.
+// On Hopper the same scheme runs on warpgroup instructions instead
+// (attention_bwd_sm90.cu, AttnBwdKernels::kWgmma): one read of each operand
+// per four warps, and the delta kernel here in front of it.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 
@@ -46,6 +47,9 @@
 #ifndef LATHE_ATTN_BWD_UNMASKED
 #define LATHE_ATTN_BWD_UNMASKED 1
 #endif
+#ifndef LATHE_ATTN_BWD_SM90_AUTO  // AttnBwdKernels::kAuto picks the wgmma kernels where they run (1)
+#define LATHE_ATTN_BWD_SM90_AUTO 0
+#endif
 #ifndef LATHE_ATTN_BWD_MIN_BLOCKS_64
 #define LATHE_ATTN_BWD_MIN_BLOCKS_64 3
 #endif
@@ -56,16 +60,6 @@
 namespace lathe::cuda {
 namespace attn {
 namespace {
-
-struct BwdParams {
-  const bf16 *q, *k, *v, *out, *d_out;
-  const float* lse;
-  float* delta;
-  bf16 *d_q, *d_k, *d_v;
-  const int32_t* cu;
-  int n_tokens, n_head, n_head_kv, window;
-  float scale;
-};
 
 template <bool kLdmatrix_, bool kAsync_, bool kUnmasked_>
 struct BwdPath {
@@ -124,18 +118,7 @@ __device__ __forceinline__ void dq_tile(float (*dq)[4], const uint32_t (*qf)[4],
       const float pr = vis ? fast_exp2(fmaf(s[j][e], sl2, -lse2[e / 2])) : 0.f;
       s[j][e] = pr * (dp[j][e] - dlt[e / 2]);  // dS
     }
-#pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
-    uint32_t a[4];
-    c_to_a(a, s, kc);
-#pragma unroll
-    for (int dn = 0; dn < D / 8; dn += 2) {
-      uint32_t b0[2], b1[2];
-      frag_b_cols2<Path::kLdmatrix>(b0, b1, sK, kS, kc * 16, dn * 8);
-      mma_bf16(dq[dn], a, b0);
-      mma_bf16(dq[dn + 1], a, b1);
-    }
-  }
+  scores_times_tile<D, Path::kLdmatrix>(dq, s, sK);
 }
 
 // Blocks run in reverse tile order: the last query tiles see the most keys
@@ -252,22 +235,8 @@ __device__ __forceinline__ void dkdv_tile(float (*dk)[4], float (*dv)[4], const 
       s[j][e] = pr;
       dp[j][e] = pr * (dp[j][e] - sD[col]);  // dSᵀ
     }
-#pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
-    uint32_t ap[4], ads[4];
-    c_to_a(ap, s, kc);
-    c_to_a(ads, dp, kc);
-#pragma unroll
-    for (int dn = 0; dn < D / 8; dn += 2) {
-      uint32_t b0[2], b1[2];
-      frag_b_cols2<Path::kLdmatrix>(b0, b1, sO, kS, kc * 16, dn * 8);
-      mma_bf16(dv[dn], ap, b0);
-      mma_bf16(dv[dn + 1], ap, b1);
-      frag_b_cols2<Path::kLdmatrix>(b0, b1, sQ, kS, kc * 16, dn * 8);
-      mma_bf16(dk[dn], ads, b0);
-      mma_bf16(dk[dn + 1], ads, b1);
-    }
-  }
+  scores_times_tile<D, Path::kLdmatrix>(dv, s, sO);
+  scores_times_tile<D, Path::kLdmatrix>(dk, dp, sQ);
 }
 
 // Stages query tile `it` of a dkdv block — head hk·group + it / n_qt, rows
@@ -356,10 +325,11 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
 }
 
 template <int D, class Path>
-Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st) {
+Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, bool sm90) {
   const int rows = p.n_tokens * p.n_head;  // < 2^31, checked by the caller
   delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention delta launch"));
+  if (sm90) return launch_backward_sm90(p, D, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
   const int smem_dq = (2 + 2 * Path::kBufs) * tile_bytes;
@@ -411,11 +381,20 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
                     a.cu_seqlens,                      a.n_tokens,
                     a.n_head,                          a.n_head_kv,
                     a.window,                          a.scale};
+  bool sm90 = false;
+  if (!a.simple && a.kernels == AttnBwdKernels::kWgmma) {
+    if (!attn::backward_sm90_supported(a.head_dim))
+      return unsupported(kName, "the wgmma kernels need a Hopper device and head_dim 64 or 128 (head_dim ",
+                         a.head_dim, ")");
+    sm90 = true;
+  } else if (!a.simple && a.kernels == AttnBwdKernels::kAuto) {
+    sm90 = LATHE_ATTN_BWD_SM90_AUTO && attn::backward_sm90_supported(a.head_dim);
+  }
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st)
-                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st);
+    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st, false)
+                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st, sm90);
   });
 }
 

@@ -158,6 +158,27 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*s)[4], int k
   a[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
 }
 
+// acc[16 rows × D] += S·T for a warp: S the 16×64 score tile in C fragments
+// (8 n tiles of 8 keys, rounded to bf16 here), T the 64 rows × D shared tile
+// whose rows are the keys (V in the forward's P·V, K in dS·K, dO and Q in
+// Pᵀ·dO and dSᵀ·Q). Each accumulator sums its keys in ascending order.
+template <int D, bool kLdmatrix>
+__device__ __forceinline__ void scores_times_tile(float (*acc)[4], const float (*s)[4], const bf16* tile) {
+  constexpr int kS = D + 8;
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    uint32_t a[4];
+    c_to_a(a, s, kc);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      uint32_t b0[2], b1[2];
+      frag_b_cols2<kLdmatrix>(b0, b1, tile, kS, kc * 16, dn * 8);
+      mma_bf16(acc[dn], a, b0);
+      mma_bf16(acc[dn + 1], a, b1);
+    }
+  }
+}
+
 // Copies rows [row0, row0 + 64) of a [rows, heads, D] tensor's head `h` into
 // a shared tile; rows at or past `n_rows` become zero. 16-byte accesses.
 template <int D>
@@ -275,6 +296,23 @@ struct FwdParams {
   int warp_rows = 0;     // query rows per warp of the fast kernel: 16, 32; 0: the compiled default
 };
 Status launch_flash_forward(const FwdParams& p, void* stream);
+
+// Backward arguments shared by the mma.sync kernels (attention_bwd.cu) and
+// the Hopper ones (attention_bwd_sm90.cu); delta = rowsum(dO ⊙ O).
+struct BwdParams {
+  const bf16 *q, *k, *v, *out, *d_out;
+  const float* lse;
+  float* delta;
+  bf16 *d_q, *d_k, *d_v;
+  const int32_t* cu;
+  int n_tokens, n_head, n_head_kv, window;
+  float scale;
+};
+// The Hopper backward: true when the current device runs the wgmma kernels
+// at head_dim d (compute capability 9.x, d 64 or 128).
+bool backward_sm90_supported(int d);
+// Its dq and dkdv kernels; delta must already be in p.delta.
+Status launch_backward_sm90(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st);
 
 Status cuda_check(cudaError_t err, const char* what);
 

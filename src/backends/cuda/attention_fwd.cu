@@ -109,18 +109,7 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], float (*o)[
       mma_bf16(s[n + 1], qf[kk], b1);
     }
   online_softmax<D>(s, o, m, l, masked, kt, pos_a, pos_b, n_k, window, sl2);
-#pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
-    uint32_t a[4];
-    c_to_a(a, s, kc);
-#pragma unroll
-    for (int dn = 0; dn < D / 8; dn += 2) {
-      uint32_t b0[2], b1[2];
-      frag_b_cols2<kLdmatrix>(b0, b1, sV, kS, kc * 16, dn * 8);
-      mma_bf16(o[dn], a, b0);
-      mma_bf16(o[dn + 1], a, b1);
-    }
-  }
+  scores_times_tile<D, kLdmatrix>(o, s, sV);
 }
 
 // The same for a warp's 32 rows: two 16-row tiles, 64 rows apart (one in
@@ -244,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, kPipelined ? min_blocks<D>() : 1) fl
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
   if (i0 >= n_q) return;
 
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int row_a = i0 + warp * 16 + g, row_b = row_a + 8;  // local query rows of this thread
   const int pos_a = row_a + p.q_pos0, pos_b = row_b + p.q_pos0;
   const int last_row = min(i0 + kBlockRows, n_q) - 1;

@@ -1,0 +1,481 @@
+// Attention backward on Hopper's warpgroup tensor-core instruction (wgmma,
+// sm_90a): the dq and dkdv kernels of attention_bwd.cu with the same split,
+// masks and arithmetic (P and dS rounded to bf16 before their products, fp32
+// accumulation, no atomics), but each thread block is one warpgroup of four
+// warps that multiplies 64-row tiles straight out of shared memory:
+//   dq:   S = Q·Kᵀ and dP = dO·Vᵀ (both operands in shared memory), then
+//         dQ += dS·K with dS from registers;
+//   dkdv: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, then dV += Pᵀ·dO and dK += dSᵀ·Q with
+//         Pᵀ and dSᵀ from registers.
+// With mma.sync every warp reads every B fragment of its product from shared
+// memory through ldmatrix; here the warpgroup reads it once, and one
+// instruction does the work of 16 to 32, so the kernels stop being bound by
+// shared-memory traffic and instruction issue.
+//
+// Shared tiles are 64 rows × D columns stored as D/64 panels of 64 rows ×
+// 128 bytes, the 16-byte chunks of row r permuted by XOR with r % 8 (the
+// 128-byte swizzle the instruction's descriptors name). The same tile serves
+// as a K-major operand (its rows are M or N, its columns the reduction) and
+// as an MN-major one (its rows are the reduction: the dO, Q and K of the
+// second products). The accumulator of an m64nN product holds, in warp w,
+// rows 16w.. with the mma.sync C layout repeated over N/8 column tiles, and
+// the register A operand has the mma.sync A layout for the warp's 16 rows,
+// so c_to_a turns scores into operands as in the other kernels.
+#include "backends/cuda/attention.h"
+#include "backends/cuda/attention_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LATHE_SM90A_DEVICE 1
+#else
+#define LATHE_SM90A_DEVICE 0
+#endif
+
+namespace lathe::cuda::attn {
+namespace sm90 {  // named, not anonymous: the sm_80 pass compiles none of it and would warn
+
+constexpr int kPanelBytes = kBlockRows * 128;  // 64 rows of 64 bf16
+
+template <int D>
+constexpr int tile_bytes() {
+  return kBlockRows * D * 2;
+}
+
+// Byte offset of 16-byte chunk ch (columns 8ch .. 8ch + 7) of row r.
+__device__ __forceinline__ uint32_t sw_offset(int r, int ch) {
+  return uint32_t((ch / 8) * kPanelBytes + r * 128 + (((ch % 8) ^ (r % 8)) * 16));
+}
+
+// Rows [row0, row0 + 64) of head h of a [rows, heads, D] tensor into a
+// swizzled tile through cp.async; rows at or past n_rows become zero.
+template <int D>
+__device__ __forceinline__ void load_tile_sw(unsigned char* s, const bf16* g, int64_t base_row, int row0,
+                                             int n_rows, int heads, int h) {
+  constexpr int kVec = D / 8;
+  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kThreads) {
+    const int r = i / kVec, c = i % kVec;
+    const bool valid = row0 + r < n_rows;
+    const bf16* src = valid ? g + ((base_row + row0 + r) * heads + h) * D + c * 8 : g;
+    cp_async16(s + sw_offset(r, c), src, valid);
+  }
+}
+
+// Shared-memory matrix descriptor: start address, leading and stride byte
+// offsets (all in 16-byte units), 128-byte swizzle (mode 1, bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(const unsigned char* p, uint32_t lbo, uint32_t sbo) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+// K-major operand: the 64 rows of the tile, columns k0 .. k0 + 15 (8-row
+// groups 1024 bytes apart; inside a swizzle row the start moves 32 bytes per
+// 16 columns).
+__device__ __forceinline__ uint64_t desc_k(const unsigned char* tile, int k0) {
+  return sw128_desc(tile + (k0 / 64) * kPanelBytes + (k0 % 64) * 2, 16, 1024);
+}
+// MN-major operand: rows k0 .. k0 + 15 are the reduction, all columns the N
+// index (panels of 64 columns kPanelBytes apart, 8-row groups 1024 apart).
+__device__ __forceinline__ uint64_t desc_mn(const unsigned char* tile, int k0) {
+  return sw128_desc(tile + k0 * 128, kPanelBytes, 1024);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Makes this thread's completed cp.async writes visible to wgmma's reads.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accesses of accumulator registers across
+// the wgmma fence / wait around them.
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for register A operands: computed before the fence, not after.
+__device__ __forceinline__ void pin(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i / 4][i % 4])::"memory");
+}
+
+#define LATHE_WG_F8(i)                                                                                         \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define LATHE_WG_F32 LATHE_WG_F8(0), LATHE_WG_F8(8), LATHE_WG_F8(16), LATHE_WG_F8(24)
+#define LATHE_WG_F64 LATHE_WG_F32, LATHE_WG_F8(32), LATHE_WG_F8(40), LATHE_WG_F8(48), LATHE_WG_F8(56)
+#define LATHE_WG_R32                                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define LATHE_WG_R64                                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// d[64×64] = A[64×16]·B[16×64] (+ d when accumulate), both K-major
+// descriptors.
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LATHE_WG_R32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : LATHE_WG_F32
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d[64×N] += A[64×16]·B[16×N], A from registers (c_to_a layout per warp),
+// B an MN-major descriptor.
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t a[4], uint64_t b) {
+  static_assert(N == 64 || N == 128);
+  if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LATHE_WG_R32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : LATHE_WG_F32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LATHE_WG_R64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : LATHE_WG_F64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+
+// Both score products of one tile pair: s = A1·B1ᵀ and dp = A2·B2ᵀ over D,
+// all four tiles K-major (the first step overwrites s and dp); waits for them.
+template <int D>
+__device__ __forceinline__ void score_products(float (&s)[32], float (&dp)[32], const unsigned char* a1,
+                                               const unsigned char* b1, const unsigned char* a2,
+                                               const unsigned char* b2) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) wgmma_ss_n64(s, desc_k(a1, kk * 16), desc_k(b1, kk * 16), kk > 0);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) wgmma_ss_n64(dp, desc_k(a2, kk * 16), desc_k(b2, kk * 16), kk > 0);
+  wg_commit();
+  wg_wait_all();
+  pin(s);
+  pin(dp);
+}
+
+// acc += A·B over 64 reduction rows: A the four k16 register fragments,
+// B the tile's 64 rows MN-major. Issues only (the caller commits and waits).
+template <int D>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[D / 2], const uint32_t (*a)[4], const unsigned char* b) {
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) wgmma_rs<D>(acc, a[kc], desc_mn(b, kc * 16));
+}
+
+// dq for one K/V tile: this thread's query rows row_a, row_b (= row_a + 8).
+template <int D>
+__device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char* sQ, const unsigned char* sO,
+                                        const unsigned char* sK, const unsigned char* sV, bool masked, int kt,
+                                        int row_a, int row_b, int n, int window, float sl2, const float lse2[2],
+                                        const float dlt[2]) {
+  const int c = threadIdx.x % 4;
+  float s[32], dp[32];
+  score_products<D>(s, dp, sQ, sK, sO, sV);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kt + j * 8 + 2 * c + (e & 1), i = 4 * j + e;
+      const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
+      const float pr = vis ? fast_exp2(fmaf(s[i], sl2, -lse2[e / 2])) : 0.f;
+      s[i] = pr * (dp[i] - dlt[e / 2]);  // dS
+    }
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+  pin(a);
+  pin(dq);
+  wg_fence();
+  accumulate_rows<D>(dq, a, sK);
+  wg_commit();
+  wg_wait_all();
+  pin(dq);
+}
+
+// The dynamic shared memory rounded up to the 1024-byte alignment of the
+// swizzle pattern (the launch asks for 1 KiB more).
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Blocks run in reverse tile order (the longest first), as in attention_bwd.cu.
+template <int D>
+__global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) dq_sm90_kernel(BwdParams p) {
+#if LATHE_SM90A_DEVICE
+  constexpr int kT = tile_bytes<D>();
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sQ = aligned_smem(smem_raw);
+  unsigned char* sO = sQ + kT;
+  unsigned char* sK = sO + kT;  // two K buffers, then two V buffers
+  unsigned char* sV = sK + 2 * kT;
+
+  const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
+  const int64_t base = p.cu[blockIdx.z];
+  const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  if (i0 >= n) return;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const int row_a = i0 + warp * 16 + g, row_b = row_a + 8;
+  const int k_last = min(i0 + kBlockRows, n) - 1;
+  const int k_first = p.window > 0 ? max(0, i0 - p.window + 1) : 0;
+  const float sl2 = p.scale * kLog2e;
+  float lse2[2] = {0.f, 0.f}, dlt[2] = {0.f, 0.f};
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    if (row >= n) continue;
+    lse2[r] = p.lse[(base + row) * p.n_head + h] * kLog2e;
+    dlt[r] = p.delta[(base + row) * p.n_head + h];
+  }
+  load_tile_sw<D>(sQ, p.q, base, i0, n, p.n_head, h);
+  load_tile_sw<D>(sO, p.d_out, base, i0, n, p.n_head, h);
+  load_tile_sw<D>(sK, p.k, base, k_first, k_last + 1, p.n_head_kv, hk);
+  load_tile_sw<D>(sV, p.v, base, k_first, k_last + 1, p.n_head_kv, hk);
+  cp_async_commit();
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+
+  for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
+    if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
+      load_tile_sw<D>(sK + (buf ^ 1) * kT, p.k, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_sw<D>(sV + (buf ^ 1) * kT, p.v, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this tile
+    cp_async_wait_one();
+    fence_async_smem();
+    __syncthreads();
+    const bool masked = p.window > 0 || kt + kBlockRows - 1 > i0;
+    dq_tile<D>(dq, sQ, sO, sK + buf * kT, sV + buf * kT, masked, kt, row_a, row_b, n, p.window, sl2, lse2, dlt);
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    if (row >= n) continue;
+    bf16* dst = p.d_q + ((base + row) * p.n_head + h) * D + 2 * c;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn)
+      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
+          __floats2bfloat162_rn(dq[4 * dn + 2 * r] * p.scale, dq[4 * dn + 2 * r + 1] * p.scale);
+  }
+#else
+  __trap();  // launched only where backward_sm90_supported() holds
+#endif
+}
+
+// dkdv for one query tile: this thread's keys key_a, key_b (= key_a + 8).
+template <int D>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[D / 2], float (&dv)[D / 2], const unsigned char* sK,
+                                          const unsigned char* sV, const unsigned char* sQ, const unsigned char* sO,
+                                          const float* sL, const float* sD, bool masked, int qt, int key_a,
+                                          int key_b, int n, int window, float sl2) {
+  const int c = threadIdx.x % 4;
+  float s[32], dp[32];
+  score_products<D>(s, dp, sK, sQ, sV, sO);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + 2 * c + (e & 1), qi = qt + col, i = 4 * j + e;
+      const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
+      const float pr = vis ? fast_exp2(fmaf(s[i], sl2, -sL[col] * kLog2e)) : 0.f;
+      s[i] = pr;
+      dp[i] = pr * (dp[i] - sD[col]);  // dSᵀ
+    }
+  uint32_t pa[4][4], da[4][4];
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    c_to_a(pa[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+    c_to_a(da[kc], reinterpret_cast<const float(*)[4]>(dp), kc);
+  }
+  pin(pa);
+  pin(da);
+  pin(dv);
+  pin(dk);
+  wg_fence();
+  accumulate_rows<D>(dv, pa, sO);
+  accumulate_rows<D>(dk, da, sQ);
+  wg_commit();
+  wg_wait_all();
+  pin(dv);
+  pin(dk);
+}
+
+// Query tile `it` of a dkdv block (head hk·group + it / n_qt, rows j0 +
+// (it % n_qt)·64) with its lse and delta, zero past the document.
+template <int D>
+__device__ __forceinline__ void stage_query_tile(const BwdParams& p, unsigned char* sQ, unsigned char* sO, float* sL,
+                                                 float* sD, int64_t base, int n, int hk, int j0, int n_qt, int it) {
+  const int h = hk * (p.n_head / p.n_head_kv) + it / n_qt, qt = j0 + (it % n_qt) * kBlockRows;
+  load_tile_sw<D>(sQ, p.q, base, qt, n, p.n_head, h);
+  load_tile_sw<D>(sO, p.d_out, base, qt, n, p.n_head, h);
+  for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
+    const bool in = qt + r < n;
+    const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
+    cp_async4(sL + r, p.lse + at, in);
+    cp_async4(sD + r, p.delta + at, in);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(BwdParams p) {
+#if LATHE_SM90A_DEVICE
+  constexpr int kT = tile_bytes<D>();
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sK = aligned_smem(smem_raw);
+  unsigned char* sV = sK + kT;
+  unsigned char* sQ = sV + kT;      // two Q buffers
+  unsigned char* sO = sQ + 2 * kT;  // two d_out buffers
+  float* sL = reinterpret_cast<float*>(sO + 2 * kT);  // 2 × 64 lse
+  float* sD = sL + 2 * kBlockRows;                    // 2 × 64 delta
+
+  const int hk = blockIdx.y, group = p.n_head / p.n_head_kv;
+  const int64_t base = p.cu[blockIdx.z];
+  const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
+  const int j0 = blockIdx.x * kBlockRows;
+  if (j0 >= n) return;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
+  const int q_last = p.window > 0 ? min(n - 1, min(j0 + kBlockRows, n) - 1 + p.window - 1) : n - 1;
+  const int n_qt = (q_last - j0) / kBlockRows + 1, n_iter = group * n_qt;
+  const float sl2 = p.scale * kLog2e;
+
+  load_tile_sw<D>(sK, p.k, base, j0, n, p.n_head_kv, hk);
+  load_tile_sw<D>(sV, p.v, base, j0, n, p.n_head_kv, hk);
+  stage_query_tile<D>(p, sQ, sO, sL, sD, base, n, hk, j0, n_qt, 0);
+  cp_async_commit();
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  for (int it = 0, buf = 0; it < n_iter; ++it, buf ^= 1) {
+    if (it + 1 < n_iter)
+      stage_query_tile<D>(p, sQ + (buf ^ 1) * kT, sO + (buf ^ 1) * kT, sL + (buf ^ 1) * kBlockRows,
+                          sD + (buf ^ 1) * kBlockRows, base, n, hk, j0, n_qt, it + 1);
+    cp_async_commit();
+    cp_async_wait_one();
+    fence_async_smem();
+    __syncthreads();
+    const int qt = j0 + (it % n_qt) * kBlockRows;
+    const bool masked = p.window > 0 || qt < j0 + kBlockRows - 1 || qt + kBlockRows > n;
+    dkdv_tile<D>(dk, dv, sK, sV, sQ + buf * kT, sO + buf * kT, sL + buf * kBlockRows, sD + buf * kBlockRows, masked,
+                 qt, key_a, key_b, n, p.window, sl2);
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key_a : key_b;
+    if (key >= n) continue;
+    const int64_t off = ((base + key) * p.n_head_kv + hk) * D + 2 * c;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      *reinterpret_cast<__nv_bfloat162*>(p.d_k + off + dn * 8) =
+          __floats2bfloat162_rn(dk[4 * dn + 2 * r] * p.scale, dk[4 * dn + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(p.d_v + off + dn * 8) =
+          __floats2bfloat162_rn(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
+    }
+  }
+#else
+  __trap();  // launched only where backward_sm90_supported() holds
+#endif
+}
+
+// The two products the kernels are built from, alone on one 64-row tile
+// pair: s = A·Bᵀ (shared × shared, K-major), then o = bf16(s)·B (registers
+// × shared, MN-major); also dp = B·Aᵀ.
+template <int D>
+__global__ void __launch_bounds__(kThreads) check_kernel(const bf16* a, const bf16* b, float* s_out, float* o_out) {
+#if LATHE_SM90A_DEVICE
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sA = aligned_smem(smem_raw);
+  unsigned char* sB = sA + tile_bytes<D>();
+  load_tile_sw<D>(sA, a, 0, 0, kBlockRows, 1, 0);
+  load_tile_sw<D>(sB, b, 0, 0, kBlockRows, 1, 0);
+  cp_async_commit();
+  cp_async_commit();
+  cp_async_wait_one();
+  fence_async_smem();
+  __syncthreads();
+  const int row = threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  float s[32], dp[32], o[D / 2];
+  score_products<D>(s, dp, sA, sB, sB, sA);
+  for (int i = 0; i < 32; ++i) {
+    const int at = (row + (i % 4 >= 2 ? 8 : 0)) * 64 + i / 4 * 8 + 2 * c + i % 2;
+    s_out[at] = s[i];
+    s_out[kBlockRows * 64 + at] = dp[i];
+  }
+  uint32_t pa[4][4];
+  for (int kc = 0; kc < 4; ++kc) c_to_a(pa[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  pin(pa);
+  pin(o);
+  wg_fence();
+  accumulate_rows<D>(o, pa, sB);
+  wg_commit();
+  wg_wait_all();
+  pin(o);
+  for (int i = 0; i < D / 2; ++i) o_out[(row + (i % 4 >= 2 ? 8 : 0)) * D + i / 4 * 8 + 2 * c + i % 2] = o[i];
+#else
+  __trap();
+#endif
+}
+
+template <int D>
+Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st) {
+  const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
+  const int smem_dq = 6 * tile_bytes<D>() + 1024;  // + room to align the tiles to 1024 bytes
+  const int smem_dkdv = smem_dq + 4 * kBlockRows * int(sizeof(float));
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dq_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq),
+                       "cudaFuncSetAttribute(dq_sm90)"));
+  LATHE_TRY(cuda_check(
+      cudaFuncSetAttribute(dkdv_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dkdv),
+      "cudaFuncSetAttribute(dkdv_sm90)"));
+  dq_sm90_kernel<D><<<dim3(tiles, p.n_head, n_docs), kThreads, smem_dq, st>>>(p);
+  LATHE_TRY(cuda_check(cudaGetLastError(), "attention dq_sm90 launch"));
+  dkdv_sm90_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem_dkdv, st>>>(p);
+  return cuda_check(cudaGetLastError(), "attention dkdv_sm90 launch");
+}
+
+}  // namespace sm90
+
+bool backward_sm90_supported(int d) {
+  if (d != 64 && d != 128) return false;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major == 9;
+}
+
+Status launch_backward_sm90(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st) {
+  if (d == 64) return sm90::launch<64>(p, n_docs, max_seqlen, st);
+  if (d == 128) return sm90::launch<128>(p, n_docs, max_seqlen, st);
+  return unsupported("attention backward (wgmma): head_dim ", d, " (64 and 128 are compiled)");
+}
+
+}  // namespace lathe::cuda::attn
+
+namespace lathe::cuda {
+
+Status attention_wgmma_check(const AttentionWgmmaCheckArgs& a) {
+  if (!attn::backward_sm90_supported(a.head_dim))
+    return unsupported("attention_wgmma_check: needs a Hopper device and head_dim 64 or 128 (head_dim ", a.head_dim,
+                       ")");
+  if (!a.a || !a.b || !a.s || !a.o) return invalid_argument("attention_wgmma_check: a, b, s and o must be set");
+  auto st = static_cast<cudaStream_t>(a.stream);
+  const auto* pa = static_cast<const attn::bf16*>(a.a);
+  const auto* pb = static_cast<const attn::bf16*>(a.b);
+  auto run = [&](auto kernel, int smem) {
+    LATHE_TRY(attn::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                               "cudaFuncSetAttribute(check)"));
+    kernel<<<1, attn::kThreads, smem, st>>>(pa, pb, a.s, a.o);
+    return attn::cuda_check(cudaGetLastError(), "attention_wgmma_check launch");
+  };
+  if (a.head_dim == 64) return run(attn::sm90::check_kernel<64>, 2 * attn::sm90::tile_bytes<64>() + 1024);
+  return run(attn::sm90::check_kernel<128>, 2 * attn::sm90::tile_bytes<128>() + 1024);
+}
+
+}  // namespace lathe::cuda
