@@ -80,7 +80,11 @@ __device__ __forceinline__ uint64_t desc_mn(const unsigned char* tile, int k0) {
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Makes this thread's completed cp.async writes visible to wgmma's reads.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accesses of accumulator registers across
@@ -141,21 +145,20 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t a[4],
   }
 }
 
-// Both score products of one tile pair: s = A1·B1ᵀ and dp = A2·B2ᵀ over D,
-// all four tiles K-major (the first step overwrites s and dp); waits for them.
+// Both score products of one tile pair, s = A1·B1ᵀ and dp = A2·B2ᵀ over D,
+// all four tiles K-major (the first step overwrites s and dp), as two
+// groups: after wg_wait<1>() s is ready while dp is still being computed.
 template <int D>
-__device__ __forceinline__ void score_products(float (&s)[32], float (&dp)[32], const unsigned char* a1,
-                                               const unsigned char* b1, const unsigned char* a2,
-                                               const unsigned char* b2) {
+__device__ __forceinline__ void issue_score_products(float (&s)[32], float (&dp)[32], const unsigned char* a1,
+                                                     const unsigned char* b1, const unsigned char* a2,
+                                                     const unsigned char* b2) {
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) wgmma_ss_n64(s, desc_k(a1, kk * 16), desc_k(b1, kk * 16), kk > 0);
+  wg_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) wgmma_ss_n64(dp, desc_k(a2, kk * 16), desc_k(b2, kk * 16), kk > 0);
   wg_commit();
-  wg_wait_all();
-  pin(s);
-  pin(dp);
 }
 
 // acc += A·B over 64 reduction rows: A the four k16 register fragments,
@@ -174,16 +177,21 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char*
                                         const float dlt[2]) {
   const int c = threadIdx.x % 4;
   float s[32], dp[32];
-  score_products<D>(s, dp, sQ, sK, sO, sV);
+  issue_score_products<D>(s, dp, sQ, sK, sO, sV);
+  wg_wait<1>();
+  pin(s);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 8; ++j)  // P, while dP is computed
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = kt + j * 8 + 2 * c + (e & 1), i = 4 * j + e;
       const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
-      const float pr = vis ? fast_exp2(fmaf(s[i], sl2, -lse2[e / 2])) : 0.f;
-      s[i] = pr * (dp[i] - dlt[e / 2]);  // dS
+      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -lse2[e / 2])) : 0.f;
     }
+  wg_wait<0>();
+  pin(dp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = s[i] * (dp[i] - dlt[i % 4 / 2]);  // dS
   uint32_t a[4][4];
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
@@ -192,7 +200,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char*
   wg_fence();
   accumulate_rows<D>(dq, a, sK);
   wg_commit();
-  wg_wait_all();
+  wg_wait<0>();
   pin(dq);
 }
 
@@ -275,17 +283,21 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 2], float (&dv)[D / 2]
                                           int key_b, int n, int window, float sl2) {
   const int c = threadIdx.x % 4;
   float s[32], dp[32];
-  score_products<D>(s, dp, sK, sQ, sV, sO);
+  issue_score_products<D>(s, dp, sK, sQ, sV, sO);
+  wg_wait<1>();
+  pin(s);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 8; ++j)  // Pᵀ, while dPᵀ is computed
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = j * 8 + 2 * c + (e & 1), qi = qt + col, i = 4 * j + e;
       const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
-      const float pr = vis ? fast_exp2(fmaf(s[i], sl2, -sL[col] * kLog2e)) : 0.f;
-      s[i] = pr;
-      dp[i] = pr * (dp[i] - sD[col]);  // dSᵀ
+      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -sL[col] * kLog2e)) : 0.f;
     }
+  wg_wait<0>();
+  pin(dp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - sD[i / 4 * 8 + 2 * c + i % 2]);  // dSᵀ
   uint32_t pa[4][4], da[4][4];
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) {
@@ -300,7 +312,7 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 2], float (&dv)[D / 2]
   accumulate_rows<D>(dv, pa, sO);
   accumulate_rows<D>(dk, da, sQ);
   wg_commit();
-  wg_wait_all();
+  wg_wait<0>();
   pin(dv);
   pin(dk);
 }
@@ -402,7 +414,10 @@ __global__ void __launch_bounds__(kThreads) check_kernel(const bf16* a, const bf
   __syncthreads();
   const int row = threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4, c = threadIdx.x % 4;
   float s[32], dp[32], o[D / 2];
-  score_products<D>(s, dp, sA, sB, sB, sA);
+  issue_score_products<D>(s, dp, sA, sB, sB, sA);
+  wg_wait<0>();
+  pin(s);
+  pin(dp);
   for (int i = 0; i < 32; ++i) {
     const int at = (row + (i % 4 >= 2 ? 8 : 0)) * 64 + i / 4 * 8 + 2 * c + i % 2;
     s_out[at] = s[i];
@@ -416,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) check_kernel(const bf16* a, const bf
   wg_fence();
   accumulate_rows<D>(o, pa, sB);
   wg_commit();
-  wg_wait_all();
+  wg_wait<0>();
   pin(o);
   for (int i = 0; i < D / 2; ++i) o_out[(row + (i % 4 >= 2 ? 8 : 0)) * D + i / 4 * 8 + 2 * c + i % 2] = o[i];
 #else
