@@ -4,10 +4,10 @@
 // (forward 2 matmuls, backward counted as 2.5× forward, the usual
 // convention; the kernels do more because the backward recomputes the
 // scores) beside the ~810 TFLOP/s bf16 GEMM peak; each for the fast kernels
-// and the simple ones they are checked against, and the backward also in
-// its Hopper (wgmma) build where the device runs it (head_dim 64, 128). Decode: one token against a
-// KV cache of n_ctx rows, in GB/s of K and V read (the floor is the device's
-// copy bandwidth). Inputs are random bf16; timings are the median of runs
+// and the simple ones they are checked against, and forward and backward in
+// their Hopper (wgmma) builds where the device runs them (head_dim 64, 128).
+// Decode: one token against a KV cache of n_ctx rows, in GB/s of K and V
+// read (the floor is the device's copy bandwidth). Inputs are random bf16; timings are the median of runs
 // after a warm-up, synchronizing the stream around each.
 // Usage: bench_attention_cuda [documents, default 8] [decode n_ctx, default 8192]
 #include <algorithm>
@@ -107,7 +107,12 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   }
   auto info = cuda::device_info(0);
   if (info.is_ok() && info.value().sm_major == 9 && (d == 64 || d == 128)) {
-    std::printf("  d=%-3d %-9s %48s", d, "wgmma", "");
+    cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
+                                   cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle(), false, 0, true};
+    const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+    const double fwd_rate = fwd_tflop / t_fwd;
+    std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)", d, "wgmma", t_fwd * 1e3,
+                fwd_rate, 100.0 * fwd_rate / kPeakTflops, kPeakTflops);
     time_backward(false, cuda::AttnBwdKernels::kWgmma);
   }
 }

@@ -28,6 +28,12 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA in this build)"
 
+// The wgmma kernels run on Hopper at head_dim 64 and 128 only.
+bool wgmma_runs(int head_dim) {
+  auto info = cuda::device_info(0);
+  return info.is_ok() && info.value().sm_major == 9 && (head_dim == 64 || head_dim == 128);
+}
+
 // A bf16 device copy of a host tensor plus its bf16-rounded f32 twin.
 struct Bf16Input {
   Tensor host;  // f32, already rounded to bf16
@@ -116,7 +122,8 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
     AttentionVarlenArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .out = want, .lse = want_lse,
                           .cu_seqlens = d.cu_host, .window = c.window, .scale = scale};
     ref::attention_varlen_forward(r);
-    for (int warp_rows : {0, 16, 32}) {  // 0: the simple kernel
+    for (int warp_rows : {0, 16, 32, 64}) {  // 0: the simple kernel; 64: the wgmma one (a warpgroup's rows)
+      if (warp_rows == 64 && !wgmma_runs(c.head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << (warp_rows == 0 ? "simple kernel" : "pipelined kernel, warp rows ")
                                         << warp_rows);
       cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
@@ -124,7 +131,8 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
       cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                      static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
                                      int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                     c.window, scale, nullptr, warp_rows == 0, warp_rows};
+                                     c.window, scale, nullptr, warp_rows == 0, warp_rows == 64 ? 0 : warp_rows,
+                                     warp_rows == 64};
       Status st = cuda::attention_varlen_forward(a);
       ASSERT_TRUE(st.is_ok()) << st.message();
       EXPECT_LE(testing::rel_error(download(out, DType::BF16, {d.n, c.n_head, c.head_dim}), want), 1e-2);
@@ -134,29 +142,31 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
 }
 
 // At training length, where the double reference would be slow, the
-// pipelined kernels (16 and 32 rows per warp) must agree with the simple
-// one: the same arithmetic in the same order, so at most a rare bf16
-// rounding flip (or an fp32 ulp of lse, should the compiler contract
-// differently) apart.
+// pipelined kernels (16 and 32 rows per warp, and the wgmma one where it
+// runs) must agree with the simple one: the same arithmetic (the wgmma
+// kernel sums its fp32 products in another order), so at most a rare bf16
+// rounding flip (or an fp32 ulp of lse) apart.
 TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   SKIP_WITHOUT_GPU();
   const VarlenCase c{{1500, 700, 1}, 8, 2, 128, 0};
   VarlenData d = make_varlen(c, 4242);
-  Tensor outs[3], lses[3];
-  const int warp_rows[3] = {0, 16, 32};  // 0: the simple kernel
-  for (int i = 0; i < 3; ++i) {
+  Tensor outs[4], lses[4];
+  const int warp_rows[4] = {0, 16, 32, 64};  // 0: the simple kernel; 64: the wgmma one
+  const int n_kinds = wgmma_runs(c.head_dim) ? 4 : 3;
+  for (int i = 0; i < n_kinds; ++i) {
     cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
     cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
     cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                    static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()), 3,
                                    max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim, 0,
-                                   1.0f / std::sqrt(128.0f), nullptr, warp_rows[i] == 0, warp_rows[i]};
+                                   1.0f / std::sqrt(128.0f), nullptr, warp_rows[i] == 0,
+                                   warp_rows[i] == 64 ? 0 : warp_rows[i], warp_rows[i] == 64};
     Status st = cuda::attention_varlen_forward(a);
     ASSERT_TRUE(st.is_ok()) << st.message();
     outs[i] = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
     lses[i] = download(lse, DType::F32, {d.n, c.n_head});
   }
-  for (int i = 1; i < 3; ++i) {
+  for (int i = 1; i < n_kinds; ++i) {
     SCOPED_TRACE(::testing::Message() << "warp rows " << warp_rows[i]);
     EXPECT_LE(testing::rel_error(outs[i], outs[0]), 5e-3);
     EXPECT_LE(testing::rel_error(lses[i], lses[0]), 1e-5);
@@ -173,12 +183,7 @@ enum class Bwd { kSimple, kMma, kWgmma };
 const char* bwd_name(Bwd k) {
   return k == Bwd::kSimple ? "simple kernels" : k == Bwd::kMma ? "mma.sync kernels" : "wgmma kernels";
 }
-// The wgmma kernels run on Hopper at head_dim 64 and 128 only.
-bool runs(Bwd k, int head_dim) {
-  if (k != Bwd::kWgmma) return true;
-  auto info = cuda::device_info(0);
-  return info.is_ok() && info.value().sm_major == 9 && (head_dim == 64 || head_dim == 128);
-}
+bool runs(Bwd k, int head_dim) { return k != Bwd::kWgmma || wgmma_runs(head_dim); }
 
 VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind) {
   const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);

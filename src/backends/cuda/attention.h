@@ -37,6 +37,7 @@ struct AttentionVarlenFwdArgs {
   void* stream = nullptr;
   bool simple = false;  // the plain single-buffered kernel, kept as an oracle for the pipelined one
   int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default (32)
+  bool wgmma = false;   // the Hopper (wgmma) kernel instead: head_dim 64 or 128 on compute capability 9.x
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 

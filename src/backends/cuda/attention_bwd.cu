@@ -383,12 +383,12 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
                     a.window,                          a.scale};
   bool sm90 = false;
   if (!a.simple && a.kernels == AttnBwdKernels::kWgmma) {
-    if (!attn::backward_sm90_supported(a.head_dim))
+    if (!attn::sm90_supported(a.head_dim))
       return unsupported(kName, "the wgmma kernels need a Hopper device and head_dim 64 or 128 (head_dim ",
                          a.head_dim, ")");
     sm90 = true;
   } else if (!a.simple && a.kernels == AttnBwdKernels::kAuto) {
-    sm90 = LATHE_ATTN_BWD_SM90_AUTO && attn::backward_sm90_supported(a.head_dim);
+    sm90 = LATHE_ATTN_BWD_SM90_AUTO && attn::sm90_supported(a.head_dim);
   }
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {

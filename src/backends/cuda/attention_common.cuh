@@ -294,6 +294,7 @@ struct FwdParams {
   float scale;
   bool simple = false;  // the unpipelined kernel
   int warp_rows = 0;     // query rows per warp of the fast kernel: 16, 32; 0: the compiled default
+  bool wgmma = false;    // the Hopper kernel (sm90_supported(head_dim) must hold)
 };
 Status launch_flash_forward(const FwdParams& p, void* stream);
 
@@ -308,9 +309,9 @@ struct BwdParams {
   int n_tokens, n_head, n_head_kv, window;
   float scale;
 };
-// The Hopper backward: true when the current device runs the wgmma kernels
-// at head_dim d (compute capability 9.x, d 64 or 128).
-bool backward_sm90_supported(int d);
+// True when the current device runs the wgmma kernels (the Hopper forward
+// and backward) at head_dim d: compute capability 9.x, d 64 or 128.
+bool sm90_supported(int d);
 // Its dq and dkdv kernels; delta must already be in p.delta.
 Status launch_backward_sm90(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st);
 

@@ -8,9 +8,13 @@
 // for two tensor-core instructions, which is what makes it the faster one
 // (H200: 244 vs 212 TFLOP/s at head_dim 128). Only the key tiles a block
 // can see (causal, window) are visited. The same kernels serve prefill into
-// a KV cache: one sequence whose queries start at position q_pos0.
+// a KV cache: one sequence whose queries start at position q_pos0. On Hopper
+// a third kernel does the two products with warpgroup instructions
+// (attention_sm90.cuh; AttentionVarlenFwdArgs::wgmma), one warpgroup per 64
+// rows, its accumulators in the layout the softmax below expects.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/attention_sm90.cuh"
 
 #include <cmath>
 
@@ -334,6 +338,89 @@ __global__ void __launch_bounds__(kThreads, min_blocks_wide<D>()) flash_forward_
   }
 }
 
+// The Hopper kernel (attention_sm90.cuh): one warpgroup per 64 query rows,
+// S = Q·Kᵀ with both tiles in shared memory, O += P·V with P from
+// registers, K/V double-buffered through cp.async. The accumulators have the
+// layout of the kernels above, so the online softmax and the stores are
+// theirs.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) flash_forward_sm90_kernel(FwdParams p) {
+#if LATHE_SM90A_DEVICE
+  using namespace sm90;
+  constexpr int kT = tile_bytes<D>();
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sQ = aligned_smem(smem_raw);
+  unsigned char* sK = sQ + kT;  // two K tiles, then two V tiles
+  unsigned char* sV = sK + 2 * kT;
+
+  const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
+  const auto [q_base, k_base, n_q, n_k] = block_seq(p);
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  if (i0 >= n_q) return;
+  const int row_a = i0 + threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4, row_b = row_a + 8;
+  const int last_row = min(i0 + kBlockRows, n_q) - 1;
+  const int k_last = min(n_k - 1, last_row + p.q_pos0);
+  const int k_first = p.window > 0 ? max(0, i0 + p.q_pos0 - p.window + 1) : 0;
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 2], s[32];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  load_tile_sw<D>(sQ, p.q, q_base, i0, n_q, p.n_head, h);
+  load_tile_sw<D>(sK, p.k, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+  load_tile_sw<D>(sV, p.v, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+  cp_async_commit();
+  for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
+    if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
+      load_tile_sw<D>(sK + (buf ^ 1) * kT, p.k, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_sw<D>(sV + (buf ^ 1) * kT, p.v, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this tile
+    cp_async_wait_one();
+    fence_async_smem();
+    __syncthreads();
+    const bool masked = !LATHE_ATTN_FWD_UNMASKED || p.window > 0 || kt + kBlockRows - 1 > i0 + p.q_pos0;
+    wg_fence();
+    issue_scores<D>(s, sQ, sK + buf * kT);
+    wg_commit();
+    wg_wait<0>();
+    pin(s);
+    online_softmax<D>(reinterpret_cast<float(*)[4]>(s), reinterpret_cast<float(*)[4]>(o), m, l, masked, kt,
+                      row_a + p.q_pos0, row_b + p.q_pos0, n_k, p.window, sl2);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) c_to_a(pa[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+    pin(pa);
+    pin(o);
+    wg_fence();
+    accumulate_rows<D>(o, pa, sV + buf * kT);
+    wg_commit();
+    wg_wait<0>();
+    pin(o);
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
+  store_rows<D>(p, reinterpret_cast<const float(*)[4]>(o), m, l, q_base, row_a, row_b, n_q, h);
+#else
+  __trap();  // launched only where sm90_supported() holds
+#endif
+}
+
+template <int D>
+Status launch_sm90(const FwdParams& p, void* stream) {
+  if constexpr (D != 64 && D != 128) {
+    return unsupported("attention forward (wgmma): head_dim ", D, " (64 and 128 are compiled)");
+  } else {
+    const int smem = 5 * sm90::tile_bytes<D>() + 1024;  // + room to align the tiles to 1024 bytes
+    auto* kernel = flash_forward_sm90_kernel<D>;
+    LATHE_TRY(cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                         "cudaFuncSetAttribute(flash_forward_sm90)"));
+    const dim3 grid((p.max_q + kBlockRows - 1) / kBlockRows, p.n_head, p.cu ? p.n_docs : 1);
+    kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+    return cuda_check(cudaGetLastError(), "flash_forward_sm90 launch");
+  }
+}
+
 template <int D, bool kPipelined>
 Status launch(const FwdParams& p, void* stream) {
   const int smem = (kPipelined ? 4 : 3) * kBlockRows * (D + 8) * int(sizeof(bf16));
@@ -364,6 +451,11 @@ Status launch_flash_forward(const FwdParams& p, void* stream) {
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (p.simple) return launch<D, false>(p, stream);
+    if (p.wgmma) {
+      if (!sm90_supported(D))
+        return unsupported("attention forward: the wgmma kernel needs a Hopper device and head_dim 64 or 128");
+      return launch_sm90<D>(p, stream);
+    }
     return warp_rows == 32 ? launch_wide<D>(p, stream) : launch<D, true>(p, stream);
   });
 }
@@ -395,7 +487,7 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
                     a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple,
-                    a.warp_rows};
+                    a.warp_rows, a.wgmma};
   return attn::launch_flash_forward(p, a.stream);
 }
 
