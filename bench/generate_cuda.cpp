@@ -302,7 +302,7 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, double
   KernelBuffers kb;
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
-  for (uint8_t shape = 0; shape < (batch <= 4 ? 3 : 1); ++shape)
+  for (uint8_t shape = 0; shape < 3; ++shape)
     gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, rows);
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
   const double t_attn = time_graph(*ctx, 64, [&](int) {

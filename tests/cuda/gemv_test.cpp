@@ -73,15 +73,16 @@ TEST(CudaGemv, EveryEpilogueRowCountAndShape) {
       for (int64_t rows : kRows) run_case(ctx, rows, s, e, /*with_bias=*/rows % 2 == 1, seed += 5);
 }
 
-// The CUDA-core path's other block shapes (GemvArgs::shape, 1..4 rows):
-// the same sums in another order.
+// The other block shapes (GemvArgs::shape): the same sums in another
+// order, on the CUDA cores (1..4 rows, and 5..16 when k is not a multiple
+// of 32, where the shape is ignored) and on the tensor cores.
 TEST(CudaGemv, EveryBlockShape) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
   for (uint8_t shape : {0, 1, 2})
     for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32})
       for (const Shape2& s : {Shape2{33, 96}, Shape2{130, 4096}, Shape2{20, 2056}})
-        for (int64_t rows : {1, 2, 3, 4}) {
+        for (int64_t rows : {1, 2, 3, 4, 5, 16}) {
           SCOPED_TRACE(::testing::Message() << "shape=" << int(shape) << " rows=" << rows << " n=" << s.n
                                             << " k=" << s.k << " epilogue=" << static_cast<int>(e));
           const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * s.n : s.n;

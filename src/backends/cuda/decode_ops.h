@@ -77,11 +77,12 @@ struct GemvArgs {
   const bf16_bits* norm_w = nullptr;  // [k] or null
   float eps = 1e-6f;
   GemvRope rope{};                    // kRopeAppend only
-  // The CUDA-core path's block shape (gemv.cu): 0, the default, 128
-  // threads, 8 weight rows per block, 2 chunks of each in flight per
-  // thread; 1: 128 threads, 4 rows, 4 in flight; 2: 256 threads, 8 rows, 1
-  // in flight. Shapes differ only in the order of the f32 sums; the bench
-  // compares their speed.
+  // The block shape (gemv.cu). CUDA cores: 0, the default, 128 threads, 8
+  // weight rows per block, 2 chunks of each in flight per thread; 1: 128
+  // threads, 4 rows, 4 in flight; 2: 256 threads, 8 rows, 1 in flight.
+  // Tensor cores: 16 (the default), 32 or 64 weight rows per block. Shapes
+  // differ only in the order of the f32 sums; the bench compares their
+  // speed.
   uint8_t shape = 0;
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "

@@ -23,7 +23,9 @@
 // From 5 rows on (k a multiple of 32) f32 FMAs would cost as much time as
 // the weight reads, so the products go to the tensor cores instead
 // (mma.sync m16n8k16, bf16 in, f32 accumulate): a block owns 16 weight rows
-// and its 8 warps split k, each taking 32 k per step. The sum over k does
+// (by default; 32 or 64 with GemvArgs::shape 1 or 2, each x fragment then
+// feeding 2 or 4 m-tiles) and its 8 warps split k, each taking 32 k per
+// step. The sum over k does
 // not care in which order k is taken, so lane (g, t) loads 16 contiguous
 // bytes, k 8t..8t+7 of the step, of weight rows g and g + 8 and of x rows
 // g (and g + 8), and the step's two k16 instructions read those bytes as
@@ -360,63 +362,82 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// NT: n-tiles of 8 x rows (1: up to 8 rows, 2: up to 16). Tile row r is
-// slot r of slot_row<kTile, E>.
-template <int NT, GemvEpilogue E>
+// NT: n-tiles of 8 x rows (1: up to 8 rows, 2: up to 16); MT: m-tiles of
+// 16 weight rows per block, each x fragment feeding all of them (the x rows
+// are read from L2 once per block, so more weight rows per block read less
+// of x per weight byte). Slot mt·16 + r is m-tile mt's row r of
+// slot_row<16·MT, E>.
+template <int NT, int MT, GemvEpilogue E>
 __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
-  constexpr int kB = 8 * NT;
-  __shared__ float s_c[kWarps][kTile][kB];
+  constexpr int kB = 8 * NT, kR = kTile * MT, kU = MT == 1 ? kUnroll : 8 / MT;  // kU: steps in flight
+  __shared__ float s_c[kWarps][kR][kB];
   __shared__ float s_ss[kWarps][kB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int rows = static_cast<int>(a.rows);
-  const int64_t row_lo = slot_row<kTile, E>(a, g), row_hi = slot_row<kTile, E>(a, g + 8);
-  const bf16_bits* w_lo = a.w + (row_lo < 0 ? 0 : row_lo) * a.k + 8 * t;
-  const bf16_bits* w_hi = a.w + (row_hi < 0 ? 0 : row_hi) * a.k + 8 * t;
+  const bf16_bits* w_lo[MT];  // null past the end
+  const bf16_bits* w_hi[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int64_t lo = slot_row<kR, E>(a, mt * kTile + g), hi = slot_row<kR, E>(a, mt * kTile + g + 8);
+    w_lo[mt] = lo < 0 ? nullptr : a.w + lo * a.k + 8 * t;
+    w_hi[mt] = hi < 0 ? nullptr : a.w + hi * a.k + 8 * t;
+  }
   const bool x_lo_ok = g < rows, x_hi_ok = NT == 2 && g + 8 < rows;
   const int n_steps = static_cast<int>(a.k / kStepK);
-  float c[NT][4] = {};
+  const int64_t n_chunks = int64_t(n_steps) * (kStepK / 8);
+  float c[MT][NT][4] = {};
   float ss_lo = 0.0f, ss_hi = 0.0f;  // with norm_w: squares of x rows g and g + 8 over this lane's chunks
-  uint4 wl[kUnroll], wh[kUnroll];
+  uint4 wl[kU][MT], wh[kU][MT];
   auto load_w = [&](int s0) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int step = s0 + u * kWarps;
-      wl[u] = load_weights(w_lo, row_lo >= 0, int64_t(step) * (kStepK / 8), int64_t(n_steps) * (kStepK / 8));
-      wh[u] = load_weights(w_hi, row_hi >= 0, int64_t(step) * (kStepK / 8), int64_t(n_steps) * (kStepK / 8));
+    for (int u = 0; u < kU; ++u) {
+      const int64_t chunk = int64_t(s0 + u * kWarps) * (kStepK / 8);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        wl[u][mt] = load_weights(w_lo[mt], w_lo[mt] != nullptr, chunk, n_chunks);
+        wh[u][mt] = load_weights(w_hi[mt], w_hi[mt] != nullptr, chunk, n_chunks);
+      }
     }
   };
   allow_next_grid();
   load_w(warp);  // weights never depend on the previous kernel
   wait_prior_grid();
-  for (int s0 = warp; s0 < n_steps; s0 += kWarps * kUnroll) {
+  for (int s0 = warp; s0 < n_steps; s0 += kWarps * kU) {
     if (s0 != warp) load_w(s0);
-    uint4 xl[kUnroll], xh[kUnroll];
+    uint4 xl[kU], xh[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int step = s0 + u * kWarps;
       const int64_t off = int64_t(step) * kStepK + 8 * t;
       xl[u] = x_lo_ok && step < n_steps ? x_chunk_bf16(a, g, off, &ss_lo) : make_uint4(0, 0, 0, 0);
       xh[u] = x_hi_ok && step < n_steps ? x_chunk_bf16(a, g + 8, off, &ss_hi) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       if (s0 + u * kWarps >= n_steps) break;  // the same for the whole warp
-      mma_bf16(c[0], wl[u].x, wh[u].x, wl[u].y, wh[u].y, xl[u].x, xl[u].y);
-      mma_bf16(c[0], wl[u].z, wh[u].z, wl[u].w, wh[u].w, xl[u].z, xl[u].w);
-      if constexpr (NT == 2) {
-        mma_bf16(c[1], wl[u].x, wh[u].x, wl[u].y, wh[u].y, xh[u].x, xh[u].y);
-        mma_bf16(c[1], wl[u].z, wh[u].z, wl[u].w, wh[u].w, xh[u].z, xh[u].w);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4& l = wl[u][mt];
+        const uint4& h = wh[u][mt];
+        mma_bf16(c[mt][0], l.x, h.x, l.y, h.y, xl[u].x, xl[u].y);
+        mma_bf16(c[mt][0], l.z, h.z, l.w, h.w, xl[u].z, xl[u].w);
+        if constexpr (NT == 2) {
+          mma_bf16(c[mt][1], l.x, h.x, l.y, h.y, xh[u].x, xh[u].y);
+          mma_bf16(c[mt][1], l.z, h.z, l.w, h.w, xh[u].z, xh[u].w);
+        }
       }
     }
   }
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int b = nt * 8 + 2 * t;
-    s_c[warp][g][b] = c[nt][0];
-    s_c[warp][g][b + 1] = c[nt][1];
-    s_c[warp][g + 8][b] = c[nt][2];
-    s_c[warp][g + 8][b + 1] = c[nt][3];
-  }
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int b = nt * 8 + 2 * t, r = mt * kTile + g;
+      s_c[warp][r][b] = c[mt][nt][0];
+      s_c[warp][r][b + 1] = c[mt][nt][1];
+      s_c[warp][r + 8][b] = c[mt][nt][2];
+      s_c[warp][r + 8][b + 1] = c[mt][nt][3];
+    }
   if (a.norm_w) {
     // The 4 lanes of group g read x rows g and g + 8's chunks of every step of this warp.
     ss_lo += __shfl_xor_sync(0xffffffffu, ss_lo, 1);
@@ -429,17 +450,17 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     }
   }
   __syncthreads();
-  const int i = threadIdx.x;
-  if (i >= kTile * kB) return;
-  const int r = i / kB, b = i % kB;
-  if (b >= rows) return;
-  const float scale = row_scale<kWarps>(a, &s_ss[0][b], kB);
-  finish_slot<kTile, E>(a, r, b, scale, [&](int rr) {
-    float sum = 0.0f;
+  for (int i = threadIdx.x; i < kR * kB; i += kThreads) {
+    const int r = i / kB, b = i % kB;
+    if (b >= rows) continue;
+    const float scale = row_scale<kWarps>(a, &s_ss[0][b], kB);
+    finish_slot<kR, E>(a, r, b, scale, [&](int rr) {
+      float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += s_c[w][rr][b];
-    return sum;
-  });
+      for (int w = 0; w < kWarps; ++w) sum += s_c[w][rr][b];
+      return sum;
+    });
+  }
 }
 
 // Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
@@ -458,13 +479,20 @@ cudaError_t with_epilogue(GemvEpilogue e, F&& f) {
   return cudaErrorInvalidValue;
 }
 
-template <int NT>
-cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
-  const int64_t per_block = paired(a.epilogue) ? kTile / 2 : kTile;
+template <int NT, int MT>
+cudaError_t launch_mma_tiles(const GemvArgs& a, cudaStream_t st) {
+  const int64_t per_block = paired(a.epilogue) ? kTile * MT / 2 : kTile * MT;
   const dim3 grid(static_cast<unsigned>((gemv_columns(a) + per_block - 1) / per_block));
   return with_epilogue(a.epilogue, [&](auto e) {
-    return launch_overlapped(gemv_mma_kernel<NT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
+    return launch_overlapped(gemv_mma_kernel<NT, MT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
   });
+}
+// Shape s: 2^s m-tiles per block.
+template <int NT>
+cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
+  if (a.shape == 1) return launch_mma_tiles<NT, 2>(a, st);
+  if (a.shape == 2) return launch_mma_tiles<NT, 4>(a, st);
+  return launch_mma_tiles<NT, 1>(a, st);
 }
 
 template <int B, int S>
