@@ -3,7 +3,9 @@
 // sgemm on the same shapes, in GFLOP/s. The shapes are the 58M Llama's
 // (hidden 512, FFN 1376, vocab 32000) for a 4 x 256-token micro batch:
 // forward y = x·Wᵀ and input gradient dx = dy·W of the projections, and the
-// LM head's chunk of 256 rows. Best of a few calls after a warm-up.
+// LM head's chunk of 256 or 1024 rows; each bf16 path also with the weight
+// packed ahead. Then LoRA's f32 products, OpenBLAS against sgemm_skinny.
+// Best of a few calls after a warm-up.
 // Usage: bench_gemm_bf16 [threads] [reps, default 5]
 #include <chrono>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/gemm_amx.h"
 #include "backends/cpu/gemm_bf16.h"
+#include "backends/cpu/gemm_skinny.h"
 #include "core/dtype.h"
 #include "core/parallel.h"
 
@@ -35,6 +38,21 @@ const GemmShape kShapes[] = {
     {"down fwd", true, 1024, 512, 1376},      {"q/k/v/o dx", false, 1024, 512, 512},
     {"gate/up dx", false, 1024, 512, 1376},   {"down dx", false, 1024, 1376, 512},
     {"lm head fwd", true, 256, 32000, 512},   {"lm head dx", false, 256, 512, 32000},
+    {"lm head fwd", true, 1024, 32000, 512},  {"lm head dx", false, 1024, 512, 32000},
+};
+
+// LoRA's f32 products at rank 16 (q/k/v grouped: 48) on 1024 tokens.
+struct SkinnyShape {
+  const char* name;
+  bool ta, tb;
+  int64_t m, n, k;
+};
+const SkinnyShape kSkinny[] = {
+    {"x·Aᵀ qkv", false, true, 1024, 48, 512},  {"x·Aᵀ down", false, true, 1024, 16, 1376},
+    {"u·Bᵀ", false, true, 1024, 512, 16},      {"u·Bᵀ gate", false, true, 1024, 1376, 16},
+    {"dy·B", false, false, 1024, 16, 512},     {"dy·B gate", false, false, 1024, 16, 1376},
+    {"dyᵀ·u (dB)", true, false, 512, 16, 1024}, {"duᵀ·x (dA qkv)", true, false, 48, 512, 1024},
+    {"du·A (dx qkv)", false, false, 1024, 512, 48},
 };
 
 template <typename F>
@@ -62,12 +80,13 @@ int main(int argc, char** argv) {
     std::printf("AMX micro-kernel, 1 thread: L1 data %.0f GFLOP/s; A from L2: %.0f, with prefetch %.0f\n",
                 cpu::amx_tile_peak_gflops(200000), cpu::amx_stream_gflops(false, 50000),
                 cpu::amx_stream_gflops(true, 50000));
-    paths.insert(paths.begin() + 1, {"amx+prefetch", cpu::Bf16GemmPath::kAmx});
   }
-  std::printf("%d threads, GFLOP/s (best of %d)\n| shape | m x n x k |", threads, reps);
-  for (const auto& p : paths) std::printf(" %s |", p.first);
+  std::printf("%d threads, GFLOP/s (best of %d); \"packed\": the weight packed ahead (PackedBf16Weight)\n"
+              "| shape | m x n x k |", threads, reps);
+  for (const auto& p : paths) std::printf(" %s |%s", p.first, p.second == cpu::Bf16GemmPath::kF32 ? "" : " packed |");
   std::printf(" sgemm f32 |\n|---|---|");
-  for (size_t i = 0; i <= paths.size(); ++i) std::printf("---:|");
+  for (const auto& p : paths) std::printf(p.second == cpu::Bf16GemmPath::kF32 ? "---:|" : "---:|---:|");
+  std::printf("---:|");
   std::printf("\n");
   std::mt19937 rng(1);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -81,11 +100,20 @@ int main(int argc, char** argv) {
     std::printf("| %s | %ld x %ld x %ld |", s.name, long(s.m), long(s.n), long(s.k));
     for (const auto& p : paths) {
       cpu::force_bf16_gemm_path(p.second);
-      cpu::set_amx_prefetch(std::string(p.first) == "amx+prefetch");
       const double t = best_seconds(reps, [&] {
         cpu::gemm_bf16(s.trans_b, s.m, s.n, s.k, 1.0f, a.data(), s.k, w16.data(), ldb, false, c.data(), s.n);
       });
       std::printf(" %.0f |", flop / t * 1e-9);
+      if (p.second == cpu::Bf16GemmPath::kF32) continue;
+      // w [out, in]: [n, k] for a forward, [k, n] for an input gradient.
+      const cpu::PackedBf16Weight pw(w16.data(), s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n);
+      const double tp = best_seconds(reps, [&] {
+        if (s.trans_b)
+          pw.forward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
+        else
+          pw.backward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
+      });
+      std::printf(" %.0f |", flop / tp * 1e-9);
     }
     const double t = best_seconds(reps, [&] {
       cpu::sgemm(false, s.trans_b, s.m, s.n, s.k, 1.0f, a.data(), s.k, w32.data(), ldb, 0.0f, c.data(), s.n);
@@ -93,6 +121,21 @@ int main(int argc, char** argv) {
     std::printf(" %.0f |\n", flop / t * 1e-9);
   }
   cpu::force_bf16_gemm_path(std::nullopt);
-  if (cpu::amx_bf16_available()) cpu::set_amx_prefetch(false);
+  std::printf("\nLoRA's f32 products, GFLOP/s: OpenBLAS sgemm (split by gemm.h) | sgemm_skinny\n");
+  for (const SkinnyShape& s : kSkinny) {
+    const int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    std::vector<float> a(size_t(s.m * s.k)), b(size_t(s.k * s.n)), c(size_t(s.m * s.n), 0.0f);
+    for (float& x : a) x = d(rng);
+    for (float& x : b) x = d(rng);
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    const double t0 = best_seconds(reps, [&] {
+      cpu::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), s.n);
+    });
+    const double t1 = best_seconds(reps, [&] {
+      cpu::sgemm_skinny(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(), s.n);
+    });
+    std::printf("| %s | %ld x %ld x %ld | %.0f | %.0f |\n", s.name, long(s.m), long(s.n), long(s.k),
+                flop / t0 * 1e-9, flop / t1 * 1e-9);
+  }
   return 0;
 }

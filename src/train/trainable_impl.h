@@ -5,8 +5,11 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <span>
 #include <vector>
+
+#include "backends/cpu/gemm_bf16.h"
 
 #include "models/family.h"
 #include "nn/arena.h"
@@ -21,6 +24,7 @@ enum Proj : int { kQ, kK, kV, kO, kGate, kUp, kDown, kNumProj };
 struct TLinear {
   float* w = nullptr;   // [out, in]; null when the frozen base is held in bf16
   const uint16_t* w16 = nullptr;  // [out, in] bf16 (bf16_base), else null
+  const cpu::PackedBf16Weight* packed = nullptr;  // w16 packed for its GEMMs (bf16_base), else null
   float* b = nullptr;   // [out] or null
   float* dw = nullptr;  // gradients when the weight trains, else null
   float* db = nullptr;
@@ -67,6 +71,7 @@ class TrainableModelImpl {
   std::string model_dir;
   std::vector<float> inv_freq;      // [head_dim / 2]
   std::vector<Tensor> frozen;       // keeps the frozen base alive
+  std::vector<std::unique_ptr<cpu::PackedBf16Weight>> packed;  // the bf16 matrices packed (bf16_base)
   Tensor params, grads;             // flat f32
   std::vector<ParamInfo> table;
   float* embed = nullptr;           // [vocab, hidden]; null when held in bf16

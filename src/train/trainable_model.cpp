@@ -97,6 +97,19 @@ void allocate(TrainableModelImpl& m, int64_t total) {
   m.grads = Tensor::zeros(DType::F32, {std::max<int64_t>(total, 1)});
 }
 
+// The bf16 matrices never change during LoRA training: each is packed once
+// here for its forward and input-gradient GEMMs (gemm_bf16.h).
+void pack_bf16_base(TrainableModelImpl& m) {
+  auto pack = [&](TLinear& L) {
+    if (!L.w16) return;
+    m.packed.push_back(std::make_unique<cpu::PackedBf16Weight>(L.w16, L.out, L.in));
+    L.packed = m.packed.back().get();
+  };
+  for (TBlock& b : m.blocks)
+    for (TLinear& L : b.proj) pack(L);
+  pack(m.lm_head);
+}
+
 Status place_base(TrainableModelImpl& m, const WeightStore& store) {
   std::vector<Slot> slots = base_slots(m);
   if (m.opts.bf16_base && m.opts.full_sft)
@@ -134,6 +147,7 @@ Status place_base(TrainableModelImpl& m, const WeightStore& store) {
     m.lm_head.w16 = m.embed16;
     m.lm_head.dw = m.d_embed;
   }
+  pack_bf16_base(m);
   return Status::ok();
 }
 

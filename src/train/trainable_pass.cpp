@@ -64,7 +64,9 @@ Status TrainableModelImpl::base_forward(const TLinear& L, TensorView x, TensorVi
     return invalid_argument("linear: x ", x.shape.str(), " and y ", y.shape.str(), " do not fit w [", L.out, ", ",
                             L.in, "]");
   float* out = y.ptr<float>();
-  if (L.w16)
+  if (L.packed)
+    L.packed->forward(n, 1.0f, x.ptr<const float>(), L.in, accumulate, out, L.out);
+  else if (L.w16)
     cpu::gemm_bf16(true, n, L.out, L.in, 1.0f, x.ptr<const float>(), L.in, L.w16, L.in, accumulate, out, L.out);
   else
     cpu::sgemm(false, true, n, L.out, L.in, 1.0f, x.ptr<const float>(), L.in, L.w, L.in, accumulate ? 1.0f : 0.0f,
@@ -87,7 +89,10 @@ Status TrainableModelImpl::base_backward(const TLinear& L, TensorView x, TensorV
   if (dy.shape.rank() != 2 || dy.shape[1] != L.out || (!dx.empty() && !(dx.shape == Shape{dy.shape[0], L.in})))
     return invalid_argument("linear backward: dy ", dy.shape.str(), " and dx ", dx.shape.str(), " do not fit w [",
                             L.out, ", ", L.in, "]");
-  if (!dx.empty())
+  if (dx.empty()) return Status::ok();
+  if (L.packed)
+    L.packed->backward(dy.shape[0], 1.0f, dy.ptr<const float>(), L.out, accumulate, dx.ptr<float>(), L.in);
+  else
     cpu::gemm_bf16(false, dy.shape[0], L.in, L.out, 1.0f, dy.ptr<const float>(), L.out, L.w16, L.in, accumulate,
                    dx.ptr<float>(), L.in);
   return Status::ok();
@@ -289,7 +294,8 @@ Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale,
                                 .d_hidden = d_xf,
                                 .d_w = backward && lm_head.dw ? fv(lm_head.dw, {V, H}) : TensorView{},
                                 .workspace = arena.alloc(DType::F32, {cross_entropy_workspace_floats(V, H, chunk)}),
-                                .chunk_rows = chunk, .grad_scale = loss_scale});
+                                .chunk_rows = chunk, .grad_scale = loss_scale},
+                               lm_head.packed);
   if (!ce.is_ok()) return ce.status().with_context("forward");
   PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
   if (!backward) return loss;

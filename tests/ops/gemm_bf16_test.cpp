@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <span>
@@ -202,6 +203,64 @@ TEST(GemmBf16, MatchesReferenceOnTheAmxPath) {
   cpu::force_bf16_gemm_path(std::nullopt);
 }
 
+// A weight packed ahead (PackedBf16Weight): op(B) = wᵀ is its forward,
+// op(B) = w its input gradient. B is copied to a dense w first (the handle
+// takes w [out, in] without a leading dimension).
+void packed_weight(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  const int64_t out = trans_b ? n : k, in = trans_b ? k : n;
+  std::vector<uint16_t> w(size_t(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) w[size_t(o * in + i)] = b[o * ldb + i];
+  const cpu::PackedBf16Weight pw(w.data(), out, in);
+  if (trans_b)
+    pw.forward(m, alpha, a, lda, accumulate, c, ldc);
+  else
+    pw.backward(m, alpha, a, lda, accumulate, c, ldc);
+}
+
+// The AMX kernel on B packed by amx_pack_b, tiles emulated.
+void amx_packed_emulated(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                         const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  std::vector<uint32_t> packed(size_t(cpu::amx_packed_b_words(n, k)));
+  cpu::amx_pack_b(trans_b, n, k, b, ldb, packed.data());
+  cpu::gemm_bf16_amx_packed(m, n, k, alpha, a, lda, packed.data(), accumulate, c, ldc, cpu::AmxTiles::kEmulated);
+}
+
+TEST(GemmBf16, PackedWeightMatchesReferenceOnEveryPath) {
+  std::vector<std::pair<cpu::Bf16GemmPath, const char*>> paths = {{cpu::Bf16GemmPath::kF32, "f32 packed"}};
+  if (cpu::has_avx512_bf16()) paths.push_back({cpu::Bf16GemmPath::kAvx512Bf16, "avx512bf16 packed"});
+  if (cpu::amx_bf16_available()) paths.push_back({cpu::Bf16GemmPath::kAmx, "amx packed"});
+  for (const auto& [path, name] : paths) {
+    cpu::force_bf16_gemm_path(path);
+    ASSERT_EQ(cpu::bf16_gemm_path(), path);
+    const bool rounds_a = path != cpu::Bf16GemmPath::kF32;
+    check_cases(kCases, packed_weight, rounds_a, name);
+    check_cases(kAmxCases, packed_weight, rounds_a, name);
+    if (rounds_a) check_rounds_a(packed_weight);
+  }
+  cpu::force_bf16_gemm_path(std::nullopt);
+}
+
+// The packing ahead changes where B is read from, nothing else: the AMX
+// kernel gives the same bits both ways, and within one k block (k up to
+// 512) so does the AVX512-BF16 kernel.
+TEST(GemmBf16, PackedAheadGivesTheSameBits) {
+  if (!cpu::has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this machine (nothing is packed)";
+  check_cases(kAmxCases, amx_packed_emulated, true, "amx packed emulated");
+  uint32_t seed = 40;
+  for (const Case& c : kAmxCases) {
+    SCOPED_TRACE(::testing::Message() << "trans_b " << c.trans_b << " m " << c.m << " n " << c.n << " k " << c.k);
+    EXPECT_EQ(run_case(c, seed, amx_packed_emulated).got, run_case(c, seed, amx_emulated).got);
+    if (c.k <= 512) {
+      cpu::force_bf16_gemm_path(cpu::Bf16GemmPath::kAvx512Bf16);
+      EXPECT_EQ(run_case(c, seed, packed_weight).got, run_case(c, seed).got);
+      cpu::force_bf16_gemm_path(std::nullopt);
+    }
+    ++seed;
+  }
+}
+
 // An unrunnable forced path falls back instead of failing.
 TEST(GemmBf16, ForcedPathFallsBackWhenUnavailable) {
   cpu::force_bf16_gemm_path(cpu::Bf16GemmPath::kAmx);
@@ -238,6 +297,24 @@ TEST(CrossEntropy, Bf16HeadMatchesReference) {
     EXPECT_LE(testing::rel_error(dh, dh_ref), 5e-3);
   }
   cpu::set_portable_only(false);
+  // The head packed ahead: the same loss and gradient bits as unpacked (one
+  // k block each way), and a packing of another matrix is refused.
+  {
+    const cpu::PackedBf16Weight packed(w16.data<uint16_t>(), vocab, dim);
+    Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, 8)});
+    Tensor dh = Tensor::zeros(DType::F32, {n, dim}), dh_packed = Tensor::zeros(DType::F32, {n, dim});
+    CrossEntropyArgs args{.hidden = h, .w = w16, .targets = targets, .d_hidden = dh, .workspace = ws,
+                          .chunk_rows = 8, .grad_scale = 0.1f};
+    auto plain = cpu::cross_entropy(args);
+    args.d_hidden = dh_packed;
+    auto with_packed = cpu::cross_entropy(args, &packed);
+    ASSERT_TRUE(plain.is_ok() && with_packed.is_ok());
+    EXPECT_EQ(plain->loss_sum, with_packed->loss_sum);
+    EXPECT_EQ(0, std::memcmp(dh.raw(), dh_packed.raw(), size_t(dh.nbytes())));
+    const cpu::PackedBf16Weight other(w16.data<uint16_t>(), vocab - 1, dim);
+    Status wrong = cpu::cross_entropy(args, &other).status();
+    EXPECT_NE(wrong.message().find("packed head is not w"), std::string::npos) << wrong.message();
+  }
   // A trainable bf16 head has no f32 weights to update: an error, not a silent skip.
   Tensor dw = Tensor::zeros(DType::F32, {vocab, dim}), dh = Tensor::zeros(DType::F32, {n, dim});
   Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, 8)});

@@ -40,7 +40,10 @@ Status swiglu_backward(const SwigluBackwardArgs& a);
 Status embedding_backward(const EmbeddingBackwardArgs& a);
 // RoPE's backward is rope_forward with inverse = true on the gradient.
 // The LM head fused with cross-entropy, loss and (optionally) gradients.
-Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a);
+// A frozen bf16 head may come packed (gemm_bf16.h): then both of its GEMMs
+// read the packing; it must hold a.w's data and shape.
+class PackedBf16Weight;
+Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedBf16Weight* packed_head = nullptr);
 
 // True when the vectorized (AVX2 + FMA + F16C) kernels run on this machine.
 bool has_avx2();

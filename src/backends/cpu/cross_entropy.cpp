@@ -8,7 +8,8 @@
 // takes the bf16 GEMM for logits and dH: hidden rows and the logits'
 // gradient are rounded to bf16 as they are packed, sums stay f32; its rows
 // take the AVX-512 softmax below (exp within 2 ulp of libm's). The f32 head
-// keeps the scalar libm path, so f32 results do not move.
+// keeps the scalar libm path, so f32 results do not move. A head packed
+// ahead (PackedBf16Weight) spares both GEMMs the re-packing of all of w.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -116,8 +117,12 @@ __attribute__((target("avx512f"))) float row_loss_avx512(float* l, int64_t vocab
 
 }  // namespace
 
-Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
+Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedBf16Weight* packed_head) {
   LATHE_TRY(validate(a));
+  if (packed_head && (a.w.dtype != DType::BF16 || packed_head->weight() != a.w.ptr<const uint16_t>() ||
+                      packed_head->out() != a.w.shape[0] || packed_head->in() != a.w.shape[1]))
+    return invalid_argument("cross_entropy: the packed head is not w ", a.w.shape.str(), " (", dtype_name(a.w.dtype),
+                            ")");
   const int64_t n = a.hidden.shape[0], dim = a.hidden.shape[1], vocab = a.w.shape[0];
   const int64_t chunk = a.chunk_rows > 0 ? a.chunk_rows : cross_entropy_chunk_rows(vocab);
   const bool grads = !a.d_hidden.empty();
@@ -139,7 +144,9 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
       if (targets[next] != kCrossEntropyIgnore) c.rows[m++] = int32_t(next);
     if (m == 0) break;
     for (int64_t r = 0; r < m; ++r) std::memcpy(c.h + r * dim, hidden + c.rows[r] * dim, sizeof(float) * size_t(dim));
-    if (bf16)
+    if (packed_head)
+      packed_head->forward(m, 1.0f, c.h, dim, false, c.logits, vocab);
+    else if (bf16)
       gemm_bf16(true, m, vocab, dim, 1.0f, c.h, dim, w16, dim, false, c.logits, vocab);
     else
       sgemm(false, true, m, vocab, dim, 1.0f, c.h, dim, w, dim, 0.0f, c.logits, vocab);
@@ -151,7 +158,9 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a) {
     for (int64_t r = 0; r < m; ++r) stats.loss_sum += c.loss[r];
     stats.n_valid += m;
     if (!grads) continue;
-    if (bf16)
+    if (packed_head)
+      packed_head->backward(m, 1.0f, c.logits, vocab, false, c.dh, dim);
+    else if (bf16)
       gemm_bf16(false, m, dim, vocab, 1.0f, c.logits, vocab, w16, dim, false, c.dh, dim);
     else
       sgemm(false, false, m, dim, vocab, 1.0f, c.logits, vocab, w, dim, 0.0f, c.dh, dim);

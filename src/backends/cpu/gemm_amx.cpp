@@ -54,7 +54,8 @@ constexpr int64_t kNC = 64;         // columns of C per thread task
 constexpr int64_t kMaxSteps = 16;   // k tiles per packed B block: 32 KiB per 32 columns, in L1
 
 struct Problem : Bf16GemmProblem {
-  int64_t kt;  // k tiles, ceil(k / 32)
+  int64_t kt;                        // k tiles, ceil(k / 32)
+  const uint32_t* packed = nullptr;  // all of B packed ahead (amx_pack_b), or null: packed per call
 };
 
 // LDTILECFG's 64-byte operand, palette 1.
@@ -264,20 +265,24 @@ struct Scratch {
 };
 
 // One column block [j0, j0 + nc) of C over every row block and k block.
+// B comes from the packed-ahead operand (column pair q's k tile t at
+// ((q · kt) + t) · 512 words) or is packed here, a k block at a time.
 void column_block(const Problem& P, const uint16_t* apack, int64_t j0, int64_t nc, Scratch& s, BlockFn block) {
   const int64_t kblocks = (P.kt + kMaxSteps - 1) / kMaxSteps;
   const int64_t steps_even = (P.kt + kblocks - 1) / kblocks;
   const int64_t col_pairs = (nc + kBlock - 1) / kBlock, row_pairs = (P.m + kBlock - 1) / kBlock;
-  s.b.resize(size_t(col_pairs * 2 * steps_even * kTileWords));
+  if (!P.packed) s.b.resize(size_t(col_pairs * 2 * steps_even * kTileWords));
   for (int64_t t0 = 0; t0 < P.kt; t0 += steps_even) {
     const int64_t steps = std::min(steps_even, P.kt - t0);
     const bool add = P.accumulate || t0 > 0;
-    pack_b_block(P, j0, nc, t0, steps, s.b.data());
+    const uint32_t* bblock = P.packed ? P.packed + ((j0 / kBlock) * P.kt + t0) * 2 * kTileWords : s.b.data();
+    const int64_t pair_stride = (P.packed ? P.kt : steps) * 2 * kTileWords;
+    if (!P.packed) pack_b_block(P, j0, nc, t0, steps, s.b.data());
     // The B pair of panels (32 KiB at most) stays in L1 over every row pair;
     // A streams from L2 in order.
     for (int64_t jp = 0; jp < col_pairs; ++jp) {
       const int cols = int(std::min<int64_t>(kBlock, nc - jp * kBlock));
-      const uint32_t* b = s.b.data() + jp * steps * 2 * kTileWords;
+      const uint32_t* b = bblock + jp * pair_stride;
       for (int64_t ip = 0; ip < row_pairs; ++ip) {
         const int rows = int(std::min<int64_t>(kBlock, P.m - ip * kBlock));
         block(apack + (ip * P.kt + t0) * 4 * kTileWords, b, steps, s.out);
@@ -285,6 +290,17 @@ void column_block(const Problem& P, const uint16_t* apack, int64_t j0, int64_t n
       }
     }
   }
+}
+
+// Columns per thread task: kNC, or when packed A outgrows L2 (long k, as in
+// the LM head's input gradient) an even share per thread, so that each
+// thread streams A once instead of once per kNC columns.
+int64_t task_columns(const Problem& P, int64_t threads) {
+  constexpr int64_t kAL2Bytes = int64_t{1} << 20;
+  const int64_t a_bytes = (P.m + kBlock - 1) / kBlock * kBlock * P.kt * kTileK * 2;
+  if (a_bytes <= kAL2Bytes || threads <= 1) return kNC;
+  const int64_t share = (P.n + threads - 1) / threads;
+  return std::max(kNC, (share + kBlock - 1) / kBlock * kBlock);
 }
 
 void run(const Problem& P, AmxTiles tiles) {
@@ -299,15 +315,15 @@ void run(const Problem& P, AmxTiles tiles) {
   const bool par = threads > 1 && P.m * P.n * P.k >= (int64_t{1} << 18);
 #pragma omp parallel for num_threads(int(threads)) schedule(static) if (par)
   for (int64_t rb = 0; rb < row_blocks; ++rb) pack_a_block(P, rb, ap);
-  const int64_t blocks = (P.n + kNC - 1) / kNC;
+  const int64_t nc = task_columns(P, threads), blocks = (P.n + nc - 1) / nc;
 #pragma omp parallel num_threads(int(std::min(threads, blocks))) if (par)
   {
     thread_local Scratch scratch;
     if (hw) tiles_configure();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t j0 = blk * kNC;
-      column_block(P, ap, j0, std::min(kNC, P.n - j0), scratch, block);
+      const int64_t j0 = blk * nc;
+      column_block(P, ap, j0, std::min(nc, P.n - j0), scratch, block);
     }
     if (hw) tiles_release();
   }
@@ -353,6 +369,34 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
   LATHE_CHECK(k > 0, "gemm_bf16_amx: k must be positive");
   if (m <= 0 || n <= 0) return;
   run({{trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc}, (k + kTileK - 1) / kTileK}, tiles);
+}
+
+int64_t amx_packed_b_words(int64_t n, int64_t k) {
+  return (n + kBlock - 1) / kBlock * 2 * ((k + kTileK - 1) / kTileK) * kTileWords;
+}
+
+void amx_pack_b(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint32_t* dst) {
+  LATHE_CHECK(cpu_has_avx512_bf16(), "amx_pack_b: packing needs AVX512-BF16");
+  LATHE_CHECK(n > 0 && k > 0, "amx_pack_b: empty operand ", n, " x ", k);
+  const Problem P{{trans_b, 0, n, k, 1.0f, nullptr, 0, b, ldb, false, nullptr, 0}, (k + kTileK - 1) / kTileK};
+  const int64_t pairs = (n + kBlock - 1) / kBlock;
+  // Column pair q is pack_b_block's block [32q, 32q + 32) over all k tiles.
+  parallel_for(pairs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q)
+      pack_b_block(P, q * kBlock, std::min<int64_t>(kBlock, n - q * kBlock), 0, P.kt,
+                   dst + q * P.kt * 2 * kTileWords);
+  });
+}
+
+void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                          const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc, AmxTiles tiles) {
+  LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
+              "gemm_bf16_amx_packed: this machine cannot run the requested path");
+  LATHE_CHECK(k > 0, "gemm_bf16_amx_packed: k must be positive");
+  if (m <= 0 || n <= 0) return;
+  Problem P{{false, m, n, k, alpha, a, lda, nullptr, 0, accumulate, c, ldc}, (k + kTileK - 1) / kTileK};
+  P.packed = b_packed;
+  run(P, tiles);
 }
 
 double amx_tile_peak_gflops(int64_t calls) {

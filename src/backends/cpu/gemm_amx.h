@@ -46,6 +46,22 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
                    const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
                    AmxTiles tiles = AmxTiles::kHardware);
 
+// B packed once ahead of many calls (a frozen weight): the tile layout the
+// kernel packs per call, for all of B. Column pair q (columns 32q..32q+31)
+// and k tile t (k 32t..32t+31) are two 1 KiB tiles at (q · kt + t) · 512
+// words (kt = ceil(k / 32)), columns 0-15 then 16-31; row p of a tile holds,
+// per column, the bf16 pair (b[2p][j], b[2p+1][j]), low half the even k;
+// padding is zero. The AVX512-BF16 kernel reads the same layout.
+int64_t amx_packed_b_words(int64_t n, int64_t k);
+// Packs op(B) (B [n, k] when trans_b, else [k, n]) into dst, which holds
+// amx_packed_b_words(n, k) words. Needs AVX512-BF16 (checked). Uses the
+// OpenMP threads.
+void amx_pack_b(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint32_t* dst);
+// gemm_bf16_amx with B packed by amx_pack_b (for these n and k).
+void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                          const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc,
+                          AmxTiles tiles = AmxTiles::kHardware);
+
 // For benchmarks: the micro-kernel alone on operands that stay in L1, on the
 // calling thread, `calls` times; returns GFLOP/s (the tiles' practical peak
 // on one core). Requires amx_bf16_available().

@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/gemm_amx.h"
+#include "core/check.h"
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/log.h"
@@ -35,10 +36,13 @@ constexpr int kMR = 8;           // rows of the register tile
 constexpr int kNR = 32;          // columns of the register tile (two zmm)
 constexpr int64_t kNC = 128;     // columns per thread task
 constexpr int64_t kKcMax = 256;  // pairs of k per packed B block (32 KiB panels)
+constexpr int64_t kPackedStepWords = 512;  // one k tile of a column pair in the packed-ahead layout
 
 struct Problem : Bf16GemmProblem {
-  int64_t k2;  // pairs of k, (k + 1) / 2
+  int64_t k2;  // pairs of k, (k + 1) / 2; with a packed B, whole k tiles of 16 pairs (padding zero)
 };
+
+inline __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n > 0 ? __mmask16((1u << n) - 1) : 0; }
 
 // A, tile t of kMR rows: [k2][kMR] pairs. Rows past m are zero.
 LATHE_AVX512BF16 void pack_a_tile(const Problem& P, int64_t t, uint32_t* dst) {
@@ -52,9 +56,8 @@ LATHE_AVX512BF16 void pack_a_tile(const Problem& P, int64_t t, uint32_t* dst) {
     const float* row = P.a + i * P.lda;
     for (int64_t p0 = 0; p0 < P.k2; p0 += 16) {
       const int64_t e0 = 2 * p0, left = P.k - e0;  // elements of this row still to read
-      const __mmask16 m0 = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      const __mmask16 m1 = left >= 32 ? __mmask16(0xffff) : left > 16 ? __mmask16((1u << (left - 16)) - 1) : 0;
-      const __m512 lo = _mm512_maskz_loadu_ps(m0, row + e0), hi = _mm512_maskz_loadu_ps(m1, row + e0 + 16);
+      const __m512 lo = _mm512_maskz_loadu_ps(mask16(left), row + e0);
+      const __m512 hi = _mm512_maskz_loadu_ps(mask16(left - 16), row + e0 + 16);
       _mm512_store_si512(tmp, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
       const int64_t np = std::min<int64_t>(16, P.k2 - p0);
       for (int64_t q = 0; q < np; ++q) dst[(p0 + q) * kMR + r] = tmp[q];
@@ -149,6 +152,71 @@ void column_block(const Problem& P, const uint32_t* apack, int64_t j0, int64_t n
   }
 }
 
+// tile() on B in the packed-ahead layout (gemm_amx.h, amx_pack_b): pair p
+// of a column pair is row p % 16 of k tile p / 16, columns 0-15 and, 256
+// words on, 16-31. `steps` k tiles from bp.
+LATHE_AVX512BF16 void tile_packed(const uint32_t* ap, const uint32_t* bp, int64_t steps, float* c, int64_t ldc,
+                                  int rows, int cols, float alpha, bool add) {
+  __m512 acc[kMR][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < kMR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s)
+    for (int pr = 0; pr < 16; ++pr) {
+      const uint32_t* b = bp + s * kPackedStepWords + pr * 16;
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 256);
+      const uint32_t* a = ap + (s * 16 + pr) * kMR;
+#pragma GCC unroll 8
+      for (int r = 0; r < kMR; ++r) {
+        const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+      }
+    }
+  const __mmask16 m0 = mask16(cols), m1 = mask16(cols - 16);
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
+    if (add) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, v0);
+    _mm512_mask_storeu_ps(cr + 16, m1, v1);
+  }
+}
+
+// The AVX512-BF16 kernel on a packed-ahead B: threads take blocks of kNC
+// columns; per k block (kKcMax pairs = whole k tiles) each column pair's
+// panel (32 KiB) stays in L1 over every row tile.
+void gemm_avx512_packed(const Problem& P, const uint32_t* packed) {
+  thread_local std::vector<uint32_t> apack;
+  const int64_t tiles = (P.m + kMR - 1) / kMR, kt = P.k2 / 16;
+  apack.resize(size_t(tiles * P.k2 * kMR));
+  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
+  const bool par = threads > 1 && P.m * P.n * P.k >= (int64_t{1} << 18);
+  uint32_t* ap = apack.data();
+#pragma omp parallel for num_threads(int(threads)) schedule(static) if (par)
+  for (int64_t t = 0; t < tiles; ++t) pack_a_tile(P, t, ap + t * P.k2 * kMR);
+  constexpr int64_t kStepsMax = kKcMax / 16;
+  const int64_t blocks = (P.n + kNC - 1) / kNC;
+#pragma omp parallel for num_threads(int(std::min(threads, blocks))) schedule(dynamic, 1) if (par)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kNC, j1 = std::min(P.n, j0 + kNC);
+    for (int64_t t0 = 0; t0 < kt; t0 += kStepsMax) {
+      const int64_t steps = std::min(kStepsMax, kt - t0);
+      const bool add = P.accumulate || t0 > 0;
+      for (int64_t jc = j0; jc < j1; jc += kNR) {
+        const uint32_t* bp = packed + ((jc / kNR) * kt + t0) * kPackedStepWords;
+        const int cols = int(std::min<int64_t>(kNR, P.n - jc));
+        for (int64_t t = 0; t < tiles; ++t)
+          tile_packed(ap + t * P.k2 * kMR + t0 * 16 * kMR, bp, steps, P.c + t * kMR * P.ldc + jc, P.ldc,
+                      int(std::min<int64_t>(kMR, P.m - t * kMR)), cols, P.alpha, add);
+      }
+    }
+  }
+}
+
 void gemm_avx512(const Problem& P) {
   thread_local std::vector<uint32_t> apack;
   const int64_t tiles = (P.m + kMR - 1) / kMR;
@@ -237,6 +305,49 @@ void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const
     case Bf16GemmPath::kF32:
       return gemm_portable(P);
   }
+}
+
+namespace {
+
+// Runs one call on a packed operand: n x k is op(B)'s shape.
+void gemm_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const uint32_t* b,
+                 bool accumulate, float* c, int64_t ldc) {
+  if (bf16_gemm_path() == Bf16GemmPath::kAmx)
+    return gemm_bf16_amx_packed(m, n, k, alpha, a, lda, b, accumulate, c, ldc);
+  const int64_t kt = (k + 31) / 32;
+  const Problem P{{false, m, n, k, alpha, a, lda, nullptr, 0, accumulate, c, ldc}, kt * 16};
+  gemm_avx512_packed(P, b);
+}
+
+}  // namespace
+
+PackedBf16Weight::PackedBf16Weight(const uint16_t* w, int64_t out, int64_t in) : w_(w), out_(out), in_(in) {
+  if (!has_avx512_bf16() || out <= 0 || in <= 0) return;
+  auto alloc = [](int64_t words) {
+    const size_t bytes = (size_t(words) * sizeof(uint32_t) + 63) / 64 * 64;
+    return std::unique_ptr<uint32_t[], Free>(static_cast<uint32_t*>(std::aligned_alloc(64, bytes)));
+  };
+  fwd_ = alloc(amx_packed_b_words(out, in));
+  bwd_ = alloc(amx_packed_b_words(in, out));
+  LATHE_CHECK(fwd_ && bwd_, "PackedBf16Weight: out of memory packing a ", out, " x ", in, " weight");
+  amx_pack_b(true, out, in, w, in, fwd_.get());
+  amx_pack_b(false, in, out, w, in, bwd_.get());
+}
+
+void PackedBf16Weight::forward(int64_t m, float alpha, const float* x, int64_t ldx, bool accumulate, float* y,
+                               int64_t ldy) const {
+  if (m <= 0 || out_ <= 0) return;
+  if (!fwd_ || bf16_gemm_path() == Bf16GemmPath::kF32)
+    return gemm_bf16(true, m, out_, in_, alpha, x, ldx, w_, in_, accumulate, y, ldy);
+  gemm_packed(m, out_, in_, alpha, x, ldx, fwd_.get(), accumulate, y, ldy);
+}
+
+void PackedBf16Weight::backward(int64_t m, float alpha, const float* dy, int64_t lddy, bool accumulate, float* dx,
+                                int64_t lddx) const {
+  if (m <= 0 || in_ <= 0) return;
+  if (!bwd_ || bf16_gemm_path() == Bf16GemmPath::kF32)
+    return gemm_bf16(false, m, in_, out_, alpha, dy, lddy, w_, in_, accumulate, dx, lddx);
+  gemm_packed(m, in_, out_, alpha, dy, lddy, bwd_.get(), accumulate, dx, lddx);
 }
 
 }  // namespace lathe::cpu

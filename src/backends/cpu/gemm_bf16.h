@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 
 namespace lathe::cpu {
@@ -33,5 +35,40 @@ void force_bf16_gemm_path(std::optional<Bf16GemmPath> path);
 
 void gemm_bf16(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+
+// A frozen bf16 weight w [out, in] packed once for both of its GEMMs, the
+// forward y = x·wᵀ and the input gradient dx = dy·w: the right operand of
+// every call is then read as it lies, never re-packed (for the LM head that
+// was 16 M elements per chunk). Both packings take the AMX tile layout
+// (gemm_amx.h), which the AVX512-BF16 kernel reads too; on a machine
+// without AVX512-BF16 nothing is packed and the calls take gemm_bf16 on w.
+// Memory: about twice w's again. The same products and f32 sums as
+// gemm_bf16 on w (bit for bit on the AMX path; the AVX512-BF16 kernel may
+// cut k into other blocks). w is borrowed and must outlive the handle.
+class PackedBf16Weight {
+ public:
+  PackedBf16Weight() = default;
+  // Packs now (OpenMP threads) when this machine's kernels read packed weights.
+  PackedBf16Weight(const uint16_t* w, int64_t out, int64_t in);
+
+  // y[m, out] = alpha · round_bf16(x)[m, in] · wᵀ (+ y when accumulate).
+  void forward(int64_t m, float alpha, const float* x, int64_t ldx, bool accumulate, float* y, int64_t ldy) const;
+  // dx[m, in] = alpha · round_bf16(dy)[m, out] · w (+ dx when accumulate).
+  void backward(int64_t m, float alpha, const float* dy, int64_t lddy, bool accumulate, float* dx,
+                int64_t lddx) const;
+
+  const uint16_t* weight() const { return w_; }
+  int64_t out() const { return out_; }
+  int64_t in() const { return in_; }
+  bool packed() const { return fwd_ != nullptr; }
+
+ private:
+  struct Free {
+    void operator()(uint32_t* p) const { std::free(p); }
+  };
+  const uint16_t* w_ = nullptr;
+  int64_t out_ = 0, in_ = 0;
+  std::unique_ptr<uint32_t[], Free> fwd_, bwd_;  // op(B) = wᵀ (n out, k in); op(B) = w (n in, k out)
+};
 
 }  // namespace lathe::cpu
