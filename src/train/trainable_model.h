@@ -50,6 +50,9 @@ struct TrainableModelOptions {
   // sums; activations, norms, LoRA factors, gradients and the loss stay f32.
   bool bf16_base = false;
   uint64_t seed = 1234;                 // LoRA A init and dropout masks
+  // Tokens per chunk of the fused LM head + cross-entropy (its logits
+  // workspace is chunk x vocab f32); 0: cross_entropy_chunk_rows(vocab).
+  int64_t lm_head_chunk_rows = 0;
 };
 
 struct ParamInfo {

@@ -288,7 +288,7 @@ Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale,
   LATHE_TRY(cpu::rms_norm_forward({.x = h.back(), .w = fv(final_norm.w, {H}), .y = xf, .rstd = rstd_f,
                                    .eps = cfg.rms_norm_eps}));
   TensorView d_xf = backward ? arena.alloc(DType::F32, {n, H}) : TensorView{};
-  const int64_t chunk = cross_entropy_chunk_rows(V);
+  const int64_t chunk = opts.lm_head_chunk_rows > 0 ? opts.lm_head_chunk_rows : cross_entropy_chunk_rows(V);
   const TensorView head = lm_head.w16 ? bv(lm_head.w16, {V, H}) : fv(lm_head.w, {V, H});
   auto ce = cpu::cross_entropy({.hidden = xf, .w = head, .targets = iv(mb.labels.data(), n),
                                 .d_hidden = d_xf,

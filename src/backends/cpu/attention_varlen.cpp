@@ -7,7 +7,9 @@
 //             dV += Pᵀ·dO, dQ = scale·dS·K, dK += scale·dSᵀ·Q
 // Forward tasks are (document, head); backward tasks are (document, kv head)
 // so that each task owns the dK and dV rows it accumulates. Each thread uses
-// its own slice of the workspace.
+// its own slice of the workspace. With AVX-512 the exps run 16 at a time
+// in f64 (as exact as libm's expf once rounded) and row sums are kept in f64.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/simd.h"
 #include "core/parallel.h"
 
 namespace lathe::cpu {
@@ -44,6 +47,36 @@ struct Layout {
   }
 };
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers (see simd.h)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+bool vector_exp() {
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return supported && has_avx2();  // has_avx2() is false while the portable kernels are forced
+}
+
+// s[j] = exp(s[j] − shift) for j in [lo, hi]; returns Σ of the exps (in
+// double, before rounding). The exps are libm's quality (simd.h).
+__attribute__((target("avx512f,avx512dq"))) double exp_shifted_avx512(float* s, int64_t lo, int64_t hi,
+                                                                       float shift) {
+  const __m512 vs = _mm512_set1_ps(shift), neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512d acc = _mm512_setzero_pd();
+  for (int64_t j = lo; j <= hi; j += 16) {
+    const int64_t left = hi + 1 - j;
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __m512 x = _mm512_sub_ps(_mm512_mask_loadu_ps(neg_inf, m, s + j), vs);  // masked lanes: e^−∞ = 0
+    const __m512d e0 = simd::exp_nonpositive_f64(_mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+    const __m512d e1 = simd::exp_nonpositive_f64(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)));
+    acc = _mm512_add_pd(acc, _mm512_add_pd(e0, e1));
+    const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(e0)), _mm512_cvtpd_ps(e1), 1);
+    _mm512_mask_storeu_ps(s + j, m, e);
+  }
+  return _mm512_reduce_add_pd(acc);
+}
+
+#pragma GCC diagnostic pop
+
 // Scores of query rows [i0, i0 + rows) against keys [j0, i0 + rows) into s
 // (leading dimension nk), turned into probabilities: masked entries are 0.
 // With lse_in the row normalizers are given (backward); else they are
@@ -51,20 +84,33 @@ struct Layout {
 void block_probs(const Layout& L, const float* q, const float* k, int64_t i0, int64_t rows, int64_t j0, float* s,
                  const float* lse_in, float* lse_out, int64_t lse_stride) {
   const int64_t nk = i0 + rows - j0;
+  const bool vec = vector_exp();
   sgemm(false, true, rows, nk, L.head_dim, L.scale, q + i0 * L.ldq, L.ldq, k + j0 * L.ldk, L.ldk, 0.0f, s, nk);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r, lo = L.first_key(i) - j0, hi = i - j0;  // visible: [lo, hi]
     float* sr = s + r * nk;
     if (lse_in) {
       const float l = lse_in[i * lse_stride];
-      for (int64_t j = lo; j <= hi; ++j) sr[j] = std::exp(sr[j] - l);
+      if (vec)
+        exp_shifted_avx512(sr, lo, hi, l);
+      else
+        for (int64_t j = lo; j <= hi; ++j) sr[j] = std::exp(sr[j] - l);
     } else {
-      float m = -INFINITY, sum = 0;
+      float m = -INFINITY;
       for (int64_t j = lo; j <= hi; ++j) m = std::max(m, sr[j]);
-      for (int64_t j = lo; j <= hi; ++j) sum += (sr[j] = std::exp(sr[j] - m));
-      const float inv = 1.0f / sum;
+      float inv, log_sum;
+      if (vec) {
+        const double sum = exp_shifted_avx512(sr, lo, hi, m);
+        inv = float(1.0 / sum);
+        log_sum = float(std::log(sum));
+      } else {
+        float sum = 0;
+        for (int64_t j = lo; j <= hi; ++j) sum += (sr[j] = std::exp(sr[j] - m));
+        inv = 1.0f / sum;
+        log_sum = std::log(sum);
+      }
       for (int64_t j = lo; j <= hi; ++j) sr[j] *= inv;
-      lse_out[i * lse_stride] = m + std::log(sum);
+      lse_out[i * lse_stride] = m + log_sum;
     }
     for (int64_t j = 0; j < lo; ++j) sr[j] = 0.0f;
     for (int64_t j = hi + 1; j < nk; ++j) sr[j] = 0.0f;

@@ -93,6 +93,31 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// exp(x) for x <= 0 in 8 f64 lanes, to well under 1e-12 relative: x =
+// n·ln2 + r (ln2 in two parts, the high one exact for any n here), e^r by
+// its Taylor series to r¹¹ (truncation ~1e-13 at |r| = ln2/2), times 2ⁿ by
+// scalef. Rounded to f32 it is the correctly rounded expf (but in cases
+// within 1e-12 of a rounding tie), as good as libm's.
+__attribute__((target("avx512f"))) inline __m512d exp_nonpositive_f64(__m512d x) {
+  x = _mm512_max_pd(x, _mm512_set1_pd(-800.0));  // below, e^x is 0 in f64 too
+  const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634)),
+                                         _MM_FROUND_TO_NEAREST_INT);
+  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(0x1.62e42fee00000p-1), x);
+  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(0x1.a39ef35793c76p-33), r);
+  __m512d p = _mm512_set1_pd(1.0 / 39916800);
+  for (const double c : {1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24,
+                         1.0 / 6, 0.5, 1.0, 1.0})
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c));
+  return _mm512_scalef_pd(p, n);
+}
+
+// expf of 16 lanes with x <= 0, through exp_nonpositive_f64.
+__attribute__((target("avx512f,avx512dq"))) inline __m512 expf_nonpositive_accurate(__m512 x) {
+  const __m512d lo = exp_nonpositive_f64(_mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+  const __m512d hi = exp_nonpositive_f64(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace lathe::cpu::simd
