@@ -247,7 +247,7 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
   });
   std::string label = name + " " + std::to_string(w_rows) + "x" + std::to_string(g.k);
   if (g.shape != 0) label += " (block shape " + std::to_string(g.shape) + ")";
-  return KernelRow{label, t, double(w_bytes), g.shape == 0 ? per_step : 0};
+  return KernelRow{label, t, double(w_bytes), per_step};
 }
 
 // The layer's GEMVs and the LM head with block shape `shape`.
@@ -257,7 +257,9 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd, kv_dim = int64_t(c.num_key_value_heads) * hd;
   const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
-  const int layers = c.num_hidden_layers;
+  // Calls per step of this shape: decode_layer() runs o and down with shape 2 up to 4 rows, the rest with 0.
+  const uint8_t residual_shape = batch <= 4 ? 2 : 0;
+  const int layers = shape == 0 ? c.num_hidden_layers : 0, residual_layers = shape == residual_shape ? c.num_hidden_layers : 0;
   // The normed input: f32 stream + norm weights in the kernel, or bf16 rows normed before.
   auto normed = [&](cu::GemvArgs g) {
     if (fused_norm) {
@@ -285,14 +287,15 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, layers));
   rows.push_back(time_gemv(ctx, kb, "o +residual", hidden,
                            plain({.x = kb.attn, .out = kb.h, .n = hidden, .k = q_dim, .epilogue = E::kAddF32}),
-                           layers));
+                           residual_layers));
   rows.push_back(time_gemv(ctx, kb, "norm+gate|up+swiglu", 2 * ffn,
                            normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}), layers));
   rows.push_back(time_gemv(ctx, kb, "down +residual", hidden,
                            plain({.out = kb.h, .n = hidden, .k = ffn, .epilogue = E::kAddF32, .x_f32 = kb.act}),
-                           layers));
+                           residual_layers));
   rows.push_back(time_gemv(ctx, kb, "norm+lm_head", c.vocab_size,
-                           normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}), 1));
+                           normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}),
+                           shape == 0 ? 1 : 0));
 }
 
 // The decode step's kernels at this shape and batch, as decode_layer() calls them.
@@ -316,7 +319,7 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, double
   rows.push_back({"attention, ctx " + std::to_string(mean_ctx), t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
                   c.num_hidden_layers});
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
-              "x0: a block shape the step does not run)\n", s.name, batch);
+              "x0: a block shape the step does not run there)\n", s.name, batch);
   std::printf("| kernel | us | GB/s | of 4.3 TB/s | per step |\n|---|---|---|---|---|\n");
   double sum = 0.0;
   for (const KernelRow& r : rows) {

@@ -562,12 +562,16 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
                                       .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
   }
   LATHE_TRY(decode_attention(l, b));
+  // o and down: 256-thread GEMV blocks up to 4 rows (measured faster on these few-wave shapes, gemv.cu).
+  const uint8_t residual_shape = b <= 4 ? 2 : 0;
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
-                             .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap}));
+                             .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap,
+                             .shape = residual_shape}));
   LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn, .k = hidden,
                                     .epilogue = GemvEpilogue::kSwigluF32}));
   return cuda::gemv(ctx, {.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
-                          .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.act});
+                          .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.act,
+                          .shape = residual_shape});
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.

@@ -24,7 +24,10 @@ namespace attn {
 namespace {
 
 constexpr int kMaxSplits = 64;
-constexpr int kMinChunk = 32;   // keys per split at least (short contexts still spread over many blocks)
+// Keys per split at least: 32 while few (token, head) pairs share the GPU
+// (a short context still spreads over many blocks), 128 from kManyRows on
+// (enough blocks already; fewer partial results to merge).
+constexpr int kMinChunk = 32, kMinChunkMany = 128, kManyRows = 256;
 
 struct DecodeParams {
   const bf16 *q, *k, *v;
@@ -46,20 +49,30 @@ struct DecodeParams {
 // does not depend on the number of tokens.
 __host__ __device__ constexpr int64_t record_floats(int d) { return int64_t(kMaxSplits) * (d + 2) + 1; }
 
-// Merges the n_splits partial results of (token t, head h) into out (and lse): one thread per d.
+// Merges the n_splits partial results of (token t, head h) into out (and
+// lse): the splits' m and l come into shared memory in one round of loads
+// (a thread per split), then one thread per d sums its column over the
+// splits in order (loads independent of each other, so in flight together).
 template <int D>
 __device__ __forceinline__ void merge_splits(const DecodeParams& p, int t, int h) {
+  __shared__ float s_m[kMaxSplits], s_l[kMaxSplits];
   const float* src = p.part + (int64_t(t) * p.n_head + h) * record_floats(D);
+  for (int s = threadIdx.x; s < p.n_splits; s += blockDim.x) {
+    s_m[s] = __ldcg(src + s * (D + 2) + D);
+    s_l[s] = __ldcg(src + s * (D + 2) + D + 1);
+  }
+  __syncthreads();
   float mx = -INFINITY;
-  for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, __ldcg(src + s * (D + 2) + D));
+  for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, s_m[s]);
   const float base = mx == -INFINITY ? 0.f : mx;
   const int64_t row = int64_t(t) * p.n_head + h;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.f, sum = 0.f;
+#pragma unroll 8
     for (int s = 0; s < p.n_splits; ++s) {
-      const float w = exp2f(__ldcg(src + s * (D + 2) + D) - base);
+      const float w = exp2f(s_m[s] - base);
       acc += __ldcg(src + s * (D + 2) + d) * w;
-      sum += __ldcg(src + s * (D + 2) + D + 1) * w;
+      sum += s_l[s] * w;
     }
     p.out[row * D + d] = __float2bfloat16(sum > 0.f ? acc / sum : 0.f);
     if (p.lse && d == 0) p.lse[row] = sum > 0.f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
@@ -175,9 +188,11 @@ Status launch_decode(const DecodeParams& p, int n_tokens, cudaStream_t st, bool 
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
-// Chunks of at least kMinChunk keys, at most kMaxSplits of them, for `len` keys.
-void plan_splits(int len, int* chunk, int* n_splits) {
-  int n = std::min(kMaxSplits, std::max(1, (len + kMinChunk - 1) / kMinChunk));
+// Chunks of at least kMinChunk keys (kMinChunkMany for rows ≥ kManyRows
+// (token, head) pairs), at most kMaxSplits of them, for `len` keys.
+void plan_splits(int len, int rows, int* chunk, int* n_splits) {
+  const int min_chunk = rows >= kManyRows ? kMinChunkMany : kMinChunk;
+  int n = std::min(kMaxSplits, std::max(1, (len + min_chunk - 1) / min_chunk));
   *chunk = std::max(1, (len + n - 1) / n);
   *n_splits = std::max(1, (len + *chunk - 1) / *chunk);
 }
@@ -220,7 +235,7 @@ Status attention_decode(const AttentionDecodeArgs& a) {
   if (!a.workspace) return invalid_argument(kName, "workspace must be set (attention_decode_workspace_bytes)");
   const int len = a.window > 0 ? std::min(a.window, a.pos0 + 1) : a.pos0 + 1;  // keys of the one token
   int chunk = 0, n_splits = 0;
-  attn::plan_splits(len, &chunk, &n_splits);
+  attn::plan_splits(len, a.n_head, &chunk, &n_splits);
   attn::DecodeParams p{static_cast<const bf16*>(a.q), static_cast<const bf16*>(a.k_cache),
                        static_cast<const bf16*>(a.v_cache), static_cast<bf16*>(a.out), a.lse,
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, a.pos0, a.window, chunk, n_splits,
@@ -242,7 +257,7 @@ Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
   using attn::bf16;
   const int len = a.window > 0 ? std::min(a.window, std::max(1, a.max_ctx)) : std::max(1, a.max_ctx);
   int chunk = 0, n_splits = 0;
-  attn::plan_splits(len, &chunk, &n_splits);
+  attn::plan_splits(len, a.n_seqs * a.n_head, &chunk, &n_splits);
   attn::DecodeParams p{static_cast<const bf16*>(a.q), nullptr, nullptr, static_cast<bf16*>(a.out), a.lse,
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, 0, a.window, chunk, n_splits,
                        a.scale, reinterpret_cast<const bf16* const*>(a.k_caches),
