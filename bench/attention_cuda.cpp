@@ -80,10 +80,10 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
   const double fwd_tflop = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * d * 1e-12;
 
-  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels) {
+  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels, int wgmma_rows) {
     cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
                                    d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
-                                   kHeads, kKvHeads, d, 0, scale, s.handle(), simple, kernels};
+                                   kHeads, kKvHeads, d, 0, scale, s.handle(), simple, kernels, wgmma_rows};
     const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
     const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
     std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
@@ -103,17 +103,21 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
       std::printf("\n");
       continue;
     }
-    time_backward(simple, cuda::AttnBwdKernels::kMma);
+    time_backward(simple, cuda::AttnBwdKernels::kMma, 0);
   }
   auto info = cuda::device_info(0);
   if (info.is_ok() && info.value().sm_major == 9 && (d == 64 || d == 128)) {
-    cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
-                                   cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle(), false, 0, true};
-    const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
-    const double fwd_rate = fwd_tflop / t_fwd;
-    std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)", d, "wgmma", t_fwd * 1e3,
-                fwd_rate, 100.0 * fwd_rate / kPeakTflops, kPeakTflops);
-    time_backward(false, cuda::AttnBwdKernels::kWgmma);
+    for (int rows : {64, 128}) {  // one or two warpgroups per block
+      cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
+                                     cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle(), false, 0,
+                                     true, rows};
+      const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+      const double fwd_rate = fwd_tflop / t_fwd;
+      std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)", d,
+                  rows == 64 ? "wgmma 64" : "wgmma 128", t_fwd * 1e3, fwd_rate, 100.0 * fwd_rate / kPeakTflops,
+                  kPeakTflops);
+      time_backward(false, cuda::AttnBwdKernels::kWgmma, rows);
+    }
   }
 }
 

@@ -122,8 +122,9 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
     AttentionVarlenArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .out = want, .lse = want_lse,
                           .cu_seqlens = d.cu_host, .window = c.window, .scale = scale};
     ref::attention_varlen_forward(r);
-    for (int warp_rows : {0, 16, 32, 64}) {  // 0: the simple kernel; 64: the wgmma one (a warpgroup's rows)
-      if (warp_rows == 64 && !wgmma_runs(c.head_dim)) continue;
+    // 0: the simple kernel; 64, 128: the wgmma one with that many rows per block
+    for (int warp_rows : {0, 16, 32, 64, 128}) {
+      if (warp_rows >= 64 && !wgmma_runs(c.head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << (warp_rows == 0 ? "simple kernel" : "pipelined kernel, warp rows ")
                                         << warp_rows);
       cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
@@ -131,8 +132,8 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
       cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                      static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
                                      int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                     c.window, scale, nullptr, warp_rows == 0, warp_rows == 64 ? 0 : warp_rows,
-                                     warp_rows == 64};
+                                     c.window, scale, nullptr, warp_rows == 0, warp_rows >= 64 ? 0 : warp_rows,
+                                     warp_rows >= 64, warp_rows >= 64 ? warp_rows : 0};
       Status st = cuda::attention_varlen_forward(a);
       ASSERT_TRUE(st.is_ok()) << st.message();
       EXPECT_LE(testing::rel_error(download(out, DType::BF16, {d.n, c.n_head, c.head_dim}), want), 1e-2);
@@ -150,9 +151,9 @@ TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   SKIP_WITHOUT_GPU();
   const VarlenCase c{{1500, 700, 1}, 8, 2, 128, 0};
   VarlenData d = make_varlen(c, 4242);
-  Tensor outs[4], lses[4];
-  const int warp_rows[4] = {0, 16, 32, 64};  // 0: the simple kernel; 64: the wgmma one
-  const int n_kinds = wgmma_runs(c.head_dim) ? 4 : 3;
+  Tensor outs[5], lses[5];
+  const int warp_rows[5] = {0, 16, 32, 64, 128};  // 0: the simple kernel; 64, 128: the wgmma one
+  const int n_kinds = wgmma_runs(c.head_dim) ? 5 : 3;
   for (int i = 0; i < n_kinds; ++i) {
     cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
     cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
@@ -160,7 +161,8 @@ TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
                                    static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()), 3,
                                    max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim, 0,
                                    1.0f / std::sqrt(128.0f), nullptr, warp_rows[i] == 0,
-                                   warp_rows[i] == 64 ? 0 : warp_rows[i], warp_rows[i] == 64};
+                                   warp_rows[i] >= 64 ? 0 : warp_rows[i], warp_rows[i] >= 64,
+                                   warp_rows[i] >= 64 ? warp_rows[i] : 0};
     Status st = cuda::attention_varlen_forward(a);
     ASSERT_TRUE(st.is_ok()) << st.message();
     outs[i] = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
@@ -179,11 +181,19 @@ struct VarlenGrads {
   Tensor dq, dk, dv;
 };
 
-enum class Bwd { kSimple, kMma, kWgmma };
+// The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block.
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128 };
 const char* bwd_name(Bwd k) {
-  return k == Bwd::kSimple ? "simple kernels" : k == Bwd::kMma ? "mma.sync kernels" : "wgmma kernels";
+  switch (k) {
+    case Bwd::kSimple: return "simple kernels";
+    case Bwd::kMma: return "mma.sync kernels";
+    case Bwd::kWgmma64: return "wgmma kernels, 64 rows per block";
+    case Bwd::kWgmma128: return "wgmma kernels, 128 rows per block";
+  }
+  return "?";
 }
-bool runs(Bwd k, int head_dim) { return k != Bwd::kWgmma || wgmma_runs(head_dim); }
+bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
+bool runs(Bwd k, int head_dim) { return !is_wgmma(k) || wgmma_runs(head_dim); }
 
 VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind) {
   const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
@@ -203,7 +213,8 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
                                  static_cast<const float*>(lse.data()), d_out.dev.data(), dq.data(), dk.data(),
                                  dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
                                  c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple,
-                                 kind == Bwd::kWgmma ? cuda::AttnBwdKernels::kWgmma : cuda::AttnBwdKernels::kMma};
+                                 is_wgmma(kind) ? cuda::AttnBwdKernels::kWgmma : cuda::AttnBwdKernels::kMma,
+                                 kind == Bwd::kWgmma128 ? 128 : 64};
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
   return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
@@ -225,7 +236,7 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma, Bwd::kSimple}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -249,7 +260,7 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -284,7 +295,7 @@ size_t report_mismatches(const Tensor& got, const Tensor& want, int cols, const 
 TEST(CudaAttention, WgmmaProductsMatchHost) {
   SKIP_WITHOUT_GPU();
   for (int d : {64, 128}) {
-    if (!runs(Bwd::kWgmma, d)) continue;
+    if (!wgmma_runs(d)) continue;
     SCOPED_TRACE(::testing::Message() << "d=" << d);
     Bf16Input a = upload({64, d}, 7000 + uint32_t(d)), b = upload({64, d}, 7001 + uint32_t(d));
     cuda::DeviceBuffer s = device_zeros(2 * 64 * 64 * 4), o = device_zeros(size_t(64 * d * 4));

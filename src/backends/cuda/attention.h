@@ -38,6 +38,7 @@ struct AttentionVarlenFwdArgs {
   bool simple = false;  // the plain single-buffered kernel, kept as an oracle for the pipelined one
   int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default (32)
   bool wgmma = false;   // the Hopper (wgmma) kernel instead: head_dim 64 or 128 on compute capability 9.x
+  int wgmma_rows = 0;   // its query rows per thread block (64 or 128); 0: the compiled default
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 
@@ -70,6 +71,7 @@ struct AttentionVarlenBwdArgs {
   void* stream = nullptr;
   bool simple = false;  // the plain kernels, kept as an oracle for the fast ones
   AttnBwdKernels kernels = AttnBwdKernels::kAuto;  // which fast kernels (ignored when simple)
+  int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
 };
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head);
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);

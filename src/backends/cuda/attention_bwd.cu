@@ -50,6 +50,9 @@
 #ifndef LATHE_ATTN_BWD_SM90_AUTO  // AttnBwdKernels::kAuto picks the wgmma kernels where they run (1)
 #define LATHE_ATTN_BWD_SM90_AUTO 0
 #endif
+#ifndef LATHE_ATTN_BWD_SM90_ROWS  // rows per thread block of the wgmma kernels by default: 64 or 128
+#define LATHE_ATTN_BWD_SM90_ROWS 64
+#endif
 #ifndef LATHE_ATTN_BWD_MIN_BLOCKS_64
 #define LATHE_ATTN_BWD_MIN_BLOCKS_64 3
 #endif
@@ -324,12 +327,14 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
   }
 }
 
+// sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
+// wgmma ones.
 template <int D, class Path>
-Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, bool sm90) {
+Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows) {
   const int rows = p.n_tokens * p.n_head;  // < 2^31, checked by the caller
   delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention delta launch"));
-  if (sm90) return launch_backward_sm90(p, D, n_docs, max_seqlen, st);
+  if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
   const int smem_dq = (2 + 2 * Path::kBufs) * tile_bytes;
@@ -362,6 +367,8 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
     return invalid_argument(kName, "n_head ", a.n_head, " is not a multiple of n_head_kv ", a.n_head_kv);
   if (a.n_docs < 0 || a.max_seqlen < 0 || a.n_tokens < 0 || a.window < 0)
     return invalid_argument(kName, "negative n_docs, max_seqlen, n_tokens or window");
+  if (a.wgmma_rows != 0 && a.wgmma_rows != 64 && a.wgmma_rows != 128)
+    return invalid_argument(kName, "wgmma_rows ", a.wgmma_rows, " (0, 64 or 128)");
   if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
   if (a.max_seqlen == 0) return invalid_argument(kName, "max_seqlen is 0 with ", a.n_tokens, " tokens");
   if (int64_t(a.n_tokens) * a.n_head > INT32_MAX) return invalid_argument(kName, "n_tokens × n_head exceeds 2^31");
@@ -390,11 +397,12 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   } else if (!a.simple && a.kernels == AttnBwdKernels::kAuto) {
     sm90 = LATHE_ATTN_BWD_SM90_AUTO && attn::sm90_supported(a.head_dim);
   }
+  const int sm90_rows = !sm90 ? 0 : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st, false)
-                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st, sm90);
+    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st, 0)
+                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st, sm90_rows);
   });
 }
 

@@ -68,25 +68,29 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char*
   pin(dq);
 }
 
+// Blocks of WG warpgroups take 64·WG query rows (warpgroup w the rows
+// 64w..) and share each K/V tile, which halves the tiles a query row pulls
+// through L2 at WG = 2. A warpgroup skips the tiles none of its rows sees.
 // Blocks run in reverse tile order (the longest first), as in attention_bwd.cu.
-template <int D>
-__global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) dq_sm90_kernel(BwdParams p) {
+template <int D, int WG>
+__global__ void __launch_bounds__(WG* kThreads, WG == 2 ? 1 : D == 128 ? 2 : 3) dq_sm90_kernel(BwdParams p) {
 #if LATHE_SM90A_DEVICE
-  constexpr int kT = tile_bytes<D>();
+  constexpr int kT = tile_bytes<D>(), kRows = WG * kBlockRows, kN = WG * kThreads;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sQ = aligned_smem(smem_raw);
-  unsigned char* sO = sQ + kT;
-  unsigned char* sK = sO + kT;  // two K buffers, then two V buffers
+  unsigned char* sQ = aligned_smem(smem_raw);  // WG Q tiles
+  unsigned char* sO = sQ + WG * kT;            // WG d_out tiles
+  unsigned char* sK = sO + WG * kT;            // two K buffers, then two V buffers
   unsigned char* sV = sK + 2 * kT;
 
   const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   const int64_t base = p.cu[blockIdx.z];
   const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;
   if (i0 >= n) return;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-  const int row_a = i0 + warp * 16 + g, row_b = row_a + 8;
-  const int k_last = min(i0 + kBlockRows, n) - 1;
+  const int wg = threadIdx.x / kThreads, t = threadIdx.x % kThreads;
+  const int w0 = i0 + wg * kBlockRows, w_last = min(w0 + kBlockRows, n) - 1;  // this warpgroup's rows
+  const int row_a = w0 + t / 32 * 16 + t % 32 / 4, row_b = row_a + 8, c = t % 4;
+  const int k_last = min(i0 + kRows, n) - 1;
   const int k_first = p.window > 0 ? max(0, i0 - p.window + 1) : 0;
   const float sl2 = p.scale * kLog2e;
   float lse2[2] = {0.f, 0.f}, dlt[2] = {0.f, 0.f};
@@ -96,10 +100,12 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) dq_sm90_kernel(Bwd
     lse2[r] = p.lse[(base + row) * p.n_head + h] * kLog2e;
     dlt[r] = p.delta[(base + row) * p.n_head + h];
   }
-  load_tile_sw<D>(sQ, p.q, base, i0, n, p.n_head, h);
-  load_tile_sw<D>(sO, p.d_out, base, i0, n, p.n_head, h);
-  load_tile_sw<D>(sK, p.k, base, k_first, k_last + 1, p.n_head_kv, hk);
-  load_tile_sw<D>(sV, p.v, base, k_first, k_last + 1, p.n_head_kv, hk);
+  for (int w = 0; w < WG; ++w) {
+    load_tile_sw<D, kN>(sQ + w * kT, p.q, base, i0 + w * kBlockRows, n, p.n_head, h);
+    load_tile_sw<D, kN>(sO + w * kT, p.d_out, base, i0 + w * kBlockRows, n, p.n_head, h);
+  }
+  load_tile_sw<D, kN>(sK, p.k, base, k_first, k_last + 1, p.n_head_kv, hk);
+  load_tile_sw<D, kN>(sV, p.v, base, k_first, k_last + 1, p.n_head_kv, hk);
   cp_async_commit();
   float dq[D / 2];
 #pragma unroll
@@ -107,15 +113,18 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) dq_sm90_kernel(Bwd
 
   for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
     if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
-      load_tile_sw<D>(sK + (buf ^ 1) * kT, p.k, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
-      load_tile_sw<D>(sV + (buf ^ 1) * kT, p.v, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_sw<D, kN>(sK + (buf ^ 1) * kT, p.k, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_sw<D, kN>(sV + (buf ^ 1) * kT, p.v, base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this tile
     cp_async_wait_one();
     fence_async_smem();
     __syncthreads();
-    const bool masked = p.window > 0 || kt + kBlockRows - 1 > i0;
-    dq_tile<D>(dq, sQ, sO, sK + buf * kT, sV + buf * kT, masked, kt, row_a, row_b, n, p.window, sl2, lse2, dlt);
+    const bool seen = w0 < n && kt <= w_last && (p.window <= 0 || kt + kBlockRows - 1 > w0 - p.window);
+    const bool masked = p.window > 0 || kt + kBlockRows - 1 > w0;
+    if (seen)
+      dq_tile<D>(dq, sQ + wg * kT, sO + wg * kT, sK + buf * kT, sV + buf * kT, masked, kt, row_a, row_b, n,
+                 p.window, sl2, lse2, dlt);
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
 #pragma unroll
@@ -177,13 +186,13 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[D / 2], float (&dv)[D / 2]
 
 // Query tile `it` of a dkdv block (head hk·group + it / n_qt, rows j0 +
 // (it % n_qt)·64) with its lse and delta, zero past the document.
-template <int D>
+template <int D, int kN>
 __device__ __forceinline__ void stage_query_tile(const BwdParams& p, unsigned char* sQ, unsigned char* sO, float* sL,
                                                  float* sD, int64_t base, int n, int hk, int j0, int n_qt, int it) {
   const int h = hk * (p.n_head / p.n_head_kv) + it / n_qt, qt = j0 + (it % n_qt) * kBlockRows;
-  load_tile_sw<D>(sQ, p.q, base, qt, n, p.n_head, h);
-  load_tile_sw<D>(sO, p.d_out, base, qt, n, p.n_head, h);
-  for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
+  load_tile_sw<D, kN>(sQ, p.q, base, qt, n, p.n_head, h);
+  load_tile_sw<D, kN>(sO, p.d_out, base, qt, n, p.n_head, h);
+  for (int r = threadIdx.x; r < kBlockRows; r += kN) {
     const bool in = qt + r < n;
     const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
     cp_async4(sL + r, p.lse + at, in);
@@ -191,32 +200,37 @@ __device__ __forceinline__ void stage_query_tile(const BwdParams& p, unsigned ch
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(BwdParams p) {
+// Blocks of WG warpgroups take 64·WG keys (warpgroup w the keys 64w..) and
+// share each query tile; a warpgroup skips the tiles none of its keys sees.
+template <int D, int WG>
+__global__ void __launch_bounds__(WG* kThreads, WG == 2 ? 1 : 2) dkdv_sm90_kernel(BwdParams p) {
 #if LATHE_SM90A_DEVICE
-  constexpr int kT = tile_bytes<D>();
+  constexpr int kT = tile_bytes<D>(), kRows = WG * kBlockRows, kN = WG * kThreads;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sK = aligned_smem(smem_raw);
-  unsigned char* sV = sK + kT;
-  unsigned char* sQ = sV + kT;      // two Q buffers
-  unsigned char* sO = sQ + 2 * kT;  // two d_out buffers
+  unsigned char* sK = aligned_smem(smem_raw);  // WG K tiles
+  unsigned char* sV = sK + WG * kT;            // WG V tiles
+  unsigned char* sQ = sV + WG * kT;            // two Q buffers
+  unsigned char* sO = sQ + 2 * kT;             // two d_out buffers
   float* sL = reinterpret_cast<float*>(sO + 2 * kT);  // 2 × 64 lse
   float* sD = sL + 2 * kBlockRows;                    // 2 × 64 delta
 
   const int hk = blockIdx.y, group = p.n_head / p.n_head_kv;
   const int64_t base = p.cu[blockIdx.z];
   const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  const int j0 = blockIdx.x * kBlockRows;
+  const int j0 = blockIdx.x * kRows;
   if (j0 >= n) return;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-  const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
-  const int q_last = p.window > 0 ? min(n - 1, min(j0 + kBlockRows, n) - 1 + p.window - 1) : n - 1;
+  const int wg = threadIdx.x / kThreads, t = threadIdx.x % kThreads;
+  const int w0 = j0 + wg * kBlockRows, w_last = min(w0 + kBlockRows, n) - 1;  // this warpgroup's keys
+  const int key_a = w0 + t / 32 * 16 + t % 32 / 4, key_b = key_a + 8, c = t % 4;
+  const int q_last = p.window > 0 ? min(n - 1, min(j0 + kRows, n) - 1 + p.window - 1) : n - 1;
   const int n_qt = (q_last - j0) / kBlockRows + 1, n_iter = group * n_qt;
   const float sl2 = p.scale * kLog2e;
 
-  load_tile_sw<D>(sK, p.k, base, j0, n, p.n_head_kv, hk);
-  load_tile_sw<D>(sV, p.v, base, j0, n, p.n_head_kv, hk);
-  stage_query_tile<D>(p, sQ, sO, sL, sD, base, n, hk, j0, n_qt, 0);
+  for (int w = 0; w < WG; ++w) {
+    load_tile_sw<D, kN>(sK + w * kT, p.k, base, j0 + w * kBlockRows, n, p.n_head_kv, hk);
+    load_tile_sw<D, kN>(sV + w * kT, p.v, base, j0 + w * kBlockRows, n, p.n_head_kv, hk);
+  }
+  stage_query_tile<D, kN>(p, sQ, sO, sL, sD, base, n, hk, j0, n_qt, 0);
   cp_async_commit();
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -224,16 +238,18 @@ __global__ void __launch_bounds__(kThreads, 2) dkdv_sm90_kernel(BwdParams p) {
 
   for (int it = 0, buf = 0; it < n_iter; ++it, buf ^= 1) {
     if (it + 1 < n_iter)
-      stage_query_tile<D>(p, sQ + (buf ^ 1) * kT, sO + (buf ^ 1) * kT, sL + (buf ^ 1) * kBlockRows,
-                          sD + (buf ^ 1) * kBlockRows, base, n, hk, j0, n_qt, it + 1);
+      stage_query_tile<D, kN>(p, sQ + (buf ^ 1) * kT, sO + (buf ^ 1) * kT, sL + (buf ^ 1) * kBlockRows,
+                              sD + (buf ^ 1) * kBlockRows, base, n, hk, j0, n_qt, it + 1);
     cp_async_commit();
     cp_async_wait_one();
     fence_async_smem();
     __syncthreads();
     const int qt = j0 + (it % n_qt) * kBlockRows;
-    const bool masked = p.window > 0 || qt < j0 + kBlockRows - 1 || qt + kBlockRows > n;
-    dkdv_tile<D>(dk, dv, sK, sV, sQ + buf * kT, sO + buf * kT, sL + buf * kBlockRows, sD + buf * kBlockRows, masked,
-                 qt, key_a, key_b, n, p.window, sl2);
+    const bool seen = w0 < n && qt + kBlockRows - 1 >= w0 && (p.window <= 0 || qt <= w_last + p.window - 1);
+    const bool masked = p.window > 0 || qt < w0 + kBlockRows - 1 || qt + kBlockRows > n;
+    if (seen)
+      dkdv_tile<D>(dk, dv, sK + wg * kT, sV + wg * kT, sQ + buf * kT, sO + buf * kT, sL + buf * kBlockRows,
+                   sD + buf * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
 #pragma unroll
@@ -297,19 +313,20 @@ __global__ void __launch_bounds__(kThreads) check_kernel(const bf16* a, const bf
 #endif
 }
 
-template <int D>
+template <int D, int WG>
 Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st) {
-  const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
-  const int smem_dq = 6 * tile_bytes<D>() + 1024;  // + room to align the tiles to 1024 bytes
+  const int tiles = (max_seqlen + WG * kBlockRows - 1) / (WG * kBlockRows);
+  const int smem_dq = (2 * WG + 4) * tile_bytes<D>() + 1024;  // + room to align the tiles to 1024 bytes
   const int smem_dkdv = smem_dq + 4 * kBlockRows * int(sizeof(float));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dq_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq),
-                       "cudaFuncSetAttribute(dq_sm90)"));
   LATHE_TRY(cuda_check(
-      cudaFuncSetAttribute(dkdv_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dkdv),
+      cudaFuncSetAttribute(dq_sm90_kernel<D, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq),
+      "cudaFuncSetAttribute(dq_sm90)"));
+  LATHE_TRY(cuda_check(
+      cudaFuncSetAttribute(dkdv_sm90_kernel<D, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dkdv),
       "cudaFuncSetAttribute(dkdv_sm90)"));
-  dq_sm90_kernel<D><<<dim3(tiles, p.n_head, n_docs), kThreads, smem_dq, st>>>(p);
+  dq_sm90_kernel<D, WG><<<dim3(tiles, p.n_head, n_docs), WG * kThreads, smem_dq, st>>>(p);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dq_sm90 launch"));
-  dkdv_sm90_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem_dkdv, st>>>(p);
+  dkdv_sm90_kernel<D, WG><<<dim3(tiles, p.n_head_kv, n_docs), WG * kThreads, smem_dkdv, st>>>(p);
   return cuda_check(cudaGetLastError(), "attention dkdv_sm90 launch");
 }
 
@@ -323,9 +340,13 @@ bool sm90_supported(int d) {
   return major == 9;
 }
 
-Status launch_backward_sm90(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st) {
-  if (d == 64) return sm90::launch<64>(p, n_docs, max_seqlen, st);
-  if (d == 128) return sm90::launch<128>(p, n_docs, max_seqlen, st);
+Status launch_backward_sm90(const BwdParams& p, int d, int rows, int n_docs, int max_seqlen, cudaStream_t st) {
+  if (rows != 64 && rows != 128) return invalid_argument("attention backward (wgmma): rows ", rows, " (64 or 128)");
+  if (d == 64)
+    return rows == 64 ? sm90::launch<64, 1>(p, n_docs, max_seqlen, st) : sm90::launch<64, 2>(p, n_docs, max_seqlen, st);
+  if (d == 128)
+    return rows == 64 ? sm90::launch<128, 1>(p, n_docs, max_seqlen, st)
+                      : sm90::launch<128, 2>(p, n_docs, max_seqlen, st);
   return unsupported("attention backward (wgmma): head_dim ", d, " (64 and 128 are compiled)");
 }
 

@@ -295,6 +295,7 @@ struct FwdParams {
   bool simple = false;  // the unpipelined kernel
   int warp_rows = 0;     // query rows per warp of the fast kernel: 16, 32; 0: the compiled default
   bool wgmma = false;    // the Hopper kernel (sm90_supported(head_dim) must hold)
+  int wgmma_rows = 0;    // its query rows per block: 64, 128; 0: the compiled default
 };
 Status launch_flash_forward(const FwdParams& p, void* stream);
 
@@ -312,8 +313,9 @@ struct BwdParams {
 // True when the current device runs the wgmma kernels (the Hopper forward
 // and backward) at head_dim d: compute capability 9.x, d 64 or 128.
 bool sm90_supported(int d);
-// Its dq and dkdv kernels; delta must already be in p.delta.
-Status launch_backward_sm90(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st);
+// Its dq and dkdv kernels, 64 or 128 rows (queries, keys) per thread block;
+// delta must already be in p.delta.
+Status launch_backward_sm90(const BwdParams& p, int d, int rows, int n_docs, int max_seqlen, cudaStream_t st);
 
 Status cuda_check(cudaError_t err, const char* what);
 

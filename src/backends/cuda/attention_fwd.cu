@@ -11,7 +11,8 @@
 // a KV cache: one sequence whose queries start at position q_pos0. On Hopper
 // a third kernel does the two products with warpgroup instructions
 // (attention_sm90.cuh; AttentionVarlenFwdArgs::wgmma), one warpgroup per 64
-// rows, its accumulators in the layout the softmax below expects.
+// rows, one or two warpgroups per block, its accumulators in the layout the
+// softmax below expects.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_sm90.cuh"
@@ -24,6 +25,9 @@
 // many make ptxas spill: 4 at head_dim 64 does, check with -Xptxas -v).
 #ifndef LATHE_ATTN_FWD_WARP_ROWS  // query rows per warp of the fast kernel: 16 or 32 (faster on the H200)
 #define LATHE_ATTN_FWD_WARP_ROWS 32
+#endif
+#ifndef LATHE_ATTN_FWD_SM90_ROWS  // query rows per block of the wgmma kernel by default: 64 or 128
+#define LATHE_ATTN_FWD_SM90_ROWS 64
 #endif
 #ifndef LATHE_ATTN_FWD_UNMASKED
 #define LATHE_ATTN_FWD_UNMASKED 1
@@ -338,27 +342,30 @@ __global__ void __launch_bounds__(kThreads, min_blocks_wide<D>()) flash_forward_
   }
 }
 
-// The Hopper kernel (attention_sm90.cuh): one warpgroup per 64 query rows,
+// The Hopper kernel (attention_sm90.cuh): WG warpgroups per block, each
+// with 64 query rows (warpgroup w the rows 64w..) sharing the K/V tiles;
 // S = Q·Kᵀ with both tiles in shared memory, O += P·V with P from
-// registers, K/V double-buffered through cp.async. The accumulators have the
-// layout of the kernels above, so the online softmax and the stores are
-// theirs.
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2) flash_forward_sm90_kernel(FwdParams p) {
+// registers, K/V double-buffered through cp.async. A warpgroup skips the
+// tiles none of its rows sees. The accumulators have the layout of the
+// kernels above, so the online softmax and the stores are theirs.
+template <int D, int WG>
+__global__ void __launch_bounds__(WG* kThreads, WG == 2 ? 1 : 2) flash_forward_sm90_kernel(FwdParams p) {
 #if LATHE_SM90A_DEVICE
   using namespace sm90;
-  constexpr int kT = tile_bytes<D>();
+  constexpr int kT = tile_bytes<D>(), kRows = WG * kBlockRows, kN = WG * kThreads;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sQ = aligned_smem(smem_raw);
-  unsigned char* sK = sQ + kT;  // two K tiles, then two V tiles
+  unsigned char* sQ = aligned_smem(smem_raw);  // WG Q tiles
+  unsigned char* sK = sQ + WG * kT;            // two K tiles, then two V tiles
   unsigned char* sV = sK + 2 * kT;
 
   const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
   const auto [q_base, k_base, n_q, n_k] = block_seq(p);
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;
   if (i0 >= n_q) return;
-  const int row_a = i0 + threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4, row_b = row_a + 8;
-  const int last_row = min(i0 + kBlockRows, n_q) - 1;
+  const int wg = threadIdx.x / kThreads, t = threadIdx.x % kThreads;
+  const int w0 = i0 + wg * kBlockRows, w_last = min(w0 + kBlockRows, n_q) - 1;  // this warpgroup's rows
+  const int row_a = w0 + t / 32 * 16 + t % 32 / 4, row_b = row_a + 8;
+  const int last_row = min(i0 + kRows, n_q) - 1;
   const int k_last = min(n_k - 1, last_row + p.q_pos0);
   const int k_first = p.window > 0 ? max(0, i0 + p.q_pos0 - p.window + 1) : 0;
   const float sl2 = p.scale * kLog2e;
@@ -367,37 +374,42 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_sm90_kernel(FwdPara
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  load_tile_sw<D>(sQ, p.q, q_base, i0, n_q, p.n_head, h);
-  load_tile_sw<D>(sK, p.k, k_base, k_first, k_last + 1, p.n_head_kv, hk);
-  load_tile_sw<D>(sV, p.v, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+  for (int w = 0; w < WG; ++w) load_tile_sw<D, kN>(sQ + w * kT, p.q, q_base, i0 + w * kBlockRows, n_q, p.n_head, h);
+  load_tile_sw<D, kN>(sK, p.k, k_base, k_first, k_last + 1, p.n_head_kv, hk);
+  load_tile_sw<D, kN>(sV, p.v, k_base, k_first, k_last + 1, p.n_head_kv, hk);
   cp_async_commit();
   for (int kt = k_first, buf = 0; kt <= k_last; kt += kBlockRows, buf ^= 1) {
     if (kt + kBlockRows <= k_last) {  // prefetch the next tile into the other buffer
-      load_tile_sw<D>(sK + (buf ^ 1) * kT, p.k, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
-      load_tile_sw<D>(sV + (buf ^ 1) * kT, p.v, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_sw<D, kN>(sK + (buf ^ 1) * kT, p.k, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
+      load_tile_sw<D, kN>(sV + (buf ^ 1) * kT, p.v, k_base, kt + kBlockRows, k_last + 1, p.n_head_kv, hk);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning this tile
     cp_async_wait_one();
     fence_async_smem();
     __syncthreads();
-    const bool masked = !LATHE_ATTN_FWD_UNMASKED || p.window > 0 || kt + kBlockRows - 1 > i0 + p.q_pos0;
-    wg_fence();
-    issue_scores<D>(s, sQ, sK + buf * kT);
-    wg_commit();
-    wg_wait<0>();
-    pin(s);
-    online_softmax<D>(reinterpret_cast<float(*)[4]>(s), reinterpret_cast<float(*)[4]>(o), m, l, masked, kt,
-                      row_a + p.q_pos0, row_b + p.q_pos0, n_k, p.window, sl2);
-    uint32_t pa[4][4];
+    const int pos0 = w0 + p.q_pos0;  // this warpgroup's first position
+    const bool seen =
+        w0 < n_q && kt <= w_last + p.q_pos0 && (p.window <= 0 || kt + kBlockRows - 1 > pos0 - p.window);
+    if (seen) {
+      const bool masked = !LATHE_ATTN_FWD_UNMASKED || p.window > 0 || kt + kBlockRows - 1 > pos0;
+      wg_fence();
+      issue_scores<D>(s, sQ + wg * kT, sK + buf * kT);
+      wg_commit();
+      wg_wait<0>();
+      pin(s);
+      online_softmax<D>(reinterpret_cast<float(*)[4]>(s), reinterpret_cast<float(*)[4]>(o), m, l, masked, kt,
+                        row_a + p.q_pos0, row_b + p.q_pos0, n_k, p.window, sl2);
+      uint32_t pa[4][4];
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) c_to_a(pa[kc], reinterpret_cast<const float(*)[4]>(s), kc);
-    pin(pa);
-    pin(o);
-    wg_fence();
-    accumulate_rows<D>(o, pa, sV + buf * kT);
-    wg_commit();
-    wg_wait<0>();
-    pin(o);
+      for (int kc = 0; kc < 4; ++kc) c_to_a(pa[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+      pin(pa);
+      pin(o);
+      wg_fence();
+      accumulate_rows<D>(o, pa, sV + buf * kT);
+      wg_commit();
+      wg_wait<0>();
+      pin(o);
+    }
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   store_rows<D>(p, reinterpret_cast<const float(*)[4]>(o), m, l, q_base, row_a, row_b, n_q, h);
@@ -406,17 +418,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_sm90_kernel(FwdPara
 #endif
 }
 
-template <int D>
+template <int D, int WG>
 Status launch_sm90(const FwdParams& p, void* stream) {
   if constexpr (D != 64 && D != 128) {
     return unsupported("attention forward (wgmma): head_dim ", D, " (64 and 128 are compiled)");
   } else {
-    const int smem = 5 * sm90::tile_bytes<D>() + 1024;  // + room to align the tiles to 1024 bytes
-    auto* kernel = flash_forward_sm90_kernel<D>;
+    const int smem = (WG + 4) * sm90::tile_bytes<D>() + 1024;  // + room to align the tiles to 1024 bytes
+    auto* kernel = flash_forward_sm90_kernel<D, WG>;
     LATHE_TRY(cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                          "cudaFuncSetAttribute(flash_forward_sm90)"));
-    const dim3 grid((p.max_q + kBlockRows - 1) / kBlockRows, p.n_head, p.cu ? p.n_docs : 1);
-    kernel<<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+    const dim3 grid((p.max_q + WG * kBlockRows - 1) / (WG * kBlockRows), p.n_head, p.cu ? p.n_docs : 1);
+    kernel<<<grid, WG * kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
     return cuda_check(cudaGetLastError(), "flash_forward_sm90 launch");
   }
 }
@@ -454,7 +466,8 @@ Status launch_flash_forward(const FwdParams& p, void* stream) {
     if (p.wgmma) {
       if (!sm90_supported(D))
         return unsupported("attention forward: the wgmma kernel needs a Hopper device and head_dim 64 or 128");
-      return launch_sm90<D>(p, stream);
+      const int rows = p.wgmma_rows != 0 ? p.wgmma_rows : LATHE_ATTN_FWD_SM90_ROWS;
+      return rows == 128 ? launch_sm90<D, 2>(p, stream) : launch_sm90<D, 1>(p, stream);
     }
     return warp_rows == 32 ? launch_wide<D>(p, stream) : launch<D, true>(p, stream);
   });
@@ -477,6 +490,8 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
     return invalid_argument("attention_varlen_forward: negative n_docs, max_seqlen, n_tokens or window");
   if (a.warp_rows != 0 && a.warp_rows != 16 && a.warp_rows != 32)
     return invalid_argument("attention_varlen_forward: warp_rows ", a.warp_rows, " (0, 16 or 32)");
+  if (a.wgmma_rows != 0 && a.wgmma_rows != 64 && a.wgmma_rows != 128)
+    return invalid_argument("attention_varlen_forward: wgmma_rows ", a.wgmma_rows, " (0, 64 or 128)");
   if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
   if (a.max_seqlen == 0)
     return invalid_argument("attention_varlen_forward: max_seqlen is 0 with ", a.n_tokens, " tokens");
@@ -487,7 +502,7 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
                     a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple,
-                    a.warp_rows, a.wgmma};
+                    a.warp_rows, a.wgmma, a.wgmma_rows};
   return attn::launch_flash_forward(p, a.stream);
 }
 

@@ -38,12 +38,13 @@ __device__ __forceinline__ uint32_t sw_offset(int r, int ch) {
 }
 
 // Rows [row0, row0 + 64) of head h of a [rows, heads, D] tensor into a
-// swizzled tile through cp.async; rows at or past n_rows become zero.
-template <int D>
+// swizzled tile through cp.async, by the block's kBlockThreads threads;
+// rows at or past n_rows become zero.
+template <int D, int kBlockThreads = kThreads>
 __device__ __forceinline__ void load_tile_sw(unsigned char* s, const bf16* g, int64_t base_row, int row0,
                                              int n_rows, int heads, int h) {
   constexpr int kVec = D / 8;
-  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kThreads) {
+  for (int i = threadIdx.x; i < kBlockRows * kVec; i += kBlockThreads) {
     const int r = i / kVec, c = i % kVec;
     const bool valid = row0 + r < n_rows;
     const bf16* src = valid ? g + ((base_row + row0 + r) * heads + h) * D + c * 8 : g;
