@@ -13,7 +13,9 @@
 // The micro-kernel holds a 32 x 32 block of C in four f32 tiles (tmm0-3),
 // two A tiles (tmm4-5) and two B tiles (tmm6-7), and runs the k block; the
 // block goes through a 4 KiB scratch to C with alpha, masks at the edges and
-// (after the first k block, or when accumulating) an add. Threads share the
+// (after the first k block, or when accumulating) an add; a whole block that
+// needs none of these (alpha 1, first k block, no accumulate) is stored by
+// the tiles straight into C. Threads share the
 // column blocks; each loads the tile configuration before its first tile
 // instruction and releases the tiles after its last.
 //
@@ -94,7 +96,7 @@ LATHE_AMX void tiles_release() { _tile_release(); }
 // tiles of columns 0-15 and 16-31 at b + s · 512 and + 256 (32-bit words).
 // kPrefetch: A's run two steps ahead is prefetched into L1 (B is there).
 template <bool kPrefetch>
-LATHE_AMX void block_hardware(const uint16_t* a, const uint32_t* b, int64_t steps, float* out) {
+LATHE_AMX void block_hardware(const uint16_t* a, const uint32_t* b, int64_t steps, float* out, int64_t ldo) {
   compiler_barrier();
   _tile_zero(0);
   _tile_zero(1);
@@ -114,11 +116,11 @@ LATHE_AMX void block_hardware(const uint16_t* a, const uint32_t* b, int64_t step
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  constexpr long kStride = kBlock * sizeof(float);
-  _tile_stored(0, out, kStride);
-  _tile_stored(1, out + 16, kStride);
-  _tile_stored(2, out + 16 * kBlock, kStride);
-  _tile_stored(3, out + 16 * kBlock + 16, kStride);
+  const long stride = long(ldo * sizeof(float));
+  _tile_stored(0, out, stride);
+  _tile_stored(1, out + 16, stride);
+  _tile_stored(2, out + 16 * ldo, stride);
+  _tile_stored(3, out + 16 * ldo + 16, stride);
   compiler_barrier();
 }
 
@@ -140,17 +142,17 @@ void tile_dp_emulated(float* c, int64_t ldc, const uint16_t* a, const uint32_t* 
     }
 }
 
-void block_emulated(const uint16_t* a, const uint32_t* b, int64_t steps, float* out) {
-  std::fill(out, out + kBlock * kBlock, 0.0f);
+void block_emulated(const uint16_t* a, const uint32_t* b, int64_t steps, float* out, int64_t ldo) {
+  for (int r = 0; r < kBlock; ++r) std::fill(out + r * ldo, out + r * ldo + kBlock, 0.0f);
   for (int64_t s = 0; s < steps; ++s) {
     const uint16_t* as[2] = {a + s * 4 * kTileWords, a + s * 4 * kTileWords + 2 * kTileWords};
     const uint32_t* bs[2] = {b + s * 2 * kTileWords, b + s * 2 * kTileWords + kTileWords};
     for (int r = 0; r < 2; ++r)
-      for (int q = 0; q < 2; ++q) tile_dp_emulated(out + r * 16 * kBlock + q * 16, kBlock, as[r], bs[q]);
+      for (int q = 0; q < 2; ++q) tile_dp_emulated(out + r * 16 * ldo + q * 16, ldo, as[r], bs[q]);
   }
 }
 
-using BlockFn = void (*)(const uint16_t*, const uint32_t*, int64_t, float*);
+using BlockFn = void (*)(const uint16_t*, const uint32_t*, int64_t, float*, int64_t);
 
 // ---- packing ------------------------------------------------------------
 
@@ -285,8 +287,14 @@ void column_block(const Problem& P, const uint16_t* apack, int64_t j0, int64_t n
       const uint32_t* b = bblock + jp * pair_stride;
       for (int64_t ip = 0; ip < row_pairs; ++ip) {
         const int rows = int(std::min<int64_t>(kBlock, P.m - ip * kBlock));
-        block(apack + (ip * P.kt + t0) * 4 * kTileWords, b, steps, s.out);
-        store_block(s.out, P.c + ip * kBlock * P.ldc + j0 + jp * kBlock, P.ldc, rows, cols, P.alpha, add);
+        const uint16_t* a = apack + (ip * P.kt + t0) * 4 * kTileWords;
+        float* c = P.c + ip * kBlock * P.ldc + j0 + jp * kBlock;
+        if (!add && P.alpha == 1.0f && rows == kBlock && cols == kBlock) {
+          block(a, b, steps, c, P.ldc);  // C = the sums, as they are: the tiles store straight into C
+          continue;
+        }
+        block(a, b, steps, s.out, kBlock);
+        store_block(s.out, c, P.ldc, rows, cols, P.alpha, add);
       }
     }
   }
@@ -408,7 +416,7 @@ double amx_tile_peak_gflops(int64_t calls) {
   tiles_configure();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < calls; ++i)
-    block_hardware<false>(a.data(), b.data(), kSteps, out);
+    block_hardware<false>(a.data(), b.data(), kSteps, out, kBlock);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tiles_release();
   LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_tile_peak_gflops: wrong sum ", out[0]);
@@ -424,7 +432,8 @@ double amx_stream_gflops(bool prefetch, int64_t calls) {
   const BlockFn block = prefetch ? block_hardware<true> : block_hardware<false>;
   tiles_configure();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < calls; ++i) block(a.data() + (i % kPairs) * kSteps * 4 * kTileWords, b.data(), kSteps, out);
+  for (int64_t i = 0; i < calls; ++i)
+    block(a.data() + (i % kPairs) * kSteps * 4 * kTileWords, b.data(), kSteps, out, kBlock);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tiles_release();
   LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_stream_gflops: wrong sum ", out[0]);
