@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "backends/cuda/attention.h"
 #include "core/dtype.h"
@@ -555,6 +557,49 @@ Result<std::vector<std::pair<std::string, double>>> CudaTrainableModel::phase_ti
   impl_->timer->reset();
   return out;
 }
+Result<std::vector<float>> CudaTrainableModel::read_buffer(const std::string& name, int64_t n_tokens) {
+  CudaModelImpl& m = *impl_;
+  const CudaModelShape& s = m.s;
+  if (n_tokens <= 0 || n_tokens > m.o.max_tokens)
+    return invalid_argument("cuda trainer: read_buffer of ", n_tokens, " tokens (planned for ", m.o.max_tokens, ")");
+  const int64_t H = s.hidden, qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
+  // name -> (bf16 buffer or f32 buffer, values per token)
+  std::map<std::string, std::tuple<const cuda::bf16_bits*, const float*, int64_t>> at = {
+      {"xf", {m.x.xf, nullptr, H}},          {"d_xf", {m.x.d_xf, nullptr, H}}, {"dh", {nullptr, m.x.dh, H}},
+      {"dh_bf", {m.x.dh_bf, nullptr, H}},    {"d_xn", {m.x.d_xn, nullptr, H}}, {"qkv", {m.x.qkv, nullptr, qd + 2 * kvd}},
+      {"dq", {m.x.dq, nullptr, qd}},         {"dk", {m.x.dk, nullptr, kvd}},   {"dv", {m.x.dv, nullptr, kvd}},
+      {"d_attn", {m.x.d_attn, nullptr, qd}}, {"act", {m.x.act, nullptr, s.inter}}};
+  for (int64_t l = 0; l <= s.n_layer; ++l) at["hs." + std::to_string(l)] = {m.hs[size_t(l)], nullptr, H};
+  for (int64_t l = 0; l < s.n_layer; ++l) {
+    const CActs& a = m.acts[size_t(l)];
+    const std::string k = "." + std::to_string(l);
+    at["xn1" + k] = {a.xn1, nullptr, H};
+    at["rstd1" + k] = {nullptr, a.rstd1, 1};
+    at["q" + k] = {a.q, nullptr, qd};
+    at["k" + k] = {a.k, nullptr, kvd};
+    at["v" + k] = {a.v, nullptr, kvd};
+    at["attn" + k] = {a.attn, nullptr, qd};
+    at["lse" + k] = {nullptr, a.lse, s.n_head};
+    at["h_mid" + k] = {a.h_mid, nullptr, H};
+    at["xn2" + k] = {a.xn2, nullptr, H};
+    at["rstd2" + k] = {nullptr, a.rstd2, 1};
+    at["gu" + k] = {a.gu, nullptr, 2 * s.inter};
+  }
+  auto it = at.find(name);
+  if (it == at.end()) return not_found("cuda trainer: no buffer '", name, "'");
+  const auto [b16, f32, per] = it->second;
+  const size_t n = size_t(n_tokens * per);
+  std::vector<float> out(n);
+  if (f32) {
+    LATHE_TRY(cuda::copy_to_host(m.ctx, out.data(), f32, n * 4));
+    return out;
+  }
+  std::vector<uint16_t> bits(n);
+  LATHE_TRY(cuda::copy_to_host(m.ctx, bits.data(), b16, n * 2));
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
 cuda::CudaAdamW& CudaTrainableModel::optimizer() { return *impl_->adamw; }
 cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }

@@ -138,6 +138,16 @@ class CudaTrainableModel {
   int64_t arena_bytes() const;  // device memory this model holds
   int64_t layers_kept() const;  // selective: layers that rerun no GEMM (max_arena_bytes)
 
+  // A copy, as f32, of one device buffer's first n_tokens rows as the last
+  // pass left it, for comparing the pass with tools/emulate_cuda_train.py:
+  // per layer l "hs.l" (l ≤ n_layer), "xn1.l", "rstd1.l", "q.l", "k.l", "v.l",
+  // "attn.l", "lse.l", "h_mid.l", "xn2.l", "rstd2.l", "gu.l" (after a
+  // backward: its gradient); scratch "xf", "d_xf", "dh", "dh_bf", "d_xn",
+  // "qkv", "dq", "dk", "dv", "d_attn", "act" (after a backward: layer 0's
+  // gradients). With a recompute mode, shared buffers hold the last layer
+  // written.
+  Result<std::vector<float>> read_buffer(const std::string& name, int64_t n_tokens);
+
   // Profiling: with timing on, CUDA events cut the stream's timeline into
   // phases (base GEMMs, LoRA, attention, elementwise, LM head, optimizer,
   // upload); phase_times_ms() waits for the stream and returns the

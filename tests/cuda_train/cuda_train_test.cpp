@@ -186,6 +186,51 @@ TEST_P(CudaLoraFixture, LossAndEveryLoraGradientMatchPeft) {
   EXPECT_EQ(checked, 2 * 7 * 2);
 }
 
+// For tools/emulate_cuda_train.py --gpu-dump: with LATHE_CUDA_TRAIN_DUMP set
+// to a folder, writes <folder>/<family>.safetensors holding the fixture
+// pass's loss, LoRA gradients and the device buffers it leaves
+// (CudaTrainableModel::read_buffer), so the emulation can be compared with
+// the device buffer by buffer. Skips otherwise.
+TEST_P(CudaLoraFixture, DumpsThePassForTheEmulation) {
+  SKIP_WITHOUT_GPU();
+  const char* dir = std::getenv("LATHE_CUDA_TRAIN_DUMP");
+  if (!dir) GTEST_SKIP() << "set LATHE_CUDA_TRAIN_DUMP to a folder to dump the pass";
+  const std::string family = GetParam();
+  auto host = load_host(family);
+  ASSERT_TRUE(host);
+  auto gpu = to_gpu(*host);
+  ASSERT_TRUE(gpu);
+  auto file = SafetensorsFile::open(kFix + family + "/lora_grads.safetensors");
+  ASSERT_TRUE(file.is_ok()) << file.status().message();
+  MicroBatch mb = fixture_batch(*file);
+  auto loss = gpu->forward_backward(mb, 1.0f / float(mb.n_supervised));
+  ASSERT_TRUE(loss.is_ok()) << loss.status().message();
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto add = [&](const std::string& name, const float* v, int64_t n) {
+    Tensor t = Tensor::empty(DType::F32, Shape{n});
+    std::copy(v, v + n, t.data<float>());
+    out.emplace_back(name, std::move(t));
+  };
+  const double mean = loss->loss_sum / double(loss->n_supervised);
+  const float lf = float(mean);
+  add("loss", &lf, 1);
+  std::vector<float> g = grads_of(*gpu);
+  for (const ParamInfo& p : gpu->param_table()) add("grads." + p.name, g.data() + p.offset, p.numel());
+  const int64_t n = mb.n_tokens(), L = host->config().num_hidden_layers;
+  std::vector<std::string> names = {"xf", "d_xf", "dh", "dh_bf", "d_xn", "qkv", "dq", "dk", "dv", "d_attn", "act"};
+  for (int64_t l = 0; l <= L; ++l) names.push_back("hs." + std::to_string(l));
+  for (int64_t l = 0; l < L; ++l)
+    for (const char* b : {"xn1", "rstd1", "q", "k", "v", "attn", "lse", "h_mid", "xn2", "rstd2", "gu"})
+      names.push_back(std::string(b) + "." + std::to_string(l));
+  for (const std::string& b : names) {
+    auto v = gpu->read_buffer(b, n);
+    ASSERT_TRUE(v.is_ok()) << v.status().message();
+    add(b, v->data(), int64_t(v->size()));
+  }
+  Status st = write_safetensors(std::string(dir) + "/" + family + ".safetensors", out);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaLoraFixture, ::testing::Values("llama", "qwen2", "qwen3"));
 
 // Without a GPU: the tolerances pass the f32 CPU trainer and fail a real bug.
