@@ -396,6 +396,7 @@ def run_pass(p, m, batch):
     prob = torch.softmax(logits, -1)
     prob[torch.arange(T), tgt] -= 1.0
     glog = p.r("ce_grad", prob * (1.0 / n_sup) * sup[:, None].float())
+    p._glog, p._head = glog, head  # for experiments that redo this product
     d_xf = p.r("d_xf", glog @ head)
     p.save("d_xf", d_xf)
 

@@ -5,7 +5,8 @@
 // shape's descriptors and heuristic algorithm are made once and cached in the
 // context, keyed also by pointer alignment (the heuristic may pick kernels
 // that need 16-byte alignment) and by the row strides (a row-major row
-// stride is cuBLAS's leading dimension).
+// stride is cuBLAS's leading dimension). Split-K reductions of a bf16 output
+// happen in f32: the result is rounded to bf16 once.
 #include <algorithm>
 #include <cstdint>
 
@@ -58,6 +59,13 @@ Status make_plan(CudaContext::Impl& im, const GemmArgs& g, const GemmKey& key, G
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof(al_a));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
+  // A split-K algorithm reducing "in place" or "in the output type" adds its
+  // partial sums in bf16 when C is bf16 (one more rounding per part); with
+  // bf16 output only the f32 ("compute type") reduction is allowed.
+  if (g.c_dtype == DType::BF16) {
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask));
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
