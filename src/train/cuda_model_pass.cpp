@@ -64,8 +64,8 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
 // y = x·Wᵀ [+ b] + Σ_members s·(x·Aᵀ)·Bᵀ for one fused group, the LoRA branch
 // in f32 (lora_ops.h): u = x·Aᵀ for all members at once is the sum of x
 // times A's three terms (exact: x is bf16), kept as its 4-term copy for the
-// backward; each member's bf16 base output columns get the f32 s·u·Bᵀ added
-// inside one GEMM and are rounded once.
+// backward (lora_project); each member's bf16 base output columns get the
+// f32 s·u·Bᵀ added inside one GEMM and are rounded once.
 Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   LATHE_TRY(phase(kPhGemmFwd));
@@ -77,9 +77,10 @@ Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, 
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
   const bf16p u = act_of(l).u[size_t(g)];
-  LATHE_TRY(mm(ctx, xin, G.a4, x.lora_f32, n, w, G.in, false, true, DType::F32, 1.0f, 0.0f));
-  LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                       .row_stride = w, .group_stride = 4 * r, .part_stride = r, .split = u}));
+  cuda::LoraProjectArgs pa{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldx = G.in, .out = u,
+                           .ldo = w};
+  for (int k : G.loras) pa.members[loras[size_t(k)].slot] = {.x = xin, .f = loras[size_t(k)].a4, .k = G.in};
+  LATHE_TRY(cuda::lora_project(ctx, pa));
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
     LATHE_TRY(cuda::gemm(ctx, {.a = u + a.slot * 4 * r, .b = a.b4, .c = y + a.col, .m = n, .n = a.out, .k = 4 * r,
@@ -91,40 +92,35 @@ Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, 
 // dx (= or +=) dy·W + Σ du·A with du = s·dy·B per member; dB += s·dyᵀ·u and
 // dA += duᵀ·x, all LoRA products in f32 (dy and x are bf16, so exact against
 // the split factors); Σ du·A is added to the bf16 dx in f32 and rounded
-// once. The LoRA gradients read x before dx is written.
+// once. The factor gradients reduce over the tokens (lora_grad_reduce: all
+// members in one launch each, u's and du's hi and lo terms against dy and
+// x). The LoRA gradients read x before dx is written.
 Status CudaModelImpl::group_backward(int64_t l, int g, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
                                      bool accumulate) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
-  float* part = x.lora_f32;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
     const bf16p u = act_of(l).u[size_t(g)];
-    for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed
+    cuda::LoraGradArgs db{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldl = w, .ldr = G.out,
+                          .transposed = true, .scale = o.lora_scale, .workspace = x.lora_f32,
+                          .workspace_floats = x.lora_f32_n};
+    cuda::LoraGradArgs da{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldl = w, .ldr = G.in,
+                          .workspace = x.lora_f32, .workspace_floats = x.lora_f32_n};
+    for (int k : G.loras) {
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = u + a.slot * 4 * r + 2 * r, .c = part, .m = a.out,
-                                 .n = 2 * r, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = G.out,
-                                 .ldb = w}));
-      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a.out, .cols = r, .n_parts = 2,
-                                           .row_stride = 2 * r, .part_stride = r, .scale = o.lora_scale,
-                                           .sum = a.db, .accumulate = true}));
+      db.members[a.slot] = {.l = u + a.slot * 4 * r + 2 * r, .rhs = dy + a.col, .n = a.out, .out = a.db};
+      da.members[a.slot] = {.l = x.du + a.slot * 4 * r + 2 * r, .rhs = xin, .n = G.in, .out = a.da};
     }
-    for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
+    LATHE_TRY(cuda::lora_grad_reduce(ctx, db));
+    cuda::LoraProjectArgs pdu{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldx = G.out,
+                              .by_row = true, .scale = o.lora_scale, .out = x.du, .ldo = w};  // du = s·dy·B
+    for (int k : G.loras) {
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = a.b4, .c = part + a.slot * 4 * r, .m = n, .n = 4 * r,
-                                 .k = a.out, .c_dtype = DType::F32, .lda = G.out, .ldc = w}));
+      pdu.members[a.slot] = {.x = dy + a.col, .f = a.b4, .k = a.out};
     }
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                         .row_stride = w, .group_stride = 4 * r, .part_stride = r,
-                                         .scale = o.lora_scale, .split = x.du}));
-    for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
-      const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = x.du + a.slot * 4 * r + 2 * r, .b = xin, .c = part, .m = 2 * r, .n = G.in,
-                                 .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = w}));
-      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = G.in, .n_parts = 2,
-                                           .row_stride = G.in, .part_stride = r * G.in, .sum = a.da,
-                                           .accumulate = true}));
-    }
+    LATHE_TRY(cuda::lora_project(ctx, pdu));
+    LATHE_TRY(cuda::lora_grad_reduce(ctx, da));
   }
   LATHE_TRY(phase(kPhGemmBwd));
   LATHE_TRY(mm(ctx, dy, G.w, dx, n, G.in, G.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));

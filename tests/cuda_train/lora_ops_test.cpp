@@ -5,10 +5,16 @@
 // accuracy. Tolerances: x·Aᵀ has every term, so only f32 accumulation is
 // left (1e-5 of max|ref|); u·Bᵀ drops u_lo·(B − B_hi) and u's third term
 // (≤ 2⁻¹⁶ each: 1e-4 allowed). Both are ≥ 10× below what bf16 copies of A
-// and u would give (~2⁻⁹). Skips without a GPU.
+// and u would give (~2⁻⁹). The factor gradients (lora_grad_reduce) against
+// a double sum over the tokens: 1e-5 of max|ref| (f32 accumulation only;
+// dropping the lo term would be ~2⁻⁹); the grouped u and du products
+// (lora_project) against double products, read back as hi + lo of their
+// 4-term copies (≤ 2⁻¹⁸ off by construction: 1e-5). Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <optional>
 
 #include "backends/cuda/lora_ops.h"
 #include "cuda/cuda_test_util.h"
@@ -173,6 +179,191 @@ TEST(LoraOps, GemmRowStridesAddressColumnBlocks) {
   EXPECT_FALSE(gemm(ctx, {.a = dptr<bf16_bits>(da), .b = dptr<bf16_bits>(db), .c = dc.data(), .m = m, .n = n,
                           .k = k, .c_dtype = DType::F32, .lda = k - 1})
                    .is_ok());
+}
+
+// One lora_grad_reduce problem with a double reference: n_members members
+// of n[k] columns, L rows of ldl values (member k's hi at k·4r + 2r, lo r
+// after it, as in the trainer's 4-term u), R rows of ldr values (member k's
+// columns from rcol[k]; shared = all members read columns 0..).
+struct GradCase {
+  int64_t T = 0, r = 0;
+  std::vector<int64_t> n, rcol;
+  bool transposed = false, accumulate = true;
+  float scale = 1.0f;
+  int64_t workspace_floats = 0;  // 0: none (one split, written directly)
+};
+
+double grad_case_error(const GradCase& c) {
+  CudaContext ctx = make_context();
+  const int nm = int(c.n.size());
+  const int64_t ldl = nm * 4 * c.r;
+  int64_t ldr = 0;
+  for (int k = 0; k < nm; ++k) ldr = std::max(ldr, c.rcol[size_t(k)] + c.n[size_t(k)]);
+  std::vector<float> l = random_bf16(c.T * ldl, 21), lo = random_bf16(c.T * ldl, 22, 1.0f / 512);
+  for (int64_t t = 0; t < c.T; ++t)  // the lo block holds small values, like an f32 value's remainder
+    for (int k = 0; k < nm; ++k)
+      for (int64_t j = 0; j < c.r; ++j) {
+        const size_t i = size_t(t * ldl + k * 4 * c.r + 3 * c.r + j);
+        l[i] = lo[i];
+      }
+  const std::vector<float> rhs = random_bf16(c.T * ldr, 23);
+  std::vector<std::vector<float>> base(static_cast<size_t>(nm)), want(static_cast<size_t>(nm));
+  std::vector<DeviceBuffer> dout;
+  DeviceBuffer dl = upload_bf16(ctx, l), dr = upload_bf16(ctx, rhs);
+  LoraGradArgs a{.members = {}, .n_members = nm, .tokens = c.T, .r = c.r, .ldl = ldl, .ldr = ldr,
+                 .transposed = c.transposed, .scale = c.scale, .accumulate = c.accumulate};
+  for (int k = 0; k < nm; ++k) {
+    const int64_t n = c.n[size_t(k)];
+    base[size_t(k)] = random_f32(c.r * n, uint32_t(30 + k));
+    want[size_t(k)].assign(size_t(c.r * n), 0.0f);
+    for (int64_t j = 0; j < c.r; ++j)
+      for (int64_t col = 0; col < n; ++col) {
+        double acc = 0;
+        for (int64_t t = 0; t < c.T; ++t) {
+          const float* lr = l.data() + t * ldl + k * 4 * c.r + 2 * c.r;
+          acc += (double(lr[j]) + lr[c.r + j]) * rhs[size_t(t * ldr + c.rcol[size_t(k)] + col)];
+        }
+        const size_t idx = size_t(c.transposed ? col * c.r + j : j * n + col);
+        want[size_t(k)][idx] = float((c.accumulate ? base[size_t(k)][idx] : 0.0) + c.scale * acc);
+      }
+    dout.push_back(upload(ctx, base[size_t(k)]));
+    a.members[k] = {.l = dptr<bf16_bits>(dl) + k * 4 * c.r + 2 * c.r, .rhs = dptr<bf16_bits>(dr) + c.rcol[size_t(k)],
+                    .n = n, .out = dptr<float>(dout.back())};
+  }
+  std::optional<DeviceBuffer> ws;
+  if (c.workspace_floats > 0) {
+    auto b = DeviceBuffer::alloc(0, size_t(c.workspace_floats) * 4);
+    EXPECT_TRUE(b.is_ok());
+    ws.emplace(std::move(b).value());
+    a.workspace = dptr<float>(*ws);
+    a.workspace_floats = c.workspace_floats;
+  }
+  Status st = lora_grad_reduce(ctx, a);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  double worst = 0;
+  for (int k = 0; k < nm; ++k) {
+    const std::vector<float> got = download<float>(ctx, dout[size_t(k)], c.r * c.n[size_t(k)]);
+    worst = std::max(worst, rel_error(got, want[size_t(k)]));
+  }
+  return worst;
+}
+
+// dB-shaped: three members of different widths (q, k, v), transposed,
+// accumulated; split over tokens through the workspace, and in one split.
+TEST(LoraGrad, MembersOfAGroupSplitAndDirect) {
+  LATHE_SKIP_WITHOUT_GPU();
+  GradCase c{.T = 1000, .r = 32, .n = {264, 40, 48}, .rcol = {0, 264, 304}, .transposed = true, .scale = 0.5f};
+  c.workspace_floats = 1 << 20;
+  EXPECT_LE(grad_case_error(c), 1e-5);
+  c.workspace_floats = 0;
+  EXPECT_LE(grad_case_error(c), 1e-5);
+}
+
+// dA-shaped: members share R (the group's x), plain layout, overwritten; a
+// rank of 4 (rows not 16-byte aligned: the plain-copy path, also for R's
+// unaligned columns) and one above 64 (two row chunks).
+TEST(LoraGrad, SharedInputSmallAndLargeRanks) {
+  LATHE_SKIP_WITHOUT_GPU();
+  GradCase small{.T = 77, .r = 4, .n = {72, 72}, .rcol = {0, 0}, .accumulate = false, .workspace_floats = 1 << 16};
+  EXPECT_LE(grad_case_error(small), 1e-5);
+  GradCase odd{.T = 77, .r = 4, .n = {36, 36}, .rcol = {0, 36}, .workspace_floats = 1 << 16};
+  EXPECT_LE(grad_case_error(odd), 1e-5);
+  GradCase large{.T = 300, .r = 80, .n = {136}, .rcol = {8}, .workspace_floats = 1 << 18};
+  EXPECT_LE(grad_case_error(large), 1e-5);
+}
+
+// The 4-term copy of an f32 value: hi, mid, lo (each bf16, summing back to
+// v to f32 precision), then hi again.
+std::array<float, 4> terms4(float v) {
+  const float hi = round_bf16(v), mid = round_bf16(v - hi), lo = round_bf16(v - hi - mid);
+  return {hi, mid, lo, hi};
+}
+
+// One lora_project problem with a double reference. by_row: member k's
+// factor is B_k [k_k, r] (copy [k_k, 4, r]) and its X columns start at
+// xcol[k]; otherwise A_k [r, k_k] (copy planes [4, r, k_k]).
+struct ProjectCase {
+  int64_t T = 0, r = 0;
+  std::vector<int64_t> k, xcol;
+  bool by_row = false;
+  float scale = 1.0f;
+};
+
+double project_case_error(const ProjectCase& c) {
+  CudaContext ctx = make_context();
+  const int nm = int(c.k.size());
+  const int64_t ldo = nm * 4 * c.r;
+  int64_t ldx = 0;
+  for (int m = 0; m < nm; ++m) ldx = std::max(ldx, c.xcol[size_t(m)] + c.k[size_t(m)]);
+  const std::vector<float> x = random_bf16(c.T * ldx, 41);
+  std::vector<DeviceBuffer> dfs;
+  std::vector<std::vector<float>> fs;
+  for (int m = 0; m < nm; ++m) {
+    const int64_t k = c.k[size_t(m)];
+    fs.push_back(random_f32(c.r * k, uint32_t(50 + m), 0.2f));  // A [r, k] or B [k, r]
+    std::vector<float> copy(size_t(4 * c.r * k));
+    for (int64_t i = 0; i < c.r * k; ++i) {
+      const std::array<float, 4> t = terms4(fs.back()[size_t(i)]);
+      for (int p = 0; p < 4; ++p) {
+        const int64_t at = c.by_row ? (i / c.r) * 4 * c.r + p * c.r + i % c.r : p * c.r * k + i;
+        copy[size_t(at)] = t[size_t(p)];
+      }
+    }
+    dfs.push_back(upload_bf16(ctx, copy));
+  }
+  DeviceBuffer dx = upload_bf16(ctx, x);
+  auto dout = DeviceBuffer::alloc(0, size_t(c.T * ldo * 2));
+  EXPECT_TRUE(dout.is_ok());
+  LoraProjectArgs a{.members = {}, .n_members = nm, .tokens = c.T, .r = c.r, .ldx = ldx, .by_row = c.by_row,
+                    .scale = c.scale, .out = dptr<bf16_bits>(*dout), .ldo = ldo};
+  for (int m = 0; m < nm; ++m)
+    a.members[m] = {.x = dptr<bf16_bits>(dx) + c.xcol[size_t(m)], .f = dptr<bf16_bits>(dfs[size_t(m)]),
+                    .k = c.k[size_t(m)]};
+  Status st = lora_project(ctx, a);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  const std::vector<float> out = download_bf16(ctx, *dout, c.T * ldo);
+  std::vector<float> got, want;
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int m = 0; m < nm; ++m)
+      for (int64_t j = 0; j < c.r; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < c.k[size_t(m)]; ++i) {
+          const float f = c.by_row ? fs[size_t(m)][size_t(i * c.r + j)] : fs[size_t(m)][size_t(j * c.k[size_t(m)] + i)];
+          acc += double(x[size_t(t * ldx + c.xcol[size_t(m)] + i)]) * f;
+        }
+        const float* o = out.data() + t * ldo + m * 4 * c.r + j;
+        EXPECT_EQ(o[0], o[c.r]);
+        EXPECT_EQ(o[0], o[2 * c.r]);
+        got.push_back(o[0] + o[3 * c.r]);
+        want.push_back(float(c.scale * acc));
+      }
+  return rel_error(got, want);
+}
+
+// u = x·Aᵀ for q, k, v sharing x; du = s·dy·B for gate and up (their own
+// columns of dy); small ranks through the plain copies; a rank above 64.
+TEST(LoraProject, ForwardAndBackwardProducts) {
+  LATHE_SKIP_WITHOUT_GPU();
+  EXPECT_LE(project_case_error({.T = 150, .r = 32, .k = {200, 200, 200}, .xcol = {0, 0, 0}}), 1e-5);
+  EXPECT_LE(project_case_error({.T = 100, .r = 32, .k = {72, 136}, .xcol = {0, 72}, .by_row = true, .scale = 0.5f}),
+            1e-5);
+  EXPECT_LE(project_case_error({.T = 70, .r = 4, .k = {40, 40}, .xcol = {0, 0}}), 1e-5);
+  EXPECT_LE(project_case_error({.T = 70, .r = 4, .k = {24, 40}, .xcol = {0, 24}, .by_row = true}), 1e-5);
+  EXPECT_LE(project_case_error({.T = 70, .r = 4, .k = {36, 36}, .xcol = {0, 36}}), 1e-5);  // unaligned rows
+  EXPECT_LE(project_case_error({.T = 65, .r = 80, .k = {96}, .xcol = {8}}), 1e-5);
+  EXPECT_LE(project_case_error({.T = 65, .r = 80, .k = {96}, .xcol = {8}, .by_row = true}), 1e-5);
+}
+
+TEST(LoraGrad, RejectsBadArguments) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  LoraGradArgs a{.members = {}, .n_members = 0, .tokens = 8, .r = 4, .ldl = 16, .ldr = 8};
+  EXPECT_FALSE(lora_grad_reduce(ctx, a).is_ok());
+  a.n_members = 1;
+  a.members[0].n = 8;  // null pointers
+  EXPECT_FALSE(lora_grad_reduce(ctx, a).is_ok());
+  LoraProjectArgs pa{.members = {}, .n_members = 1, .tokens = 8, .r = 4, .ldx = 8, .ldo = 16};
+  EXPECT_FALSE(lora_project(ctx, pa).is_ok());  // null output and member
 }
 
 }  // namespace

@@ -58,4 +58,59 @@ struct LoraPartsArgs {
 };
 Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a);
 
+// A LoRA factor gradient, a product reduced over the tokens, for up to
+// kLoraMaxMembers members of a fused group at once (lora_grad.cu):
+//   C_k[j, c] = Σ_t (L_k[t, j] + L_k[t, r + j]) · R_k[t, c]   (j < r, c < n_k)
+//   out_k (+)= scale · C_k, stored [r, n_k] or, transposed, [n_k, r]
+// with L_k the hi and lo terms of a 4-term activation-side value (row
+// stride ldl) and R_k an exact bf16 operand (row stride ldr). dB of a member
+// is the transposed form with L = u, R = its columns of dy; dA the plain
+// form with L = du, R = x. The products are f32-accurate (separate hi and lo
+// accumulators); tokens are split across blocks, whose partials go to the
+// workspace (f32, workspace_floats of room) and are summed in a fixed order.
+// Without room for two splits' partials, one split writes out directly.
+inline constexpr int kLoraMaxMembers = 4;
+struct LoraGradMember {
+  const bf16_bits* l = nullptr;    // row t: hi at l[t·ldl + j], lo at l[t·ldl + r + j]
+  const bf16_bits* rhs = nullptr;  // row t: rhs[t·ldr + c]
+  int64_t n = 0;                   // columns of rhs (and of the gradient)
+  float* out = nullptr;
+};
+struct LoraGradArgs {
+  LoraGradMember members[kLoraMaxMembers];
+  int n_members = 0;
+  int64_t tokens = 0, r = 0, ldl = 0, ldr = 0;
+  bool transposed = false;  // out_k[c·r + j] (a B factor) instead of out_k[j·n_k + c]
+  float scale = 1.0f;
+  bool accumulate = true;  // out += scale·C, else out = scale·C
+  float* workspace = nullptr;
+  int64_t workspace_floats = 0;
+};
+Status lora_grad_reduce(CudaContext& ctx, const LoraGradArgs& a);
+
+// An activation-side product of up to kLoraMaxMembers members of a fused
+// group in one launch (lora_project.cu), written as its 4-term copy:
+//   v_k[t, j] = scale · Σ_{term<3} Σ_{c<k} X_k[t, c] · F_k,term(c, j)   (j < r)
+//   out[t·ldo + k·4r + (0, r, 2r)] = hi(v), out[... + 3r] = v − hi(v)
+// The forward's u = x·Aᵀ takes f = A4 (planes [4, r, k], by_row false); the
+// backward's du = s·dy·B takes f = B4 ([k, 4, r], by_row true) and X = the
+// member's columns of dy. The three terms keep separate f32 accumulators,
+// summed hi + mid + lo, then scaled (what a GEMM over the stacked terms and
+// lora_sum_parts give).
+struct LoraProjectMember {
+  const bf16_bits* x = nullptr;  // row t: x[t·ldx + c], c < k
+  const bf16_bits* f = nullptr;  // the factor's 4-term copy
+  int64_t k = 0;                 // the reduction's length
+};
+struct LoraProjectArgs {
+  LoraProjectMember members[kLoraMaxMembers];
+  int n_members = 0;
+  int64_t tokens = 0, r = 0, ldx = 0;
+  bool by_row = false;
+  float scale = 1.0f;
+  bf16_bits* out = nullptr;  // [tokens, ldo]: member k's 4r values from k·4r
+  int64_t ldo = 0;
+};
+Status lora_project(CudaContext& ctx, const LoraProjectArgs& a);
+
 }  // namespace lathe::cuda
