@@ -87,6 +87,7 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
   const int64_t n_part = std::max(T * w, widest * 2 * r);
   LATHE_ASSIGN_OR_RETURN(float* part, arena.alloc_n<float>(n_part, "partials"));
   LATHE_ASSIGN_OR_RETURN(float* grads, arena.alloc_n<float>((g.in * nl + out) * r, "grads"));
+  LATHE_ASSIGN_OR_RETURN(bf16_bits * wt, arena.alloc_n<bf16_bits>(out * g.in, "W"));
   LATHE_TRY(fill_zero(ctx, arena.base(), arena.used()));
   const double tb = double(T) * 2;  // bytes per bf16 column over the tokens
   const double ft = double(T) * 2;  // flops per multiply-add column over the tokens
@@ -106,16 +107,17 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
   for (int64_t k = 0; k < nl; ++k) pu.members[k] = {.x = x, .f = a4 + k * 4 * r * g.in, .k = g.in};
   s = time_calls(ctx, 10, [&] { return lora_project(ctx, pu); });
   row(g.name, "fwd u   lora_project", s, tb * g.in + tb * w, ft * g.in * nl * 3 * r), fwd += s;
-  s = time_calls(ctx, 10, [&] {
+  auto lora_y = [&](float beta) {  // y (+)= u4·B4ᵀ per member
     int64_t col = 0;
     for (int64_t k = 0; k < nl; ++k) {
       const int64_t o = g.outs[size_t(k)];
       LATHE_TRY(gemm(ctx, {.a = u + k * 4 * r, .b = b4 + col * 4 * r, .c = y + col, .m = T, .n = o, .k = 4 * r,
-                           .trans_b = true, .beta = 1.0f, .lda = w, .ldc = out}));
+                           .trans_b = true, .beta = beta, .lda = w, .ldc = out}));
       col += o;
     }
     return Status::ok();
-  });
+  };
+  s = time_calls(ctx, 10, [&] { return lora_y(1.0f); });
   row(g.name, "fwd y += u4.B4 (per member)", s, tb * out * 2 + tb * w, ft * out * 4 * r), fwd += s, tot->old_fwd += s;
 
   // Backward, factor gradients: the old way and lora_grad_reduce.
@@ -182,6 +184,32 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
   s = time_calls(ctx, 10,
                  [&] { return gemm(ctx, {.a = du, .b = a4, .c = x, .m = T, .n = g.in, .k = w, .beta = 1.0f}); });
   row(g.name, "bwd dx += du4.A4", s, tb * g.in * 2 + tb * w, ft * g.in * w), bwd += s, tot->old_bwd += s;
+
+  // The base product and the LoRA one into the same bf16 output, in either
+  // order: now the base GEMM writes and the LoRA GEMM reads and rewrites
+  // its output; the other way the LoRA GEMM only writes and the base GEMM
+  // reads it back in its epilogue (beta 1). Both lines include the base GEMM.
+  const double base_f = ft * out * g.in;
+  s = time_calls(ctx, 5, [&] {
+    LATHE_TRY(gemm(ctx, {.a = x, .b = wt, .c = y, .m = T, .n = out, .k = g.in, .trans_b = true}));
+    return lora_y(1.0f);
+  });
+  row(g.name, "fwd base, then y += u4.B4", s, tb * (g.in + out * 3 + w), base_f + ft * out * 4 * r);
+  s = time_calls(ctx, 5, [&] {
+    LATHE_TRY(lora_y(0.0f));
+    return gemm(ctx, {.a = x, .b = wt, .c = y, .m = T, .n = out, .k = g.in, .trans_b = true, .beta = 1.0f});
+  });
+  row(g.name, "fwd y = u4.B4, then base beta 1", s, tb * (g.in + out * 3 + w), base_f + ft * out * 4 * r);
+  s = time_calls(ctx, 5, [&] {
+    LATHE_TRY(gemm(ctx, {.a = y, .b = wt, .c = x, .m = T, .n = g.in, .k = out}));
+    return gemm(ctx, {.a = du, .b = a4, .c = x, .m = T, .n = g.in, .k = w, .beta = 1.0f});
+  });
+  row(g.name, "bwd base dx, then dx += du4.A4", s, tb * (out + g.in * 3 + w), base_f + ft * g.in * w);
+  s = time_calls(ctx, 5, [&] {
+    LATHE_TRY(gemm(ctx, {.a = du, .b = a4, .c = x, .m = T, .n = g.in, .k = w}));
+    return gemm(ctx, {.a = y, .b = wt, .c = x, .m = T, .n = g.in, .k = out, .beta = 1.0f});
+  });
+  row(g.name, "bwd dx = du4.A4, then base beta 1", s, tb * (out + g.in * 3 + w), base_f + ft * g.in * w);
   tot->fwd += fwd, tot->bwd += bwd;
   return Status::ok();
 }

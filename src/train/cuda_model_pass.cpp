@@ -91,10 +91,15 @@ Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, 
 
 // dx (= or +=) dy·W + Σ du·A with du = s·dy·B per member; dB += s·dyᵀ·u and
 // dA += duᵀ·x, all LoRA products in f32 (dy and x are bf16, so exact against
-// the split factors); Σ du·A is added to the bf16 dx in f32 and rounded
-// once. The factor gradients reduce over the tokens (lora_grad_reduce: all
-// members in one launch each, u's and du's hi and lo terms against dy and
-// x). The LoRA gradients read x before dx is written.
+// the split factors). The factor gradients reduce over the tokens
+// (lora_grad_reduce: all members in one launch each, u's and du's hi and lo
+// terms against dy and x). The LoRA gradients read x before dx is written.
+// dx = bf16(dy·W + bf16(Σ du·A)): the LoRA term is rounded once, as PEFT
+// rounds the input gradient of its f32 branch, and the base GEMM adds its
+// f32 product to it and rounds once (PEFT rounds the base product and the
+// sum too), so the LoRA GEMM only writes dx and the base GEMM reads it back
+// in its epilogue. With accumulate, dx += bf16(dy·W) first, then the f32
+// LoRA term, rounded once.
 Status CudaModelImpl::group_backward(int64_t l, int g, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
                                      bool accumulate) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
@@ -121,6 +126,11 @@ Status CudaModelImpl::group_backward(int64_t l, int g, const bf16p xin, const bf
     }
     LATHE_TRY(cuda::lora_project(ctx, pdu));
     LATHE_TRY(cuda::lora_grad_reduce(ctx, da));
+  }
+  if (nl > 0 && !accumulate) {
+    LATHE_TRY(mm(ctx, x.du, G.a4, dx, n, G.in, w, false, false, DType::BF16, 1.0f, 0.0f));
+    LATHE_TRY(phase(kPhGemmBwd));
+    return mm(ctx, dy, G.w, dx, n, G.in, G.out, false, false, DType::BF16, 1.0f, 1.0f);
   }
   LATHE_TRY(phase(kPhGemmBwd));
   LATHE_TRY(mm(ctx, dy, G.w, dx, n, G.in, G.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));
