@@ -79,8 +79,8 @@ struct CScratch {
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh
   bf16p du = nullptr;         // s·dy·B per group member, 4-term [T, n_lora, 4, r]
-  float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
-  int64_t lora_f32_n = 0;     // its floats (also the factor gradients' split workspace)
+  float* lora_f32 = nullptr;  // the LoRA factor gradients' per-split partials (lora_grad_reduce)
+  int64_t lora_f32_n = 0;     // its floats
   bf16p ones8 = nullptr;  // [max_tokens, 8], column 0 ones
   float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)
