@@ -287,6 +287,7 @@ struct ProjectCase {
   std::vector<int64_t> k, xcol;
   bool by_row = false;
   float scale = 1.0f;
+  int block_tokens = 0;
 };
 
 double project_case_error(const ProjectCase& c) {
@@ -315,7 +316,7 @@ double project_case_error(const ProjectCase& c) {
   auto dout = DeviceBuffer::alloc(0, size_t(c.T * ldo * 2));
   EXPECT_TRUE(dout.is_ok());
   LoraProjectArgs a{.members = {}, .n_members = nm, .tokens = c.T, .r = c.r, .ldx = ldx, .by_row = c.by_row,
-                    .scale = c.scale, .out = dptr<bf16_bits>(*dout), .ldo = ldo};
+                    .scale = c.scale, .out = dptr<bf16_bits>(*dout), .ldo = ldo, .block_tokens = c.block_tokens};
   for (int m = 0; m < nm; ++m)
     a.members[m] = {.x = dptr<bf16_bits>(dx) + c.xcol[size_t(m)], .f = dptr<bf16_bits>(dfs[size_t(m)]),
                     .k = c.k[size_t(m)]};
@@ -341,12 +342,20 @@ double project_case_error(const ProjectCase& c) {
 }
 
 // u = x·Aᵀ for q, k, v sharing x; du = s·dy·B for gate and up (their own
-// columns of dy); small ranks through the plain copies; a rank above 64.
+// columns of dy), each with 32- and 64-token blocks; small ranks through
+// the plain copies; a rank above 64.
 TEST(LoraProject, ForwardAndBackwardProducts) {
   LATHE_SKIP_WITHOUT_GPU();
-  EXPECT_LE(project_case_error({.T = 150, .r = 32, .k = {200, 200, 200}, .xcol = {0, 0, 0}}), 1e-5);
-  EXPECT_LE(project_case_error({.T = 100, .r = 32, .k = {72, 136}, .xcol = {0, 72}, .by_row = true, .scale = 0.5f}),
-            1e-5);
+  for (int rows : {32, 64}) {
+    SCOPED_TRACE(rows);
+    EXPECT_LE(project_case_error({.T = 150, .r = 32, .k = {200, 200, 200}, .xcol = {0, 0, 0}, .block_tokens = rows}),
+              1e-5);
+    EXPECT_LE(project_case_error({.T = 100, .r = 32, .k = {72, 136}, .xcol = {0, 72}, .by_row = true, .scale = 0.5f,
+                                  .block_tokens = rows}),
+              1e-5);
+    EXPECT_LE(project_case_error({.T = 65, .r = 80, .k = {96}, .xcol = {8}, .by_row = true, .block_tokens = rows}),
+              1e-5);
+  }
   EXPECT_LE(project_case_error({.T = 70, .r = 4, .k = {40, 40}, .xcol = {0, 0}}), 1e-5);
   EXPECT_LE(project_case_error({.T = 70, .r = 4, .k = {24, 40}, .xcol = {0, 24}, .by_row = true}), 1e-5);
   EXPECT_LE(project_case_error({.T = 70, .r = 4, .k = {36, 36}, .xcol = {0, 36}}), 1e-5);  // unaligned rows

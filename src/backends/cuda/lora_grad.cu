@@ -218,19 +218,44 @@ Status check_grad_args(const LoraGradArgs& a) {
   return Status::ok();
 }
 
-template <int kMT>
-Status launch_grad(CudaContext& ctx, const GradParams& p, dim3 grid) {
-  static const cudaError_t attr = cudaFuncSetAttribute(grad_kernel<kMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       int(Tiles<kMT>::kBytes));
-  LATHE_CU_TRY(attr);
-  grad_kernel<kMT><<<grid, kThreads, Tiles<kMT>::kBytes, stream_of(ctx)>>>(p);
-  return ctx.check_launch("lora_grad_reduce");
-}
-
 int sm_count(int device) {
   int n = 0;
   if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) return 108;
   return n;
+}
+
+// Splits the tokens so that the blocks fill the GPU once (as many as fit
+// at a time: the work per block is even, so a partial second wave would
+// only add a tail), with no more partials than the workspace holds; then
+// the launch and, with more than one split, the sum.
+template <int kMT>
+Status launch_grad(CudaContext& ctx, GradParams& p, int64_t grid_x, int64_t tiles, int64_t m_chunks) {
+  static const cudaError_t attr = cudaFuncSetAttribute(grad_kernel<kMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       int(Tiles<kMT>::kBytes));
+  LATHE_CU_TRY(attr);
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grad_kernel<kMT>, kThreads, Tiles<kMT>::kBytes) !=
+          cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  const LoraGradArgs& a = p.a;
+  const int64_t wave = int64_t(per_sm) * sm_count(ctx.device());
+  int64_t splits = std::max<int64_t>(1, wave / (tiles * m_chunks));
+  splits = std::min(splits, (a.tokens + kTok - 1) / kTok);
+  splits = a.workspace ? std::min(splits, a.workspace_floats / std::max<int64_t>(p.e_total, 1)) : 1;
+  splits = std::max<int64_t>(splits, 1);
+  p.chunk = ((a.tokens + splits - 1) / splits + kTok - 1) / kTok * kTok;
+  splits = (a.tokens + p.chunk - 1) / p.chunk;
+  p.direct = splits == 1;
+  if (grid_x > int64_t(INT32_MAX) || splits > 65535 || m_chunks > 65535)
+    return unsupported("cuda lora_grad_reduce: grid too large (", grid_x, " x ", splits, ")");
+  const dim3 grid{unsigned(grid_x), unsigned(splits), unsigned(m_chunks)};
+  grad_kernel<kMT><<<grid, kThreads, Tiles<kMT>::kBytes, stream_of(ctx)>>>(p);
+  LATHE_TRY(ctx.check_launch("lora_grad_reduce"));
+  if (p.direct) return Status::ok();
+  const unsigned blocks = std::min<unsigned>(blocks_for(p.e_total, 256), 4096);
+  grad_sum_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(p, int(splits));
+  return ctx.check_launch("lora_grad_reduce (sum)");
 }
 
 }  // namespace
@@ -253,30 +278,13 @@ Status lora_grad_reduce(CudaContext& ctx, const LoraGradArgs& a) {
   for (int k = nm + 1; k <= kLoraMaxMembers; ++k) p.off[k] = p.off[nm];
   p.e_total = p.off[nm];
   const int mt = int(std::min<int64_t>(4, (a.r + 15) / 16));
-  const int64_t m_chunks = (a.r + mt * 16 - 1) / (mt * 16);
-  // Enough blocks to keep every SM streaming (about four each), as few
-  // splits as that takes, and no more partials than the workspace holds.
-  const int64_t target = 4 * int64_t(sm_count(ctx.device()));
-  int64_t splits = (target + tiles * m_chunks - 1) / (tiles * m_chunks);
-  splits = std::min(splits, (a.tokens + kTok - 1) / kTok);
-  splits = a.workspace ? std::min(splits, a.workspace_floats / std::max<int64_t>(p.e_total, 1)) : 1;
-  splits = std::max<int64_t>(splits, 1);
-  p.chunk = ((a.tokens + splits - 1) / splits + kTok - 1) / kTok * kTok;
-  splits = (a.tokens + p.chunk - 1) / p.chunk;
-  p.direct = splits == 1;
-  if (max_tiles * nm > int64_t(INT32_MAX) || splits > 65535 || m_chunks > 65535)
-    return unsupported("cuda lora_grad_reduce: grid too large (", max_tiles * nm, " x ", splits, ")");
-  const dim3 grid(unsigned(max_tiles * nm), unsigned(splits), unsigned(m_chunks));
+  const int64_t m_chunks = (a.r + mt * 16 - 1) / (mt * 16), grid_x = max_tiles * nm;
   switch (mt) {
-    case 1: LATHE_TRY(launch_grad<1>(ctx, p, grid)); break;
-    case 2: LATHE_TRY(launch_grad<2>(ctx, p, grid)); break;
-    case 3: LATHE_TRY(launch_grad<3>(ctx, p, grid)); break;
-    default: LATHE_TRY(launch_grad<4>(ctx, p, grid)); break;
+    case 1: return launch_grad<1>(ctx, p, grid_x, tiles, m_chunks);
+    case 2: return launch_grad<2>(ctx, p, grid_x, tiles, m_chunks);
+    case 3: return launch_grad<3>(ctx, p, grid_x, tiles, m_chunks);
+    default: return launch_grad<4>(ctx, p, grid_x, tiles, m_chunks);
   }
-  if (p.direct) return Status::ok();
-  const unsigned blocks = std::min<unsigned>(blocks_for(p.e_total, 256), 4096);
-  grad_sum_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(p, int(splits));
-  return ctx.check_launch("lora_grad_reduce (sum)");
 }
 
 }  // namespace lathe::cuda

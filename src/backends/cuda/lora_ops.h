@@ -110,6 +110,7 @@ struct LoraProjectArgs {
   float scale = 1.0f;
   bf16_bits* out = nullptr;  // [tokens, ldo]: member k's 4r values from k·4r
   int64_t ldo = 0;
+  int block_tokens = 0;  // tokens per thread block: 0 chosen by shape, or 32 / 64 (tests)
 };
 Status lora_project(CudaContext& ctx, const LoraProjectArgs& a);
 

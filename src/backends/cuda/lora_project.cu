@@ -2,17 +2,18 @@
 // the forward and du = s·dy·B in the backward, each an exact bf16 operand
 // times the three terms of an f32 factor, summed in f32 and written straight
 // out as the 4-term copy (hi, hi, hi, lo) the next products read. One
-// launch covers every member of a fused group; a thread block owns 64
-// tokens of one member and all its r columns (up to 64; more are further
+// launch covers every member of a fused group; a thread block owns 64 (or
+// 32) tokens of one member and all its r columns (up to 64; more are further
 // blocks), walks the whole reduction (the input's width), and keeps one f32
 // accumulator per term, summed in the order hi + mid + lo, as a GEMM with
 // the terms in separate columns followed by a parts sum would. Blocks of
 // the same tokens for different members are adjacent, so a shared input
 // (x of q|k|v or gate|up) comes from DRAM once.
 //
-// Shared tiles: 64 tokens × 64 inputs of X, and the factor's three terms
-// over the same 64 inputs, three stages deep through cp.async (plain copies
-// where rows are not 16-byte aligned: the small ranks of the test models).
+// Shared tiles: 64 tokens (32 where 64 would leave SMs idle) × 64 inputs of
+// X, and the factor's three terms over the same 64 inputs, three stages
+// deep through cp.async (plain copies where rows are not 16-byte aligned:
+// the small ranks of the test models).
 // A's terms are rows of the reduction index (B fragments without .trans);
 // B4's rows are the reduction index (fragments through ldmatrix.trans).
 #include <algorithm>
@@ -27,19 +28,19 @@ namespace {
 using attn::bf16;
 
 constexpr int kThreads = 128;  // four warps
-constexpr int kRows = 64;      // tokens per block
 constexpr int kK = 64;         // reduction steps per stage
 constexpr int kStages = 3;
 constexpr int kXPad = kK + 8;
 
-// kNB 16-column blocks of r per block. The factor tile is [term][j][c]
-// (A, row stride kK + 8) or [c][term · 16kNB + j] (B4, row stride 48kNB + 8).
-template <int kNB, bool kByRow>
+// kR tokens and kNB 16-column blocks of r per block. The factor tile is
+// [term][j][c] (A, row stride kK + 8) or [c][term · 16kNB + j] (B4, row
+// stride 48kNB + 8).
+template <int kNB, bool kByRow, int kR>
 struct PTiles {
   static constexpr int kN = kNB * 16;
   static constexpr int kFStride = kByRow ? 3 * kN + 8 : kK + 8;
   static constexpr int kFRows = kByRow ? kK : 3 * kN;
-  static constexpr int kX = kStages * kRows * kXPad;
+  static constexpr int kX = kStages * kR * kXPad;
   static constexpr int kF = kStages * kFRows * kFStride;
   static constexpr size_t kBytes = size_t(kX + kF) * sizeof(bf16);
 };
@@ -50,19 +51,20 @@ struct ProjParams {
 };
 
 // X rows t0.., reduction columns c0.. of member m (k columns).
+template <int kR>
 __device__ __forceinline__ void stage_x(bf16* s, const ProjParams& p, const bf16* x, int64_t k, int64_t t0,
                                         int64_t c0) {
   const int64_t T = p.a.tokens;
   if (p.vec_x) {
     constexpr int kChunks = kK / 8;
-    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    for (int i = threadIdx.x; i < kR * kChunks; i += kThreads) {
       const int row = i / kChunks, c = (i % kChunks) * 8;
       const bool valid = t0 + row < T && c0 + c < k;
       attn::cp_async16(s + row * kXPad + c, valid ? x + (t0 + row) * p.a.ldx + c0 + c : x, valid);
     }
     return;
   }
-  for (int i = threadIdx.x; i < kRows * kK; i += kThreads) {
+  for (int i = threadIdx.x; i < kR * kK; i += kThreads) {
     const int row = i / kK, c = i % kK;
     s[row * kXPad + c] =
         t0 + row < T && c0 + c < k ? x[(t0 + row) * p.a.ldx + c0 + c] : __float2bfloat16_rn(0.0f);
@@ -70,10 +72,10 @@ __device__ __forceinline__ void stage_x(bf16* s, const ProjParams& p, const bf16
 }
 
 // The factor's three terms for reduction columns c0.. and r columns j0..
-template <int kNB, bool kByRow>
+template <int kNB, bool kByRow, int kR>
 __device__ __forceinline__ void stage_f(bf16* s, const ProjParams& p, const bf16* f, int64_t k, int64_t c0,
                                         int64_t j0) {
-  using Tl = PTiles<kNB, kByRow>;
+  using Tl = PTiles<kNB, kByRow, kR>;
   constexpr int kN = Tl::kN;
   const int64_t r = p.a.r;
   if constexpr (kByRow) {  // B4 [k, 4, r]: element (c, term, j) at c·4r + term·r + j
@@ -115,18 +117,19 @@ __device__ __forceinline__ void stage_f(bf16* s, const ProjParams& p, const bf16
 // tiles from token w_m·16kMW and kNW 16-column blocks from column block
 // w_n·kNW (two warps along the columns when kNB is even, so that each
 // fragment loaded feeds more products).
-template <int kNB>
+template <int kNB, int kR>
 struct WarpTile {
   static constexpr int kWarpsN = kNB % 2 == 0 ? 2 : 1;
   static constexpr int kNW = kNB / kWarpsN;
-  static constexpr int kMW = kWarpsN;  // 4 warps cover 64 tokens
+  static constexpr int kMW = kR / 16 / (4 / kWarpsN);
+  static_assert(kMW >= 1, "32-token blocks need an even number of column blocks");
 };
 
-template <int kNB, bool kByRow>
+template <int kNB, bool kByRow, int kR>
 __device__ __forceinline__ void stage_mma(const bf16* sx, const bf16* sf,
-                                          float (&acc)[3][WarpTile<kNB>::kMW][2 * WarpTile<kNB>::kNW][4]) {
-  using Tl = PTiles<kNB, kByRow>;
-  using W = WarpTile<kNB>;
+                                          float (&acc)[3][WarpTile<kNB, kR>::kMW][2 * WarpTile<kNB, kR>::kNW][4]) {
+  using Tl = PTiles<kNB, kByRow, kR>;
+  using W = WarpTile<kNB, kR>;
   const int w = threadIdx.x / 32, wm = w / W::kWarpsN, wn = w % W::kWarpsN;
 #pragma unroll
   for (int kk = 0; kk < kK; kk += 16) {
@@ -169,25 +172,25 @@ __device__ __forceinline__ void put4_pair(bf16* o, int64_t r, float v0, float v1
 }
 
 // Block (x = token tile · members + member, z = column chunk of r).
-template <int kNB, bool kByRow>
+template <int kNB, bool kByRow, int kR>
 __global__ void __launch_bounds__(kThreads) project_kernel(ProjParams p) {
-  using Tl = PTiles<kNB, kByRow>;
+  using Tl = PTiles<kNB, kByRow, kR>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sx = reinterpret_cast<bf16*>(smem);
   bf16* sf = sx + Tl::kX;
   const int nm = p.a.n_members, m = int(blockIdx.x) % nm;
   const LoraProjectMember& mem = p.a.members[m];
-  const int64_t t0 = int64_t(blockIdx.x / nm) * kRows, j0 = int64_t(blockIdx.z) * Tl::kN, k = mem.k;
+  const int64_t t0 = int64_t(blockIdx.x / nm) * kR, j0 = int64_t(blockIdx.z) * Tl::kN, k = mem.k;
   const bf16* x = reinterpret_cast<const bf16*>(mem.x);
   const bf16* f = reinterpret_cast<const bf16*>(mem.f);
   const int steps = int((k + kK - 1) / kK);
 
-  using W = WarpTile<kNB>;
+  using W = WarpTile<kNB, kR>;
   float acc[3][W::kMW][2 * W::kNW][4] = {};
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < steps) {
-      stage_x(sx + st * kRows * kXPad, p, x, k, t0, int64_t(st) * kK);
-      stage_f<kNB, kByRow>(sf + st * Tl::kFRows * Tl::kFStride, p, f, k, int64_t(st) * kK, j0);
+      stage_x<kR>(sx + st * kR * kXPad, p, x, k, t0, int64_t(st) * kK);
+      stage_f<kNB, kByRow, kR>(sf + st * Tl::kFRows * Tl::kFStride, p, f, k, int64_t(st) * kK, j0);
     }
     attn::cp_async_commit();
   }
@@ -197,12 +200,12 @@ __global__ void __launch_bounds__(kThreads) project_kernel(ProjParams p) {
     const int next = it + kStages - 1;
     if (next < steps) {
       const int b = next % kStages;
-      stage_x(sx + b * kRows * kXPad, p, x, k, t0, int64_t(next) * kK);
-      stage_f<kNB, kByRow>(sf + b * Tl::kFRows * Tl::kFStride, p, f, k, int64_t(next) * kK, j0);
+      stage_x<kR>(sx + b * kR * kXPad, p, x, k, t0, int64_t(next) * kK);
+      stage_f<kNB, kByRow, kR>(sf + b * Tl::kFRows * Tl::kFStride, p, f, k, int64_t(next) * kK, j0);
     }
     attn::cp_async_commit();
     const int b = it % kStages;
-    stage_mma<kNB, kByRow>(sx + b * kRows * kXPad, sf + b * Tl::kFRows * Tl::kFStride, acc);
+    stage_mma<kNB, kByRow, kR>(sx + b * kR * kXPad, sf + b * Tl::kFRows * Tl::kFStride, acc);
   }
 
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, c = lane % 4;
@@ -234,24 +237,38 @@ __global__ void __launch_bounds__(kThreads) project_kernel(ProjParams p) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-template <int kNB, bool kByRow>
-Status launch_project(CudaContext& ctx, const ProjParams& p, dim3 grid) {
-  using Tl = PTiles<kNB, kByRow>;
-  static const cudaError_t attr = cudaFuncSetAttribute(project_kernel<kNB, kByRow>,
+// One launch: blocks of kR tokens (times members) by column chunks of r.
+template <int kNB, bool kByRow, int kR>
+Status launch_project(CudaContext& ctx, const ProjParams& p, int64_t chunks) {
+  using Tl = PTiles<kNB, kByRow, kR>;
+  static const cudaError_t attr = cudaFuncSetAttribute(project_kernel<kNB, kByRow, kR>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tl::kBytes));
   LATHE_CU_TRY(attr);
-  project_kernel<kNB, kByRow><<<grid, kThreads, Tl::kBytes, stream_of(ctx)>>>(p);
+  const int64_t blocks = (p.a.tokens + kR - 1) / kR * p.a.n_members;
+  if (blocks > int64_t(INT32_MAX) || chunks > 65535)
+    return unsupported("cuda lora_project: grid too large (", blocks, " x ", chunks, ")");
+  project_kernel<kNB, kByRow, kR><<<dim3(unsigned(blocks), 1, unsigned(chunks)), kThreads, Tl::kBytes,
+                                    stream_of(ctx)>>>(p);
   return ctx.check_launch("lora_project");
 }
 
 template <bool kByRow>
-Status launch_by_width(CudaContext& ctx, const ProjParams& p, int nb, dim3 grid) {
+Status launch_by_width(CudaContext& ctx, const ProjParams& p, int nb, int rows, int64_t chunks) {
+  const bool small = rows == 32;
   switch (nb) {
-    case 1: return launch_project<1, kByRow>(ctx, p, grid);
-    case 2: return launch_project<2, kByRow>(ctx, p, grid);
-    case 3: return launch_project<3, kByRow>(ctx, p, grid);
-    default: return launch_project<4, kByRow>(ctx, p, grid);
+    case 1: return launch_project<1, kByRow, 64>(ctx, p, chunks);
+    case 2:
+      return small ? launch_project<2, kByRow, 32>(ctx, p, chunks) : launch_project<2, kByRow, 64>(ctx, p, chunks);
+    case 3: return launch_project<3, kByRow, 64>(ctx, p, chunks);
+    default:
+      return small ? launch_project<4, kByRow, 32>(ctx, p, chunks) : launch_project<4, kByRow, 64>(ctx, p, chunks);
   }
+}
+
+int sm_count(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) return 108;
+  return n;
 }
 
 }  // namespace
@@ -275,11 +292,19 @@ Status lora_project(CudaContext& ctx, const LoraProjectArgs& a) {
   }
   p.pairs = a.r % 2 == 0 && a.ldo % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
   const int nb = int(std::min<int64_t>(4, (a.r + 15) / 16));
-  const int64_t chunks = (a.r + nb * 16 - 1) / (nb * 16), tiles = (a.tokens + kRows - 1) / kRows;
-  if (tiles * a.n_members > int64_t(INT32_MAX) || chunks > 65535)
-    return unsupported("cuda lora_project: grid too large (", tiles * a.n_members, " x ", chunks, ")");
-  const dim3 grid(unsigned(tiles * a.n_members), 1, unsigned(chunks));
-  return a.by_row ? launch_by_width<true>(ctx, p, nb, grid) : launch_by_width<false>(ctx, p, nb, grid);
+  const int64_t chunks = (a.r + nb * 16 - 1) / (nb * 16);
+  // 64-token blocks, or 32 where that leaves fewer blocks than two per SM
+  // (the 8B shape's o and down at 8192 tokens): 32 needs an even nb.
+  int rows = a.block_tokens;
+  if (rows != 0 && rows != 32 && rows != 64)
+    return invalid_argument("cuda lora_project: block_tokens ", rows, " (0, 32 or 64)");
+  if (rows == 0) {
+    const int64_t blocks64 = (a.tokens + 63) / 64 * a.n_members * chunks;
+    rows = blocks64 < 2 * int64_t(sm_count(ctx.device())) ? 32 : 64;
+  }
+  if (nb % 2 != 0) rows = 64;
+  return a.by_row ? launch_by_width<true>(ctx, p, nb, rows, chunks)
+                  : launch_by_width<false>(ctx, p, nb, rows, chunks);
 }
 
 }  // namespace lathe::cuda
