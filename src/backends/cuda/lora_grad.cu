@@ -233,11 +233,12 @@ Status launch_grad(CudaContext& ctx, GradParams& p, int64_t grid_x, int64_t tile
   static const cudaError_t attr = cudaFuncSetAttribute(grad_kernel<kMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        int(Tiles<kMT>::kBytes));
   LATHE_CU_TRY(attr);
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grad_kernel<kMT>, kThreads, Tiles<kMT>::kBytes) !=
-          cudaSuccess ||
-      per_sm < 1)
-    per_sm = 1;
+  static const int per_sm = [] {
+    int n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grad_kernel<kMT>, kThreads,
+                                                                        Tiles<kMT>::kBytes);
+    return e == cudaSuccess && n > 0 ? n : 1;
+  }();
   const LoraGradArgs& a = p.a;
   const int64_t wave = int64_t(per_sm) * sm_count(ctx.device());
   int64_t splits = std::max<int64_t>(1, wave / (tiles * m_chunks));
