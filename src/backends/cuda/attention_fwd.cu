@@ -26,6 +26,9 @@
 #ifndef LATHE_ATTN_FWD_WARP_ROWS  // query rows per warp of the fast kernel: 16 or 32 (faster on the H200)
 #define LATHE_ATTN_FWD_WARP_ROWS 32
 #endif
+#ifndef LATHE_ATTN_FWD_SM90_AUTO  // the wgmma kernel where it runs unless warp_rows asks for another (1)
+#define LATHE_ATTN_FWD_SM90_AUTO 0
+#endif
 #ifndef LATHE_ATTN_FWD_SM90_ROWS  // query rows per block of the wgmma kernel by default: 64 or 128
 #define LATHE_ATTN_FWD_SM90_ROWS 64
 #endif
@@ -463,7 +466,8 @@ Status launch_flash_forward(const FwdParams& p, void* stream) {
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (p.simple) return launch<D, false>(p, stream);
-    if (p.wgmma) {
+    const bool automatic = LATHE_ATTN_FWD_SM90_AUTO && p.warp_rows == 0 && sm90_supported(D);
+    if (p.wgmma || automatic) {
       if (!sm90_supported(D))
         return unsupported("attention forward: the wgmma kernel needs a Hopper device and head_dim 64 or 128");
       const int rows = p.wgmma_rows != 0 ? p.wgmma_rows : LATHE_ATTN_FWD_SM90_ROWS;
