@@ -25,14 +25,15 @@
 // the compiler's instruction choices.
 //
 // Where it stands (H200, 8 documents × 2048, 32/8 heads, head_dim 128):
-// 172 TFLOP/s counted as 2.5× the forward (the simple kernels: 106). Both
+// 171 TFLOP/s counted as 2.5× the forward (the simple kernels: 108). Both
 // kernels hold 255 registers, so registers and shared memory allow 2 blocks
 // (8 warps) per SM, and they are latency-bound: ~5 cycles between issued
 // instructions per warp, tensor-core instructions under a fifth of those,
 // each warp re-reading from shared memory the operands its neighbours read.
 // On Hopper the same scheme runs on warpgroup instructions instead
-// (attention_bwd_sm90.cu, AttnBwdKernels::kWgmma): one read of each operand
-// per four warps, and the delta kernel here in front of it.
+// (attention_bwd_sm90.cu, the default there through AttnBwdKernels::kAuto):
+// one read of each operand per four warps, and the delta kernel here in
+// front of it; 212 TFLOP/s at head_dim 128, 174 at 64 (these kernels: 152).
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 
@@ -48,7 +49,7 @@
 #define LATHE_ATTN_BWD_UNMASKED 1
 #endif
 #ifndef LATHE_ATTN_BWD_SM90_AUTO  // AttnBwdKernels::kAuto picks the wgmma kernels where they run (1)
-#define LATHE_ATTN_BWD_SM90_AUTO 0
+#define LATHE_ATTN_BWD_SM90_AUTO 1
 #endif
 #ifndef LATHE_ATTN_BWD_SM90_ROWS  // rows per thread block of the wgmma kernels by default: 64 or 128
 #define LATHE_ATTN_BWD_SM90_ROWS 64

@@ -26,8 +26,12 @@
 #ifndef LATHE_ATTN_FWD_WARP_ROWS  // query rows per warp of the fast kernel: 16 or 32 (faster on the H200)
 #define LATHE_ATTN_FWD_WARP_ROWS 32
 #endif
-#ifndef LATHE_ATTN_FWD_SM90_AUTO  // the wgmma kernel where it runs unless warp_rows asks for another (1)
-#define LATHE_ATTN_FWD_SM90_AUTO 0
+// Training forwards (packed documents) at head_dim 64 take the wgmma kernel
+// where it runs unless warp_rows asks for another (1): on the H200 it does
+// 223 TFLOP/s there against the 32-rows-per-warp kernel's 202, while at 128
+// that kernel is ahead (244 against 222).
+#ifndef LATHE_ATTN_FWD_SM90_AUTO
+#define LATHE_ATTN_FWD_SM90_AUTO 1
 #endif
 #ifndef LATHE_ATTN_FWD_SM90_ROWS  // query rows per block of the wgmma kernel by default: 64 or 128
 #define LATHE_ATTN_FWD_SM90_ROWS 64
@@ -466,7 +470,7 @@ Status launch_flash_forward(const FwdParams& p, void* stream) {
   return with_head_dim(p.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (p.simple) return launch<D, false>(p, stream);
-    const bool automatic = LATHE_ATTN_FWD_SM90_AUTO && p.warp_rows == 0 && sm90_supported(D);
+    const bool automatic = LATHE_ATTN_FWD_SM90_AUTO && D == 64 && p.cu && p.warp_rows == 0 && sm90_supported(D);
     if (p.wgmma || automatic) {
       if (!sm90_supported(D))
         return unsupported("attention forward: the wgmma kernel needs a Hopper device and head_dim 64 or 128");
