@@ -40,8 +40,33 @@ For each LoRA tensor and the loss it prints the error max|Δ| / max|ref|, the
 tolerance (1.25 × bf16_error.json's HF error) and their ratio; ratios over
 1 fail on the GPU.
 
+One pass is one draw of the rounding noise; --draws N adds N more (every
+rounded value first moved by 2^-23 relative, as another f32 summation order
+would move it) and counts the tensors over tolerance per draw. --splitk N
+emulates cuBLASLt split-K GEMMs whose parts are added in bf16 (in-place
+reduction in the output type), what gemm.cu allowed before it restricted
+bf16 outputs to the f32 reduction. --gpu-dump DIR compares, buffer by buffer
+(CudaTrainableModel::read_buffer's names), with the device's own pass:
+  LATHE_CUDA_TRAIN_DUMP=DIR build/tests/test_cuda_train --gtest_filter='*DumpsThePassForTheEmulation*'
+writes DIR/<family>.safetensors on the GPU machine. Buffers of a faithful
+emulation agree to a few bf16 ulps in the first layer and drift apart after
+it (one ulp flipped early changes later roundings), so read the first large
+jump, and the gradients' errors against the fixture beside the emulated ones.
+
+What it showed (the H200's failures at head_dim 64 on these fixtures): the
+emulation of the code as written gives errors 1.1-2.8x smaller than the
+device's (qwen2 layer-0 gate_proj.lora_B 0.0144 vs 0.0396); with split-K in
+bf16 on every bf16-output GEMM it reaches the device's size. Even the exact
+emulation is over its tolerance on ~12 of 174 tensors per draw (geometric
+mean 0.67 of tolerance): HF's own error is one draw, and to pass every
+tensor the pass must be well below it. Rounding each projection output once
+(base + LoRA in f32, rounded by its consumer: --f32 gemm --f32 lora_add)
+brings that to ~1.3 per draw (0.53); with the residual stream in f32 too
+(--f32 resid) to 0 (0.50).
+
 Usage: python3 tools/emulate_cuda_train.py [--family llama] [--case peft|packed]
-           [--f32 NAME ...] [--hf NAME ...] [--all-f32-one-by-one] [--quiet]
+           [--f32 NAME ...] [--hf NAME ...] [--draws N] [--splitk N]
+           [--all-f32-one-by-one] [--quiet] [--gpu-dump DIR]
 Needs torch, transformers (for the RoPE frequencies), safetensors.
 """
 import argparse
