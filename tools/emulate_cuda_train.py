@@ -14,7 +14,7 @@ where the kernels round it, and f32 everywhere the kernels keep f32:
     kernels' split copies (lora_split.cu: a factor is hi + mid + lo, an
     activation-side value u is hi + lo; products as the 4-term GEMMs form
     them), added to the rounded base output and rounded once; backward:
-    dx = dy·W rounded, then + du·A rounded; dA, dB in f32.
+    dx = bf16(dy·W + bf16(Σ du·A)); dA, dB in f32.
   - RoPE with f32 cos/sin (angle in f32, cos/sin in double), rounded once;
     Qwen3's q/k norms before it.
   - flash attention (attention_fwd.cu / attention_bwd.cu): P = exp(S − m)
@@ -101,8 +101,8 @@ ROUNDINGS = {
     "ce_grad": "logit gradient scale·(softmax − onehot)",
     "d_xf": "gradient of the final norm's output",
     "dh_bf": "residual gradient rounded where a GEMM reads it",
-    "bgemm": "dx = dy·W outputs before the LoRA add",
-    "blora_add": "dx after + du·A",
+    "bgemm": "dx = dy·W + (the rounded LoRA term), rounded once",
+    "blora_add": "the LoRA term Σ du·A of dx",
     "swiglu_bwd": "d_gate, d_up",
     "attn_dp": "P rounded for dV = Pᵀ·dO",
     "attn_ds": "dS rounded for dQ, dK",
@@ -287,8 +287,7 @@ def linear_bwd(p, m, x, dy, l, js, us, grads):
         col += out
     W = torch.cat([m.w(l, j) for j in js])
     g = GROUP[js[0]]
-    dx = p.mm("bgemm." + g, dy, W)
-    return p.r("blora_add." + g, dx + dx_lora)
+    return p.mm("bgemm." + g, dy, W, p.r("blora_add." + g, dx_lora))
 
 
 def rope_tables(m, positions):
