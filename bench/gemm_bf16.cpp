@@ -83,9 +83,14 @@ int main(int argc, char** argv) {
   }
   std::printf("%d threads, GFLOP/s (best of %d); \"packed\": the weight packed ahead (PackedBf16Weight)\n"
               "| shape | m x n x k |", threads, reps);
-  for (const auto& p : paths) std::printf(" %s |%s", p.first, p.second == cpu::Bf16GemmPath::kF32 ? "" : " packed |");
+  for (const auto& p : paths)
+    std::printf(" %s |%s", p.first,
+                p.second == cpu::Bf16GemmPath::kF32   ? ""
+                : p.second == cpu::Bf16GemmPath::kAmx ? " packed | packed, rows split |"
+                                                      : " packed |");
   std::printf(" sgemm f32 |\n|---|---|");
-  for (const auto& p : paths) std::printf(p.second == cpu::Bf16GemmPath::kF32 ? "---:|" : "---:|---:|");
+  for (const auto& p : paths)
+    std::printf(p.second == cpu::Bf16GemmPath::kF32 ? "---:|" : p.second == cpu::Bf16GemmPath::kAmx ? "---:|---:|---:|" : "---:|---:|");
   std::printf("---:|");
   std::printf("\n");
   std::mt19937 rng(1);
@@ -114,6 +119,16 @@ int main(int argc, char** argv) {
           pw.backward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
       });
       std::printf(" %.0f |", flop / tp * 1e-9);
+      if (p.second != cpu::Bf16GemmPath::kAmx) continue;
+      cpu::set_amx_rows_split(true);
+      const double tr = best_seconds(reps, [&] {
+        if (s.trans_b)
+          pw.forward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
+        else
+          pw.backward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
+      });
+      cpu::set_amx_rows_split(false);
+      std::printf(" %.0f |", flop / tr * 1e-9);
     }
     const double t = best_seconds(reps, [&] {
       cpu::sgemm(false, s.trans_b, s.m, s.n, s.k, 1.0f, a.data(), s.k, w32.data(), ldb, 0.0f, c.data(), s.n);

@@ -5,7 +5,8 @@
 // shapes, threads and batch, is bench/train_step_torch.py; run both in one
 // call and compare tokens/s.
 // Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full] [32|bf16-mixed]
-//                         [amx-prefetch: the AMX kernel prefetches its A operand | ce-rows=N: LM head chunk rows]
+//                         [amx-prefetch: the AMX kernel prefetches its A operand | amx-rows: packed GEMMs split
+//                          rows over the threads (set_amx_rows_split) | ce-rows=N: LM head chunk rows]
 // Defaults: 2 threads, the 58M-parameter shape (512, 8, 1376, 32000), batch 4 x 256, r 16, precision 32
 // (bf16-mixed: the frozen base in bf16, trainer.precision's other value).
 // The bf16 GEMM path (amx, avx512bf16 or f32; LATHE_CPU_GEMM forces one) is
@@ -85,6 +86,8 @@ int main(int argc, char** argv) {
   const bool bf16 = argc > 9 && std::string(argv[9]) == "bf16-mixed";
   set_num_threads(threads);
   const bool prefetch = argc > 10 && std::string(argv[10]) == "amx-prefetch";
+  const bool rows_split = argc > 10 && std::string(argv[10]) == "amx-rows";
+  cpu::set_amx_rows_split(rows_split);
   const int64_t ce_rows = argc > 10 && std::string(argv[10]).rfind("ce-rows=", 0) == 0 ? std::atol(argv[10] + 8) : 0;
   if (prefetch && cpu::amx_bf16_available()) cpu::set_amx_prefetch(true);
   const std::string dir = (std::filesystem::temp_directory_path() / "lathe_bench_train_model").string();
@@ -129,7 +132,7 @@ int main(int argc, char** argv) {
   const char* kPathNames[] = {"f32", "avx512bf16", "amx"};
   const std::string precision =
       bf16 ? std::string("bf16-mixed (") + kPathNames[int(cpu::bf16_gemm_path())] +
-                 (prefetch ? "+prefetch" : "") + " GEMM" +
+                 (prefetch ? "+prefetch" : "") + (rows_split ? ", rows split" : "") + " GEMM" +
                  (ce_rows > 0 ? ", LM head chunks of " + std::to_string(ce_rows) : std::string()) + ")"
            : "32";
   std::printf("| lathe %s %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",

@@ -248,6 +248,16 @@ TEST(GemmBf16, PackedWeightMatchesReferenceOnEveryPath) {
 TEST(GemmBf16, PackedAheadGivesTheSameBits) {
   if (!cpu::has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this machine (nothing is packed)";
   check_cases(kAmxCases, amx_packed_emulated, true, "amx packed emulated");
+  // Rows split over the threads (m large enough for 4 threads): the same
+  // sums per element, so the same bits as the column split.
+  for (const Case& c : {Case{true, 600, 70, 100, 1.0f, false}, Case{false, 600, 45, 70, 0.5f, true}}) {
+    const Outcome cols = run_case(c, 60, amx_packed_emulated);
+    cpu::set_amx_rows_split(true);
+    const Outcome rows = run_case(c, 60, amx_packed_emulated);
+    cpu::set_amx_rows_split(false);
+    EXPECT_EQ(rows.got, cols.got) << "m " << c.m << " n " << c.n;
+    EXPECT_LT(rel_err(rows.got, rows.rounded_ref, c), 2e-6 * std::sqrt(double(c.k)) + 1e-6);
+  }
   uint32_t seed = 40;
   for (const Case& c : kAmxCases) {
     SCOPED_TRACE(::testing::Message() << "trans_b " << c.trans_b << " m " << c.m << " n " << c.n << " k " << c.k);

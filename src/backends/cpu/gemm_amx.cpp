@@ -73,6 +73,7 @@ static_assert(sizeof(TileConfig) == 64);
 inline void compiler_barrier() { asm volatile("" ::: "memory"); }
 
 std::atomic<bool> g_prefetch{false};
+std::atomic<bool> g_rows_split{false};
 
 // ---- the hardware tiles -------------------------------------------------
 
@@ -311,7 +312,35 @@ int64_t task_columns(const Problem& P, int64_t threads) {
   return std::max(kNC, (share + kBlock - 1) / kBlock * kBlock);
 }
 
+void run(const Problem& P, AmxTiles tiles);
+
+// B packed ahead and small enough to sit in each core's L2 (the projections,
+// not the LM head), with rows enough for every thread: the threads split
+// the rows instead, each packing only its own rows of A and computing them
+// against all of B, with no barrier between packing and computing.
+bool rows_split_fits(const Problem& P, int64_t threads) {
+  constexpr int64_t kBL2Bytes = int64_t{3} << 19;
+  const int64_t b_bytes = (P.n + kBlock - 1) / kBlock * kBlock * P.kt * kTileK * 2;
+  return P.packed && threads > 1 && P.m >= 4 * kBlock * threads && b_bytes <= kBL2Bytes &&
+         g_rows_split.load(std::memory_order_relaxed);
+}
+
+void run_rows_split(const Problem& P, AmxTiles tiles, int64_t threads) {
+  const int64_t pairs = (P.m + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(int(threads)) schedule(static)
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t p0 = pairs * t / threads, p1 = pairs * (t + 1) / threads;
+    Problem S = P;
+    S.m = std::min(P.m, p1 * kBlock) - p0 * kBlock;
+    S.a = P.a + p0 * kBlock * P.lda;
+    S.c = P.c + p0 * kBlock * P.ldc;
+    if (S.m > 0) run(S, tiles);  // inside the region: on this thread alone
+  }
+}
+
 void run(const Problem& P, AmxTiles tiles) {
+  if (const int64_t threads = omp_in_parallel() ? 1 : num_threads(); rows_split_fits(P, threads))
+    return run_rows_split(P, tiles, threads);
   const bool hw = tiles == AmxTiles::kHardware;
   const bool prefetch = g_prefetch.load(std::memory_order_relaxed);
   const BlockFn block = !hw ? block_emulated : prefetch ? block_hardware<true> : block_hardware<false>;
@@ -441,5 +470,7 @@ double amx_stream_gflops(bool prefetch, int64_t calls) {
 }
 
 void set_amx_prefetch(bool on) { g_prefetch.store(on, std::memory_order_relaxed); }
+
+void set_amx_rows_split(bool on) { g_rows_split.store(on, std::memory_order_relaxed); }
 
 }  // namespace lathe::cpu

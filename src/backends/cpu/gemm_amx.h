@@ -71,5 +71,9 @@ double amx_tile_peak_gflops(int64_t calls);
 double amx_stream_gflops(bool prefetch, int64_t calls);
 // Whether the hardware kernel prefetches A (benchmarks compare). Default off.
 void set_amx_prefetch(bool on);
+// Whether a GEMM on a packed-ahead B that fits L2 splits its rows over the
+// threads (each packs and computes its own rows) instead of its columns
+// (benchmarks compare). Default off.
+void set_amx_rows_split(bool on);
 
 }  // namespace lathe::cpu
