@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> times;
   for (int rep = 0; rep < 6; ++rep) {
+    if (rep == 1) (*model)->set_phase_timing(true);  // the counted passes only
     auto t0 = Clock::now();
     auto loss = (*model)->forward_backward(mb, 1.0f / float(B * (S - 1)));
     if (!loss.is_ok()) {
@@ -140,6 +141,10 @@ int main(int argc, char** argv) {
               S, times.front(),
               times[times.size() / 2], tokens / times[times.size() / 2],
               double((*model)->activation_bytes()) / (1 << 20));
+  std::printf("|   where a pass goes (mean of %zu):", times.size());
+  for (const auto& [name, sec] : (*model)->phase_seconds())
+    std::printf(" %s %.3f s |", name.c_str(), sec / double(times.size()));
+  std::printf("\n");
   std::filesystem::remove_all(dir);
   return 0;
 }

@@ -1,6 +1,9 @@
-// LoRA forward and backward (see lora.h) as skinny f32 GEMMs (gemm_skinny.h:
-// one dimension of every product is the rank); adapters that
-// share an input as one wider GEMM where they can.
+// LoRA forward and backward (see lora.h) as f32 GEMMs: x·Aᵀ (k the input
+// width, n the rank) on the AVX-512 kernel for such shapes (gemm_skinny.h),
+// which beat OpenBLAS there on both CPUs measured; the products with k or
+// an output side equal to the rank stay on OpenBLAS, which was faster for
+// them on a Xeon (bench_gemm_bf16's second table). Adapters that share an
+// input run as one wider GEMM where they can.
 #include "nn/lora.h"
 
 #include <algorithm>
@@ -8,6 +11,7 @@
 #include <cstring>
 #include <optional>
 
+#include "backends/cpu/gemm.h"
 #include "backends/cpu/gemm_skinny.h"
 #include "core/parallel.h"
 
@@ -126,8 +130,8 @@ Status lora_forward(const LoraWeights& w, TensorView x, TensorView y, Arena& are
   TensorView u = arena.alloc(DType::F32, {n, r});
   cpu::sgemm_skinny(false, true, n, r, in, w.scale, xin.ptr<const float>(), in, w.a.ptr<const float>(), in, 0.0f,
                     u.ptr<float>(), r);
-  cpu::sgemm_skinny(false, true, n, out, r, 1.0f, u.ptr<const float>(), r, w.b.ptr<const float>(), r, 1.0f,
-                    y.ptr<float>(), out);
+  cpu::sgemm(false, true, n, out, r, 1.0f, u.ptr<const float>(), r, w.b.ptr<const float>(), r, 1.0f, y.ptr<float>(),
+             out);
   if (saved) *saved = {.x_drop = w.dropout > 0.0f ? xin : TensorView{}, .u = u};
   return Status::ok();
 }
@@ -139,22 +143,22 @@ Status lora_backward(const LoraWeights& w, TensorView x, TensorView dy, TensorVi
   const int64_t n = x.shape[0], in = x.shape[1], r = w.a.shape[0], out = w.b.shape[0];
   const float* g = dy.ptr<const float>();
   TensorView du = arena.alloc(DType::F32, {n, r});  // ∂L/∂u = dy·B
-  cpu::sgemm_skinny(false, false, n, r, out, 1.0f, g, out, w.b.ptr<const float>(), r, 0.0f, du.ptr<float>(), r);
+  cpu::sgemm(false, false, n, r, out, 1.0f, g, out, w.b.ptr<const float>(), r, 0.0f, du.ptr<float>(), r);
   if (!w.db.empty())
-    cpu::sgemm_skinny(true, false, out, r, n, 1.0f, g, out, saved.u.ptr<const float>(), r, 1.0f, w.db.ptr<float>(), r);
+    cpu::sgemm(true, false, out, r, n, 1.0f, g, out, saved.u.ptr<const float>(), r, 1.0f, w.db.ptr<float>(), r);
   const TensorView xin = saved.x_drop.empty() ? x : saved.x_drop;
   if (!w.da.empty())
-    cpu::sgemm_skinny(true, false, r, in, n, w.scale, du.ptr<const float>(), r, xin.ptr<const float>(), in, 1.0f,
-                      w.da.ptr<float>(), in);
+    cpu::sgemm(true, false, r, in, n, w.scale, du.ptr<const float>(), r, xin.ptr<const float>(), in, 1.0f,
+               w.da.ptr<float>(), in);
   if (dx.empty()) return Status::ok();
   if (w.dropout == 0.0f) {
-    cpu::sgemm_skinny(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 1.0f,
-                      dx.ptr<float>(), in);
+    cpu::sgemm(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 1.0f,
+               dx.ptr<float>(), in);
     return Status::ok();
   }
   TensorView dxin = arena.alloc(DType::F32, x.shape);
-  cpu::sgemm_skinny(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 0.0f,
-                    dxin.ptr<float>(), in);
+  cpu::sgemm(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 0.0f,
+             dxin.ptr<float>(), in);
   const float keep_scale = 1.0f / (1.0f - w.dropout);
   float* d = dx.ptr<float>();
   const float* t = dxin.ptr<const float>();
@@ -171,8 +175,7 @@ namespace {
 bool groupable(std::span<const LoraWeights> w, TensorView x) {
   if (w.size() < 2 || w.size() > kMaxLoraGroup) return false;
   for (const LoraWeights& a : w)
-    if (a.dropout > 0.0f || a.scale != w[0].scale || a.a.shape.rank() != 2 || a.a.shape[1] != x.shape[1])
-      return false;
+    if (a.dropout > 0.0f || a.scale != w[0].scale || a.a.shape.rank() != 2 || a.a.shape[1] != x.shape[1]) return false;
   return true;
 }
 
@@ -217,8 +220,8 @@ Status lora_forward_group(std::span<const LoraWeights> w, TensorView x, std::spa
   }
   for (size_t i = 0; i < w.size(); ++i) {
     const int64_t r = w[i].a.shape[0], out = w[i].b.shape[0];
-    cpu::sgemm_skinny(false, true, n, out, r, 1.0f, saved[i].u.ptr<const float>(), r, w[i].b.ptr<const float>(), r,
-                      1.0f, y[i].ptr<float>(), out);
+    cpu::sgemm(false, true, n, out, r, 1.0f, saved[i].u.ptr<const float>(), r, w[i].b.ptr<const float>(), r, 1.0f,
+               y[i].ptr<float>(), out);
   }
   return Status::ok();
 }
@@ -241,15 +244,14 @@ Status lora_backward_group(std::span<const LoraWeights> w, TensorView x, std::sp
   for (size_t i = 0; i < w.size(); ++i) {
     const int64_t r = w[i].a.shape[0], out = w[i].b.shape[0];
     const float* g = dy[i].ptr<const float>();
-    cpu::sgemm_skinny(false, false, n, r, out, 1.0f, g, out, w[i].b.ptr<const float>(), r, 0.0f,
-                      du.ptr<float>() + off[i], rows);
+    cpu::sgemm(false, false, n, r, out, 1.0f, g, out, w[i].b.ptr<const float>(), r, 0.0f, du.ptr<float>() + off[i],
+               rows);
     if (!w[i].db.empty())
-      cpu::sgemm_skinny(true, false, out, r, n, 1.0f, g, out, saved[i].u.ptr<const float>(), r, 1.0f,
-                        w[i].db.ptr<float>(), r);
+      cpu::sgemm(true, false, out, r, n, 1.0f, g, out, saved[i].u.ptr<const float>(), r, 1.0f, w[i].db.ptr<float>(), r);
   }
   TensorView da = arena.alloc(DType::F32, {rows, in});
-  cpu::sgemm_skinny(true, false, rows, in, n, w[0].scale, du.ptr<const float>(), rows, x.ptr<const float>(), in, 0.0f,
-                    da.ptr<float>(), in);
+  cpu::sgemm(true, false, rows, in, n, w[0].scale, du.ptr<const float>(), rows, x.ptr<const float>(), in, 0.0f,
+             da.ptr<float>(), in);
   for (size_t i = 0; i < w.size(); ++i) {
     if (w[i].da.empty()) continue;
     float* dst = w[i].da.ptr<float>();
@@ -257,8 +259,8 @@ Status lora_backward_group(std::span<const LoraWeights> w, TensorView x, std::sp
     for (int64_t e = 0; e < w[i].a.numel(); ++e) dst[e] += src[e];
   }
   if (!dx.empty())
-    cpu::sgemm_skinny(false, false, n, in, rows, w[0].scale, du.ptr<const float>(), rows, a.ptr<const float>(), in,
-                      1.0f, dx.ptr<float>(), in);
+    cpu::sgemm(false, false, n, in, rows, w[0].scale, du.ptr<const float>(), rows, a.ptr<const float>(), in, 1.0f,
+               dx.ptr<float>(), in);
   return Status::ok();
 }
 

@@ -18,6 +18,9 @@
 
 namespace lathe {
 
+// Where a CPU pass spends its time, when TrainableModel::set_phase_timing is on.
+enum Phase : int { kPhaseBase, kPhaseLora, kPhaseAttention, kPhaseHead, kNumPhases };
+
 // The seven projections of a decoder layer, in HF order.
 enum Proj : int { kQ, kK, kV, kO, kGate, kUp, kDown, kNumProj };
 
@@ -85,10 +88,27 @@ class TrainableModelImpl {
   std::vector<TensorView> hs;   // [n_layer + 1] layer inputs of the current pass
   std::vector<LayerActs> acts;  // [n_layer], or [1] with activation checkpointing
   uint64_t passes = 0;
+  bool time_phases = false;
+  std::array<double, kNumPhases> phase_s{};  // wall seconds per phase
+  double pass_s = 0;                         // wall seconds of whole passes
+
+  // Adds the wall time of its scope to phase p (when timing is on).
+  class PhaseScope {
+   public:
+    PhaseScope(TrainableModelImpl& m, Phase p);
+    ~PhaseScope();
+    PhaseScope(const PhaseScope&) = delete;
+    PhaseScope& operator=(const PhaseScope&) = delete;
+
+   private:
+    double* acc_;
+    int64_t t0_ns_ = 0;
+  };
 
   Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
 
  private:
+  Result<PassLoss> run_timed(const MicroBatch& mb, float loss_scale, bool backward);
   Status layer_forward(int l, const PassCtx& p, TensorView h_in, TensorView h_out, LayerActs& s);
   Status layer_backward(int l, const PassCtx& p, const LayerActs& s, TensorView dh);
   Status lin_forward(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate, LoraSaved* saved);

@@ -297,6 +297,25 @@ const ModelConfig& TrainableModel::config() const { return impl_->cfg; }
 const LoraConfig& TrainableModel::lora_config() const { return impl_->opts.lora; }
 bool TrainableModel::full_sft() const { return impl_->opts.full_sft; }
 int64_t TrainableModel::activation_bytes() const { return impl_->arena.capacity_bytes(); }
+
+void TrainableModel::set_phase_timing(bool on) {
+  impl_->time_phases = on;
+  impl_->phase_s.fill(0.0);
+  impl_->pass_s = 0;
+}
+
+std::vector<std::pair<std::string, double>> TrainableModel::phase_seconds() const {
+  const char* const names[kNumPhases] = {"base GEMMs", "LoRA", "attention", "LM head + CE"};
+  std::vector<std::pair<std::string, double>> out;
+  double sum = 0;
+  for (int p = 0; p < kNumPhases; ++p) {
+    out.emplace_back(names[p], impl_->phase_s[size_t(p)]);
+    sum += impl_->phase_s[size_t(p)];
+  }
+  out.emplace_back("rest", impl_->pass_s - sum);
+  out.emplace_back("pass", impl_->pass_s);
+  return out;
+}
 uint64_t TrainableModel::passes_run() const { return impl_->passes; }
 void TrainableModel::set_passes_run(uint64_t n) { impl_->passes = n; }
 

@@ -103,6 +103,12 @@ class TrainableModel {
   void set_passes_run(uint64_t n);
   // Bytes of the activation arena after the passes so far.
   int64_t activation_bytes() const;
+  // Benchmarks: wall seconds of the passes since timing was switched on, per
+  // phase ("base GEMMs" forward and input gradient, "LoRA", "attention",
+  // "LM head + CE", "rest": norms, RoPE, SwiGLU, copies), then "pass" (all).
+  // Switching it on zeroes the sums. Off by default.
+  void set_phase_timing(bool on);
+  std::vector<std::pair<std::string, double>> phase_seconds() const;
 
   // LoRA: adapter_config.json + adapter_model.safetensors (f32) with PEFT's
   // key names, loadable by peft.PeftModel.from_pretrained. Creates dir.

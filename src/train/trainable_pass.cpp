@@ -6,6 +6,7 @@
 //   h_out = h_mid + down(silu(gate(xn2)) ⊙ up(xn2))
 // and backward walks the same lines bottom-up. The residual gradient dh is
 // carried in place: each norm's backward adds its input gradient into it.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -46,7 +47,21 @@ Status check_micro_batch(const MicroBatch& mb) {
   return Status::ok();
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+TrainableModelImpl::PhaseScope::PhaseScope(TrainableModelImpl& m, Phase p)
+    : acc_(m.time_phases ? &m.phase_s[size_t(p)] : nullptr) {
+  if (acc_) t0_ns_ = now_ns();
+}
+
+TrainableModelImpl::PhaseScope::~PhaseScope() {
+  if (acc_) *acc_ += double(now_ns() - t0_ns_) * 1e-9;
+}
 
 LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) const {
   const TLora& a = loras[size_t(blocks[size_t(l)].proj[j].lora)];
@@ -59,6 +74,7 @@ LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) co
 // than the inference kernel's, which favours few tokens); a bf16 frozen
 // base: the bf16 GEMM, x rounded to bf16 as it is packed, f32 sums.
 Status TrainableModelImpl::base_forward(const TLinear& L, TensorView x, TensorView y, bool accumulate) {
+  PhaseScope timed(*this, kPhaseBase);
   const int64_t n = x.shape[0];
   if (x.shape[1] != L.in || y.shape[0] != n || y.shape[1] != L.out)
     return invalid_argument("linear: x ", x.shape.str(), " and y ", y.shape.str(), " do not fit w [", L.out, ", ",
@@ -81,6 +97,7 @@ Status TrainableModelImpl::base_forward(const TLinear& L, TensorView x, TensorVi
 
 Status TrainableModelImpl::base_backward(const TLinear& L, TensorView x, TensorView dy, TensorView dx,
                                          bool accumulate) {
+  PhaseScope timed(*this, kPhaseBase);
   if (!L.w16)
     return cpu::linear_backward({.x = x, .w = fv(L.w, {L.out, L.in}), .dy = dy, .dx = dx,
                                  .dw = L.dw ? fv(L.dw, {L.out, L.in}) : TensorView{},
@@ -103,6 +120,7 @@ Status TrainableModelImpl::lin_forward(int l, Proj j, const PassCtx& p, TensorVi
   const TLinear& L = blocks[size_t(l)].proj[j];
   LATHE_TRY(base_forward(L, x, y, accumulate));
   if (L.lora < 0) return Status::ok();
+  PhaseScope timed(*this, kPhaseLora);
   return lora_forward(lora_weights(l, j, p), x, y, arena, saved);
 }
 
@@ -111,6 +129,7 @@ Status TrainableModelImpl::lin_backward(int l, Proj j, const PassCtx& p, TensorV
   const TLinear& L = blocks[size_t(l)].proj[j];
   LATHE_TRY(base_backward(L, x, dy, dx, accumulate));
   if (L.lora < 0) return Status::ok();
+  PhaseScope timed(*this, kPhaseLora);
   return lora_backward(lora_weights(l, j, p), x, dy, dx, saved, arena);
 }
 
@@ -130,7 +149,10 @@ Status TrainableModelImpl::lin_forward_group(int l, std::span<const Proj> js, co
     LATHE_TRY(base_forward(blocks[size_t(l)].proj[js[i]], x, ys[i], false));
     w[i] = lora_weights(l, js[i], p);
   }
-  LATHE_TRY(lora_forward_group({w, js.size()}, x, ys, arena, {saved, js.size()}));
+  {
+    PhaseScope timed(*this, kPhaseLora);
+    LATHE_TRY(lora_forward_group({w, js.size()}, x, ys, arena, {saved, js.size()}));
+  }
   for (size_t i = 0; i < js.size(); ++i) s.lora[js[i]] = saved[i];
   return Status::ok();
 }
@@ -150,6 +172,7 @@ Status TrainableModelImpl::lin_backward_group(int l, std::span<const Proj> js, c
     w[i] = lora_weights(l, js[i], p);
     saved[i] = s.lora[js[i]];
   }
+  PhaseScope timed(*this, kPhaseLora);
   return lora_backward_group({w, js.size()}, x, dys, dx, {saved, js.size()}, arena);
 }
 
@@ -185,10 +208,13 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   LATHE_TRY(cpu::rope_forward({.x = s.k.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin}));
   s.attn = a.alloc(DType::F32, {n, nh * hd});
   s.lse = a.alloc(DType::F32, {n, nh});
-  LATHE_TRY(cpu::attention_varlen_forward({.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}),
-                                           .v = s.v.reshape({n, nkv, hd}), .out = s.attn.reshape({n, nh, hd}),
-                                           .lse = s.lse, .cu_seqlens = p.cu_seqlens, .workspace = p.attn_ws,
-                                           .window = quirks.sliding_window, .scale = 1.0f / std::sqrt(float(hd))}));
+  {
+    PhaseScope timed(*this, kPhaseAttention);
+    LATHE_TRY(cpu::attention_varlen_forward({.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}),
+                                             .v = s.v.reshape({n, nkv, hd}), .out = s.attn.reshape({n, nh, hd}),
+                                             .lse = s.lse, .cu_seqlens = p.cu_seqlens, .workspace = p.attn_ws,
+                                             .window = quirks.sliding_window, .scale = 1.0f / std::sqrt(float(hd))}));
+  }
   s.h_mid = a.alloc(DType::F32, {n, H});
   copy(s.h_mid, h_in);
   LATHE_TRY(lin_forward(l, kO, p, s.attn, s.h_mid, true, &s.lora[kO]));
@@ -225,12 +251,15 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   TensorView dq = a.alloc(DType::F32, {n, nh * hd}), dk = a.alloc(DType::F32, {n, nkv * hd});
   TensorView dv = a.alloc(DType::F32, {n, nkv * hd});
   LATHE_TRY(lin_backward(l, kO, p, s.attn, dh, d_attn, false, s.lora[kO]));
-  LATHE_TRY(cpu::attention_varlen_backward(
-      {.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}), .v = s.v.reshape({n, nkv, hd}),
-       .out = s.attn.reshape({n, nh, hd}), .lse = s.lse, .cu_seqlens = p.cu_seqlens,
-       .d_out = d_attn.reshape({n, nh, hd}), .d_q = dq.reshape({n, nh, hd}), .d_k = dk.reshape({n, nkv, hd}),
-       .d_v = dv.reshape({n, nkv, hd}), .workspace = p.attn_ws, .window = quirks.sliding_window,
-       .scale = 1.0f / std::sqrt(float(hd))}));
+  {
+    PhaseScope timed(*this, kPhaseAttention);
+    LATHE_TRY(cpu::attention_varlen_backward(
+        {.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}), .v = s.v.reshape({n, nkv, hd}),
+         .out = s.attn.reshape({n, nh, hd}), .lse = s.lse, .cu_seqlens = p.cu_seqlens,
+         .d_out = d_attn.reshape({n, nh, hd}), .d_q = dq.reshape({n, nh, hd}), .d_k = dk.reshape({n, nkv, hd}),
+         .d_v = dv.reshape({n, nkv, hd}), .workspace = p.attn_ws, .window = quirks.sliding_window,
+         .scale = 1.0f / std::sqrt(float(hd))}));
+  }
   LATHE_TRY(cpu::rope_forward({.x = dq.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
   LATHE_TRY(cpu::rope_forward({.x = dk.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
   if (b.q_norm.w) {
@@ -255,6 +284,13 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
 
 Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale, bool backward) {
   LATHE_TRY(check_micro_batch(mb));
+  const int64_t t0 = time_phases ? now_ns() : 0;
+  Result<PassLoss> r = run_timed(mb, loss_scale, backward);
+  if (time_phases) pass_s += double(now_ns() - t0) * 1e-9;
+  return r;
+}
+
+Result<PassLoss> TrainableModelImpl::run_timed(const MicroBatch& mb, float loss_scale, bool backward) {
   arena.reset();
   const int64_t n = mb.n_tokens(), H = cfg.hidden_size, V = cfg.vocab_size, half = cfg.head_dim / 2;
   const int n_layer = int(blocks.size());
@@ -290,12 +326,19 @@ Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale,
   TensorView d_xf = backward ? arena.alloc(DType::F32, {n, H}) : TensorView{};
   const int64_t chunk = opts.lm_head_chunk_rows > 0 ? opts.lm_head_chunk_rows : cross_entropy_chunk_rows(V);
   const TensorView head = lm_head.w16 ? bv(lm_head.w16, {V, H}) : fv(lm_head.w, {V, H});
-  auto ce = cpu::cross_entropy({.hidden = xf, .w = head, .targets = iv(mb.labels.data(), n),
-                                .d_hidden = d_xf,
-                                .d_w = backward && lm_head.dw ? fv(lm_head.dw, {V, H}) : TensorView{},
-                                .workspace = arena.alloc(DType::F32, {cross_entropy_workspace_floats(V, H, chunk)}),
-                                .chunk_rows = chunk, .grad_scale = loss_scale},
-                               lm_head.packed);
+  Result<CrossEntropyStats> ce = CrossEntropyStats{};
+  {
+    PhaseScope timed(*this, kPhaseHead);
+    ce = cpu::cross_entropy({.hidden = xf,
+                             .w = head,
+                             .targets = iv(mb.labels.data(), n),
+                             .d_hidden = d_xf,
+                             .d_w = backward && lm_head.dw ? fv(lm_head.dw, {V, H}) : TensorView{},
+                             .workspace = arena.alloc(DType::F32, {cross_entropy_workspace_floats(V, H, chunk)}),
+                             .chunk_rows = chunk,
+                             .grad_scale = loss_scale},
+                            lm_head.packed);
+  }
   if (!ce.is_ok()) return ce.status().with_context("forward");
   PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
   if (!backward) return loss;
