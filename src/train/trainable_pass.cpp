@@ -6,6 +6,7 @@
 //   h_out = h_mid + down(silu(gate(xn2)) ⊙ up(xn2))
 // and backward walks the same lines bottom-up. The residual gradient dh is
 // carried in place: each norm's backward adds its input gradient into it.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -321,10 +322,15 @@ Result<PassLoss> TrainableModelImpl::run_timed(const MicroBatch& mb, float loss_
     }
   }
   TensorView xf = arena.alloc(DType::F32, {n, H}), rstd_f = arena.alloc(DType::F32, {n});
-  LATHE_TRY(cpu::rms_norm_forward({.x = h.back(), .w = fv(final_norm.w, {H}), .y = xf, .rstd = rstd_f,
-                                   .eps = cfg.rms_norm_eps}));
+  LATHE_TRY(cpu::rms_norm_forward(
+      {.x = h.back(), .w = fv(final_norm.w, {H}), .y = xf, .rstd = rstd_f, .eps = cfg.rms_norm_eps}));
   TensorView d_xf = backward ? arena.alloc(DType::F32, {n, H}) : TensorView{};
-  const int64_t chunk = opts.lm_head_chunk_rows > 0 ? opts.lm_head_chunk_rows : cross_entropy_chunk_rows(V);
+  // A packed head streams w once per chunk: chunks of up to 1024 rows (logits
+  // near 128 MiB at most), else cross_entropy_chunk_rows.
+  const int64_t chunk = opts.lm_head_chunk_rows > 0 ? opts.lm_head_chunk_rows
+                        : lm_head.packed && lm_head.packed->packed()
+                            ? std::clamp<int64_t>((int64_t{32} << 20) / V, cross_entropy_chunk_rows(V), 1024)
+                            : cross_entropy_chunk_rows(V);
   const TensorView head = lm_head.w16 ? bv(lm_head.w16, {V, H}) : fv(lm_head.w, {V, H});
   Result<CrossEntropyStats> ce = CrossEntropyStats{};
   {

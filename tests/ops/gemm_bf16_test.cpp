@@ -308,13 +308,21 @@ TEST(CrossEntropy, Bf16HeadMatchesReference) {
   }
   cpu::set_portable_only(false);
   // The head packed ahead: the same loss and gradient bits as unpacked (one
-  // k block each way), and a packing of another matrix is refused.
-  {
+  // k block each way), also with chunks past the 256 rows of its input-
+  // gradient GEMMs; and a packing of another matrix is refused.
+  const int64_t big_n = 600;
+  Tensor big_h = testing::random_tensor(DType::F32, {big_n, dim}, 72);
+  Tensor big_targets = Tensor::empty(DType::I32, {big_n});
+  for (int64_t i = 0; i < big_n; ++i) big_targets.data<int32_t>()[i] = int32_t(i * 7 % vocab);
+  for (int64_t chunk : {8, 300}) {
+    const Tensor& hh = chunk == 8 ? h : big_h;
+    const Tensor& tt = chunk == 8 ? targets : big_targets;
+    const int64_t rows = hh.shape()[0];
     const cpu::PackedBf16Weight packed(w16.data<uint16_t>(), vocab, dim);
-    Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, 8)});
-    Tensor dh = Tensor::zeros(DType::F32, {n, dim}), dh_packed = Tensor::zeros(DType::F32, {n, dim});
-    CrossEntropyArgs args{.hidden = h, .w = w16, .targets = targets, .d_hidden = dh, .workspace = ws,
-                          .chunk_rows = 8, .grad_scale = 0.1f};
+    Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, chunk)});
+    Tensor dh = Tensor::zeros(DType::F32, {rows, dim}), dh_packed = Tensor::zeros(DType::F32, {rows, dim});
+    CrossEntropyArgs args{.hidden = hh, .w = w16, .targets = tt, .d_hidden = dh, .workspace = ws,
+                          .chunk_rows = chunk, .grad_scale = 0.1f};
     auto plain = cpu::cross_entropy(args);
     args.d_hidden = dh_packed;
     auto with_packed = cpu::cross_entropy(args, &packed);

@@ -9,7 +9,10 @@
 // gradient are rounded to bf16 as they are packed, sums stay f32; its rows
 // take the AVX-512 softmax below (exp within 2 ulp of libm's). The f32 head
 // keeps the scalar libm path, so f32 results do not move. A head packed
-// ahead (PackedBf16Weight) spares both GEMMs the re-packing of all of w.
+// ahead (PackedBf16Weight) spares both GEMMs the re-packing of all of w;
+// its logits GEMM takes the whole chunk (w streams once per chunk, so larger
+// chunks pay), its input gradient 256 rows at a time (with k = vocab, more
+// rows push the kernel's working set out of L2).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -24,6 +27,8 @@
 
 namespace lathe::cpu {
 namespace {
+
+constexpr int64_t kDxRows = 256;  // rows per input-gradient GEMM of a packed head
 
 struct Chunk {
   float* logits;  // [chunk, vocab]
@@ -158,8 +163,10 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedB
     for (int64_t r = 0; r < m; ++r) stats.loss_sum += c.loss[r];
     stats.n_valid += m;
     if (!grads) continue;
-    if (packed_head)
-      packed_head->backward(m, 1.0f, c.logits, vocab, false, c.dh, dim);
+    if (packed_head)  // k = vocab: rows kDxRows at a time keep the AMX kernel's blocks of A and C in L2
+      for (int64_t r0 = 0; r0 < m; r0 += kDxRows)
+        packed_head->backward(std::min(kDxRows, m - r0), 1.0f, c.logits + r0 * vocab, vocab, false, c.dh + r0 * dim,
+                              dim);
     else if (bf16)
       gemm_bf16(false, m, dim, vocab, 1.0f, c.logits, vocab, w16, dim, false, c.dh, dim);
     else
