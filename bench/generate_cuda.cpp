@@ -174,6 +174,7 @@ struct KernelBuffers {
   bf16_bits** cache_ptrs = nullptr;
   int32_t* pos = nullptr;
   void* workspace = nullptr;
+  cu::GemvSplit split;
 };
 
 bool make_buffers(cu::CudaContext& ctx, const ModelConfig& c, int batch, int max_ctx, KernelBuffers& kb) {
@@ -201,6 +202,8 @@ bool make_buffers(cu::CudaContext& ctx, const ModelConfig& c, int batch, int max
   carve(size_t(batch) * 2 * sizeof(void*));                // cache pointers
   carve(size_t(batch) * 4);                                // positions
   carve(ws);                                               // attention workspace
+  carve(size_t(cu::kGemvSplitCounts) * 4);                 // GEMV split counts
+  carve(size_t(cu::kGemvSplitFloats) * 4);                 // GEMV split sums
   auto pool = cu::DeviceBuffer::alloc(ctx.device(), kb.pool_bytes);
   auto scratch = cu::DeviceBuffer::alloc(ctx.device(), off);
   if (!ok(pool.status(), "alloc") || !ok(scratch.status(), "alloc")) return false;
@@ -221,6 +224,8 @@ bool make_buffers(cu::CudaContext& ctx, const ModelConfig& c, int batch, int max
   kb.cache_ptrs = reinterpret_cast<bf16_bits**>(base + offs[i++]);
   kb.pos = reinterpret_cast<int32_t*>(base + offs[i++]);
   kb.workspace = base + offs[i++];
+  kb.split = {.counts = reinterpret_cast<int*>(base + offs[i++]), .part = reinterpret_cast<float*>(base + offs[i++]),
+              .count_capacity = cu::kGemvSplitCounts, .part_capacity = cu::kGemvSplitFloats};
   if (!ok(cu::fill_zero(ctx, base, off), "zero") ||
       !ok(cu::fill_random_bf16(ctx, static_cast<bf16_bits*>(kb.pool.data()), int64_t(kb.pool_bytes / 2), 7, 0.0f, 0.02f),
           "fill") ||
@@ -247,19 +252,21 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
   });
   std::string label = name + " " + std::to_string(w_rows) + "x" + std::to_string(g.k);
   if (g.shape != 0) label += " (block shape " + std::to_string(g.shape) + ")";
+  if (g.split.counts) label += " (split k)";
   return KernelRow{label, t, double(w_bytes), per_step};
 }
 
 // The layer's GEMVs and the LM head with block shape `shape`.
 void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
-               bool overlap, uint8_t shape, std::vector<KernelRow>& rows) {
+               bool overlap, uint8_t shape, bool split, std::vector<KernelRow>& rows) {
   using E = cu::GemvEpilogue;
   const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd, kv_dim = int64_t(c.num_key_value_heads) * hd;
   const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
   // Calls per step of this shape: decode_layer() runs o and down with shape 2 up to 4 rows, the rest with 0.
   const uint8_t residual_shape = batch <= 4 ? 2 : 0;
-  const int layers = shape == 0 ? c.num_hidden_layers : 0, residual_layers = shape == residual_shape ? c.num_hidden_layers : 0;
+  const int layers = shape == 0 && !split ? c.num_hidden_layers : 0;
+  const int residual_layers = shape == residual_shape && !split ? c.num_hidden_layers : 0;
   // The normed input: f32 stream + norm weights in the kernel, or bf16 rows normed before.
   auto normed = [&](cu::GemvArgs g) {
     if (fused_norm) {
@@ -269,12 +276,14 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
     } else {
       g.x = kb.x;
     }
+    if (split) g.split = kb.split;
     g.rows = batch;
     g.overlap = overlap;
     g.shape = shape;
     return g;
   };
   auto plain = [&](cu::GemvArgs g) {
+    if (split) g.split = kb.split;
     g.rows = batch;
     g.overlap = overlap;
     g.shape = shape;
@@ -295,7 +304,7 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
                            residual_layers));
   rows.push_back(time_gemv(ctx, kb, "norm+lm_head", c.vocab_size,
                            normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}),
-                           shape == 0 ? 1 : 0));
+                           shape == 0 && !split ? 1 : 0));
 }
 
 // The decode step's kernels at this shape and batch, as decode_layer() calls them.
@@ -305,8 +314,9 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, double
   KernelBuffers kb;
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
-  for (uint8_t shape = 0; shape < 3; ++shape)
-    gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, rows);
+  for (uint8_t shape = 0; shape < 3; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, rows);
+  // Split k (GemvArgs::split), not in the decode step yet: what it would give.
+  for (uint8_t shape : {0, 2}) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, true, rows);
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
   const double t_attn = time_graph(*ctx, 64, [&](int) {
     return cu::attention_decode_batch(

@@ -9,9 +9,11 @@
 // (2⁻⁹ relative: 4e-3 of max|out| allowed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backends/cuda/decode_ops.h"
+#include "backends/cuda/generation_ops.h"
 #include "cuda/cuda_test_util.h"
 
 namespace lathe::cuda {
@@ -274,6 +276,112 @@ TEST(CudaGemv, RopeAppendEpilogue) {
         for (size_t i = 0; i < got_k.size(); ++i)
           if (want_k[i] == sentinel) ASSERT_EQ(got_k[i], sentinel) << "k cache element " << i;
       }
+}
+
+// Split k (GemvArgs::split; n small for the GPU, so the grid splits k into
+// several slices per row tile): the same sums, f32 inputs normed in the
+// kernel too (the sum of squares then also comes in slices); a row's
+// result is bitwise the same alone and among 4 rows; the counts are zero
+// again after every call. Then the tensor-core path's split.
+TEST(CudaGemv, SplitK) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  DeviceBuffer counts = upload(ctx, std::vector<int32_t>(size_t(kGemvSplitCounts), 0));
+  DeviceBuffer part = upload(ctx, std::vector<float>(size_t(kGemvSplitFloats), 0.0f));
+  const GemvSplit split{.counts = dptr<int>(counts), .part = dptr<float>(part), .count_capacity = kGemvSplitCounts,
+                        .part_capacity = kGemvSplitFloats};
+  const float eps = 1e-5f;
+  uint32_t seed = 1300;
+  for (uint8_t shape : {0, 1, 2})
+    for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32})
+      for (bool normed : {false, true})
+        for (const Shape2& s : {Shape2{130, 4096}, Shape2{20, 2056}}) {
+          SCOPED_TRACE(::testing::Message() << "shape=" << int(shape) << " n=" << s.n << " k=" << s.k
+                                            << " epilogue=" << static_cast<int>(e) << " normed=" << normed);
+          const int64_t rows = 4, w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * s.n : s.n;
+          std::vector<float> h = random_bf16(rows * s.k, seed += 5), nw = random_bf16(s.k, seed + 1);
+          std::vector<float> w = random_bf16(w_rows * s.k, seed + 2, 0.05f), bias = random_bf16(w_rows, seed + 3);
+          std::vector<float> out0 = random_bf16(rows * s.n, seed + 4);
+          std::vector<float> x(h.size());
+          for (int64_t r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int64_t i = 0; i < s.k; ++i) ss += double(h[r * s.k + i]) * h[r * s.k + i];
+            const double rstd = normed ? 1.0 / std::sqrt(ss / double(s.k) + eps) : 1.0;
+            for (int64_t i = 0; i < s.k; ++i)
+              x[r * s.k + i] = static_cast<float>(double(normed ? h[r * s.k + i] * nw[i] : h[r * s.k + i]) * rstd);
+          }
+          DeviceBuffer dh = upload(ctx, h), dn = upload_bf16(ctx, nw), dw = upload_bf16(ctx, w);
+          DeviceBuffer db = upload_bf16(ctx, bias);
+          auto run = [&](int64_t first, int64_t count) {
+            std::vector<float> o0(out0.begin() + first * s.n, out0.begin() + (first + count) * s.n);
+            DeviceBuffer dout = upload(ctx, o0);
+            Status st = gemv(ctx, {.w = dptr<bf16_bits>(dw), .bias = dptr<bf16_bits>(db), .out = dout.data(),
+                                   .rows = count, .n = s.n, .k = s.k, .epilogue = e, .x_f32 = dptr<float>(dh) + first * s.k,
+                                   .norm_w = normed ? dptr<bf16_bits>(dn) : nullptr, .eps = eps, .shape = shape,
+                                   .split = split});
+            EXPECT_TRUE(st.is_ok()) << st.message();
+            return download<float>(ctx, dout, count * s.n);
+          };
+          const std::vector<float> four = run(0, rows);
+          EXPECT_LE(rel_error(four, reference(x, w, bias, out0, rows, s.n, s.k, e)), 1e-4);
+          for (int64_t r = 0; r < rows; ++r) {
+            const std::vector<float> alone = run(r, 1);
+            EXPECT_TRUE(std::equal(alone.begin(), alone.end(), four.begin() + r * s.n)) << "row " << r;
+          }
+          const std::vector<int32_t> left = download<int32_t>(ctx, counts, kGemvSplitCounts);
+          EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](int32_t v) { return v == 0; }));
+        }
+  // The tensor-core path (5..16 rows) splits the same way, bf16 x.
+  for (uint8_t shape : {0, 1, 2})
+    for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32})
+      for (int64_t rows : {5, 16}) {
+        SCOPED_TRACE(::testing::Message() << "tensor cores: shape=" << int(shape) << " rows=" << rows
+                                          << " epilogue=" << static_cast<int>(e));
+        const Shape2 s{130, 4096};
+        const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * s.n : s.n;
+        std::vector<float> x = random_bf16(rows * s.k, seed += 5), w = random_bf16(w_rows * s.k, seed + 1, 0.05f);
+        std::vector<float> bias = random_bf16(w_rows, seed + 2), out0 = random_bf16(rows * s.n, seed + 3);
+        DeviceBuffer dx = upload_bf16(ctx, x), dw = upload_bf16(ctx, w), db = upload_bf16(ctx, bias);
+        DeviceBuffer dout = upload(ctx, out0);
+        Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .bias = dptr<bf16_bits>(db),
+                               .out = dout.data(), .rows = rows, .n = s.n, .k = s.k, .epilogue = e, .shape = shape,
+                               .split = split});
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        EXPECT_LE(rel_error(download<float>(ctx, dout, rows * s.n), reference(x, w, bias, out0, rows, s.n, s.k, e)),
+                  1e-4);
+        const std::vector<int32_t> left = download<int32_t>(ctx, counts, kGemvSplitCounts);
+        EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](int32_t v) { return v == 0; }));
+      }
+}
+
+// The greedy pick after the LM head: the largest logit's column, the first
+// of equals, NaN never winning (an all-NaN row gives 0); rows of a width
+// that is not a multiple of 4 (unaligned rows after the first) and one that
+// is.
+TEST(CudaGenArgmax, FirstOfEqualsAndNaNNeverWins) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  for (int64_t cols : {int64_t(128256), int64_t(1003)}) {
+    SCOPED_TRACE(::testing::Message() << "cols=" << cols);
+    const int64_t rows = 4;
+    std::vector<float> x = random_bf16(rows * cols, 77 + uint32_t(cols));
+    std::vector<int32_t> want(static_cast<size_t>(rows));
+    // Row 0: a maximum at two columns. Row 1: NaN above everything, the max after it.
+    // Row 2: the max in the very last column. Row 3: all NaN.
+    x[0 * cols + 17] = 9.0f;
+    x[0 * cols + cols - 5] = 9.0f;
+    want[0] = 17;
+    x[1 * cols + 3] = NAN;
+    x[1 * cols + 900] = 8.0f;
+    want[1] = 900;
+    x[2 * cols + cols - 1] = 7.5f;
+    want[2] = static_cast<int32_t>(cols - 1);
+    for (int64_t j = 0; j < cols; ++j) x[3 * cols + j] = NAN;
+    want[3] = 0;
+    DeviceBuffer dx = upload(ctx, x), dout = upload(ctx, std::vector<int32_t>(size_t(rows), -1));
+    ASSERT_TRUE(argmax_rows(ctx, dptr<float>(dx), rows, cols, dptr<int32_t>(dout)).is_ok());
+    EXPECT_EQ(download<int32_t>(ctx, dout, rows), want);
+  }
 }
 
 TEST(CudaGemv, RefusesUnalignedK) {

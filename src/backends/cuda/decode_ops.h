@@ -47,6 +47,19 @@ namespace lathe::cuda {
 // rows beyond 16 are taken 16 at a time (the weights are read once per 16
 // rows). out must not alias x.
 enum class GemvEpilogue : uint8_t { kStoreBf16, kStoreF32, kAddF32, kSwigluBf16, kSwigluF32, kRopeAppend };
+// Scratch for splitting k over several blocks of a row tile: partial sums
+// and a count per tile. The counts must be
+// zero before the first call; every call leaves them zero. Calls on one
+// stream may share it.
+struct GemvSplit {
+  int* counts = nullptr;  // [count_capacity]
+  float* part = nullptr;  // [part_capacity]
+  int64_t count_capacity = 0, part_capacity = 0;
+};
+// Capacities that let every decode GEMV split as it wants (gemv.cu: at most
+// 8 slices, and only grids under 4 waves of resident blocks).
+constexpr int64_t kGemvSplitCounts = 16384, kGemvSplitFloats = int64_t(1) << 19;
+
 // Where kRopeAppend puts x row r's q, k and v (RopeAppendArgs' fields, the
 // sequence being x row r).
 struct GemvRope {
@@ -84,6 +97,12 @@ struct GemvArgs {
   // differ only in the order of the f32 sums; the bench compares their
   // speed.
   uint8_t shape = 0;
+  // With split set, a grid of under 4 waves of resident blocks (n small for
+  // the SM count) splits k into up to 8 slices, the last block of a tile
+  // adding the slices' sums in order (deterministic; up to 4 rows the slice
+  // count depends on n, k and the device, not on the rows). The decode step
+  // does not set it yet: the bench measures it.
+  GemvSplit split{};
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.

@@ -18,7 +18,16 @@
 // share x). The block sums each of its R × B
 // products over its threads (warp shuffles, then shared memory) and the
 // first R·B threads apply the epilogue, so every output element is written
-// by one thread (the residual add needs no atomics). Grid: ⌈n / R⌉ blocks, 768 for a 6144-row projection.
+// by one thread (the residual add needs no atomics).
+//
+// A grid of few blocks per SM loses much of its time to the last, partly
+// filled wave (measured: a 4096 × 4096 projection in 512 blocks ran at 56%
+// of the bandwidth). Given scratch (GemvArgs::split), such a grid splits k
+// into slices, each block of a row tile taking one: the blocks write their
+// sums to the tile's record, and the last to arrive (a count per tile)
+// adds the slices in order and runs the epilogue. The slice count comes
+// from n, k and the SM count only, so a row's result stays the same for
+// any number of rows. Grid: ⌈n / R⌉ blocks, 768 for a 6144-row projection.
 //
 // From 5 rows on (k a multiple of 32) f32 FMAs would cost as much time as
 // the weight reads, so the products go to the tensor cores instead
@@ -67,7 +76,7 @@ constexpr int kMaxRows = 16;  // x rows per launch
 struct RowsShape {
   int threads, depth, min_blocks, rows_12, rows_34;
 };
-constexpr RowsShape kRowsShapes[] = {{128, 2, 3, 8, 4}, {128, 4, 3, 4, 2}, {256, 1, 1, 8, 4}};
+constexpr RowsShape kRowsShapes[] = {{128, 2, 3, 8, 4}, {128, 4, 3, 4, 2}, {256, 1, 2, 8, 4}};
 constexpr int kNumRowsShapes = 3;
 
 bool paired(GemvEpilogue e) {
@@ -257,6 +266,53 @@ constexpr int rows_per_block() {
   return B <= 2 ? kRowsShapes[S].rows_12 : B <= 4 ? kRowsShapes[S].rows_34 : 2;
 }
 
+// Split k (gridDim.y slices of a row tile): the block's per-warp sums
+// (s_part [kW][R·B], s_ss [kW][B]) go to the tile's record as one value per
+// slot (warps added in order), and the last slice's block to count itself
+// adds the records in slice order and applies the epilogue, resetting the
+// count: the result depends on the slice count, never on which block ends
+// last.
+template <int R, int B, GemvEpilogue E, int kW>
+__device__ void finish_split(const GemvArgs& a, const float* s_part, const float* s_ss, int rows) {
+  __shared__ bool s_last;
+  constexpr int kVals = R * B + B;  // the slots' sums, then each row's sum of squares
+  const int64_t n_slices = gridDim.y;
+  float* tile = a.split.part + int64_t(blockIdx.x) * n_slices * kVals;
+  for (int i = threadIdx.x; i < kVals; i += blockDim.x) {
+    float v = 0.0f;
+    if (i < R * B) {
+#pragma unroll
+      for (int w = 0; w < kW; ++w) v += s_part[w * R * B + i];
+    } else if (a.norm_w) {
+#pragma unroll
+      for (int w = 0; w < kW; ++w) v += s_ss[w * B + i - R * B];
+    }
+    tile[blockIdx.y * kVals + i] = v;
+  }
+  __threadfence();  // the record is visible to every block before this one is counted
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(a.split.counts + blockIdx.x, 1) == n_slices - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) a.split.counts[blockIdx.x] = 0;  // for the next call
+  for (int i = threadIdx.x; i < R * B; i += blockDim.x) {
+    const int r = i / B, b = i % B;
+    if (b >= rows) continue;
+    float scale = 1.0f;
+    if (a.norm_w) {
+      float ss = 0.0f;
+      for (int64_t sl = 0; sl < n_slices; ++sl) ss += __ldcg(tile + sl * kVals + R * B + b);
+      scale = rsqrtf(ss / static_cast<float>(a.k) + a.eps);
+    }
+    finish_slot<R, E>(a, r, b, scale, [&](int rr) {
+      float v = 0.0f;
+      for (int64_t sl = 0; sl < n_slices; ++sl) v += __ldcg(tile + sl * kVals + rr * B + b);
+      return v;
+    });
+  }
+}
+
 // S: kRowsShapes[S]. Several blocks per SM up to 4 rows, so one block's
 // loads stay in flight through another's reduction and epilogue (more rows
 // want their registers for the x chunks).
@@ -282,7 +338,9 @@ __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S
     for (int r = 0; r < R; ++r) acc[r][b] = 0.0f;
   }
 
-  const int64_t n_chunks = a.k / 8;
+  // This block's slice of k (all of it unless split): chunks [c_begin, c_end).
+  const int64_t n_chunks = a.k / 8, n_slices = gridDim.y;
+  const int64_t c_begin = n_chunks * blockIdx.y / n_slices, c_end = n_chunks * (blockIdx.y + 1) / n_slices;
   // The ring: w_buf[u] holds chunk c + u·kT of the current pass.
   uint4 w_buf[kDepth][R];
   allow_next_grid();
@@ -291,13 +349,13 @@ __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S
   for (int u = 0; u < kDepth; ++u)
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, threadIdx.x + u * kT, n_chunks);
+      w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c_begin + threadIdx.x + u * kT, c_end);
   wait_prior_grid();
-  for (int64_t c0 = threadIdx.x; c0 < n_chunks; c0 += kDepth * kT) {
+  for (int64_t c0 = c_begin + threadIdx.x; c0 < c_end; c0 += kDepth * kT) {
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) {
       const int64_t c = c0 + u * kT;
-      if (c >= n_chunks) break;
+      if (c >= c_end) break;
       float xf[B][8];
 #pragma unroll
       for (int b = 0; b < B; ++b)
@@ -306,7 +364,7 @@ __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S
       for (int r = 0; r < R; ++r) {
         float wf[8];
         unpack8(w_buf[u][r], wf);
-        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, n_chunks);
+        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, c_end);
 #pragma unroll
         for (int b = 0; b < B; ++b) {
           if (b >= rows) break;
@@ -335,6 +393,10 @@ __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S
   __syncthreads();
 
   const int t = threadIdx.x;
+  if (n_slices > 1) {
+    finish_split<R, B, E, kW>(a, &s_part[0][0], &s_ss[0][0], rows);
+    return;
+  }
   if (t >= R * B) return;
   const int r = t / B, b = t % B;
   if (b >= rows) return;
@@ -383,7 +445,10 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     w_hi[mt] = hi < 0 ? nullptr : a.w + hi * a.k + 8 * t;
   }
   const bool x_lo_ok = g < rows, x_hi_ok = NT == 2 && g + 8 < rows;
-  const int n_steps = static_cast<int>(a.k / kStepK);
+  // This block's slice of the k steps (all of them unless split): [s_begin, s_end).
+  const int n_steps_all = static_cast<int>(a.k / kStepK), n_slices = static_cast<int>(gridDim.y);
+  const int s_begin = static_cast<int>(int64_t(n_steps_all) * blockIdx.y / n_slices);
+  const int n_steps = static_cast<int>(int64_t(n_steps_all) * (blockIdx.y + 1) / n_slices);  // the slice's end
   const int64_t n_chunks = int64_t(n_steps) * (kStepK / 8);
   float c[MT][NT][4] = {};
   float ss_lo = 0.0f, ss_hi = 0.0f;  // with norm_w: squares of x rows g and g + 8 over this lane's chunks
@@ -400,10 +465,10 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     }
   };
   allow_next_grid();
-  load_w(warp);  // weights never depend on the previous kernel
+  load_w(s_begin + warp);  // weights never depend on the previous kernel
   wait_prior_grid();
-  for (int s0 = warp; s0 < n_steps; s0 += kWarps * kU) {
-    if (s0 != warp) load_w(s0);
+  for (int s0 = s_begin + warp; s0 < n_steps; s0 += kWarps * kU) {
+    if (s0 != s_begin + warp) load_w(s0);
     uint4 xl[kU], xh[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -450,6 +515,10 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
     }
   }
   __syncthreads();
+  if (n_slices > 1) {
+    finish_split<kR, kB, E, kWarps>(a, &s_c[0][0][0], &s_ss[0][0], rows);
+    return;
+  }
   for (int i = threadIdx.x; i < kR * kB; i += kThreads) {
     const int r = i / kB, b = i % kB;
     if (b >= rows) continue;
@@ -461,6 +530,17 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
       return sum;
     });
   }
+}
+
+int sm_count(int device) {
+  static int counts[64] = {};  // by device; a racing first fill writes the same value
+  if (device < 0 || device >= 64) return 132;
+  if (counts[device] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    counts[device] = n > 0 ? n : 132;
+  }
+  return counts[device];
 }
 
 // Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
@@ -480,38 +560,66 @@ cudaError_t with_epilogue(GemvEpilogue e, F&& f) {
 }
 
 template <int NT, int MT>
-cudaError_t launch_mma_tiles(const GemvArgs& a, cudaStream_t st) {
+cudaError_t launch_mma_tiles(const GemvArgs& a, cudaStream_t st, int device) {
   const int64_t per_block = paired(a.epilogue) ? kTile * MT / 2 : kTile * MT;
-  const dim3 grid(static_cast<unsigned>((gemv_columns(a) + per_block - 1) / per_block));
+  const int64_t tiles = (gemv_columns(a) + per_block - 1) / per_block;
+  // Split k as the CUDA-core path does (2 blocks of 256 resident per SM; a step per warp at least).
+  int64_t slices = 1;
+  const int64_t waves4 = 4 * 2 * int64_t(sm_count(device)), by_k = a.k / kStepK / kWarps;
+  if (a.split.counts && a.split.part && tiles < waves4)
+    slices = std::max<int64_t>(1, std::min<int64_t>({(waves4 + tiles - 1) / tiles, by_k, 8}));
+  if (tiles > a.split.count_capacity || tiles * slices * (kTile * MT * 8 * NT + 8 * NT) > a.split.part_capacity)
+    slices = 1;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
   return with_epilogue(a.epilogue, [&](auto e) {
     return launch_overlapped(gemv_mma_kernel<NT, MT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
   });
 }
 // Shape s: 2^s m-tiles per block.
 template <int NT>
-cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st) {
-  if (a.shape == 1) return launch_mma_tiles<NT, 2>(a, st);
-  if (a.shape == 2) return launch_mma_tiles<NT, 4>(a, st);
-  return launch_mma_tiles<NT, 1>(a, st);
+cudaError_t launch_mma(const GemvArgs& a, cudaStream_t st, int device) {
+  if (a.shape == 1) return launch_mma_tiles<NT, 2>(a, st, device);
+  if (a.shape == 2) return launch_mma_tiles<NT, 4>(a, st, device);
+  return launch_mma_tiles<NT, 1>(a, st, device);
+}
+
+
+// Slices of k for a grid of `tiles` row tiles at 1-2 x rows (so the same for
+// any row count: a row's sums do not depend on the batch): enough for 4
+// waves of resident blocks, each slice at least a chunk per thread, 8 at
+// most; 1 without a workspace.
+template <int S>
+int split_slices(const GemvArgs& a, int device) {
+  if (!a.split.counts || !a.split.part) return 1;
+  constexpr int R1 = kRowsShapes[S].rows_12;
+  const int64_t per_block = paired(a.epilogue) ? R1 / 2 : R1;
+  const int64_t tiles = (gemv_columns(a) + per_block - 1) / per_block;
+  const int64_t waves4 = 4 * int64_t(kRowsShapes[S].min_blocks) * sm_count(device);
+  if (tiles >= waves4) return 1;
+  const int64_t by_k = a.k / 8 / kRowsShapes[S].threads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({(waves4 + tiles - 1) / tiles, by_k, 8})));
 }
 
 template <int B, int S>
-cudaError_t launch_rows_shape(const GemvArgs& a, cudaStream_t st) {
+cudaError_t launch_rows_shape(const GemvArgs& a, cudaStream_t st, int device) {
   constexpr int R = rows_per_block<B, S>();
-  const int64_t slots = paired(a.epilogue) ? R / 2 : R;
-  const dim3 grid(static_cast<unsigned>((gemv_columns(a) + slots - 1) / slots));
+  const int64_t per_block = paired(a.epilogue) ? R / 2 : R;
+  const int64_t tiles = (gemv_columns(a) + per_block - 1) / per_block;
+  int slices = B <= 4 ? split_slices<S>(a, device) : 1;
+  if (tiles > a.split.count_capacity || tiles * slices * (R * B + B) > a.split.part_capacity) slices = 1;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
   return with_epilogue(a.epilogue, [&](auto e) {
     return launch_overlapped(gemv_kernel<B, decltype(e)::value, S>, grid, kRowsShapes[S].threads, st, a.overlap, a);
   });
 }
 // Up to 4 rows any shape; above, shape 0 only (the tensor cores take those rows when k allows).
 template <int B>
-cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st) {
+cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st, int device) {
   if constexpr (B <= 4) {
-    if (a.shape == 1) return launch_rows_shape<B, 1>(a, st);
-    if (a.shape == 2) return launch_rows_shape<B, 2>(a, st);
+    if (a.shape == 1) return launch_rows_shape<B, 1>(a, st, device);
+    if (a.shape == 2) return launch_rows_shape<B, 2>(a, st, device);
   }
-  return launch_rows_shape<B, 0>(a, st);
+  return launch_rows_shape<B, 0>(a, st, device);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -566,12 +674,13 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
       c.rope.sin += r0 * half;
     }
     cudaError_t err;
-    if (c.rows > 4 && a.k % kStepK == 0) err = c.rows <= 8 ? launch_mma<1>(c, st) : launch_mma<2>(c, st);
-    else if (c.rows == 1) err = launch_rows<1>(c, st);
-    else if (c.rows == 2) err = launch_rows<2>(c, st);
-    else if (c.rows <= 4) err = launch_rows<4>(c, st);
-    else if (c.rows <= 8) err = launch_rows<8>(c, st);
-    else err = launch_rows<16>(c, st);
+    if (c.rows > 4 && a.k % kStepK == 0)
+      err = c.rows <= 8 ? launch_mma<1>(c, st, ctx.device()) : launch_mma<2>(c, st, ctx.device());
+    else if (c.rows == 1) err = launch_rows<1>(c, st, ctx.device());
+    else if (c.rows == 2) err = launch_rows<2>(c, st, ctx.device());
+    else if (c.rows <= 4) err = launch_rows<4>(c, st, ctx.device());
+    else if (c.rows <= 8) err = launch_rows<8>(c, st, ctx.device());
+    else err = launch_rows<16>(c, st, ctx.device());
     LATHE_TRY(cuda_check(err, "gemv launch"));
   }
   return ctx.check_launch("gemv");

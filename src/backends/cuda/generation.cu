@@ -69,21 +69,43 @@ __global__ void attention_simple_kernel(SimpleAttentionArgs a) {
   }
 }
 
-// One block per row; ties keep the smaller column.
-__global__ void argmax_kernel(const float* x, int64_t cols, int32_t* out) {
-  __shared__ float s_val[kThreads];
-  __shared__ int64_t s_idx[kThreads];
+// One block of kArgmaxThreads per row; ties keep the smaller column. Each
+// thread walks its columns in increasing order (so a strictly greater value
+// is what replaces its best), 4 float4 loads in flight at a time when the
+// row is 16-byte aligned.
+constexpr int kArgmaxThreads = 1024;
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* x, int64_t cols, int32_t* out) {
+  __shared__ float s_val[kArgmaxThreads];
+  __shared__ int64_t s_idx[kArgmaxThreads];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   float best = -INFINITY;
   int64_t best_i = -1;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float v = row[j];
-    if (v != v) continue;  // NaN never wins
+  auto consider = [&](float v, int64_t j) {
+    if (v != v) return;              // NaN never wins
     if (best_i < 0 || v > best) {  // strictly greater: the first of equals stays
       best = v;
       best_i = j;
     }
+  };
+  const int64_t t = threadIdx.x, n4 = (reinterpret_cast<uintptr_t>(row) & 15) == 0 ? cols / 4 : 0;
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  for (int64_t i = t; i < n4; i += 4 * kArgmaxThreads) {
+    float4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t q = i + u * kArgmaxThreads;
+      v[u] = q < n4 ? __ldg(row4 + q) : make_float4(NAN, NAN, NAN, NAN);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t j = 4 * (i + u * kArgmaxThreads);
+      consider(v[u].x, j);
+      consider(v[u].y, j + 1);
+      consider(v[u].z, j + 2);
+      consider(v[u].w, j + 3);
+    }
   }
+  for (int64_t j = 4 * n4 + t; j < cols; j += kArgmaxThreads) consider(row[j], j);  // the rest (or all, unaligned)
   s_val[threadIdx.x] = best;
   s_idx[threadIdx.x] = best_i;
   __syncthreads();
@@ -152,7 +174,7 @@ Status argmax_rows(CudaContext& ctx, const float* x, int64_t rows, int64_t cols,
   if (rows < 0 || cols <= 0) return invalid_argument("cuda argmax_rows: bad shape ", rows, "x", cols);
   if (!x || !out) return invalid_argument("cuda argmax_rows: null argument");
   if (rows == 0) return Status::ok();
-  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream_of(ctx)>>>(x, cols, out);
+  argmax_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream_of(ctx)>>>(x, cols, out);
   return ctx.check_launch("argmax_rows");
 }
 
