@@ -36,8 +36,7 @@ struct AttentionVarlenFwdArgs {
   float scale = 1.0f;
   void* stream = nullptr;
   bool simple = false;  // the plain single-buffered kernel, kept as an oracle for the pipelined one
-  int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default (32;
-                        // the wgmma kernel at head_dim 64 on Hopper)
+  int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default (32)
   bool wgmma = false;   // the Hopper (wgmma) kernel instead: head_dim 64 or 128 on compute capability 9.x
   int wgmma_rows = 0;   // its query rows per thread block (64 or 128); 0: the compiled default
 };
@@ -49,7 +48,7 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 // The fast kernels come in two builds of the same scheme: mma.sync (every
 // device, every compiled head_dim) and wgmma (Hopper, head_dim 64 and 128).
 enum class AttnBwdKernels {
-  kAuto,   // the best one this device and head_dim run (wgmma where it runs)
+  kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs)
   kMma,    // the mma.sync kernels
   kWgmma,  // the Hopper kernels; refused where they do not run
 };

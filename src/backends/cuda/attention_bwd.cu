@@ -30,10 +30,10 @@
 // (8 warps) per SM, and they are latency-bound: ~5 cycles between issued
 // instructions per warp, tensor-core instructions under a fifth of those,
 // each warp re-reading from shared memory the operands its neighbours read.
-// On Hopper the same scheme runs on warpgroup instructions instead
-// (attention_bwd_sm90.cu, the default there through AttnBwdKernels::kAuto):
-// one read of each operand per four warps, and the delta kernel here in
-// front of it; 212 TFLOP/s at head_dim 128, 174 at 64 (these kernels: 152).
+// On Hopper the same scheme also runs on warpgroup instructions
+// (attention_bwd_sm90.cu, AttnBwdKernels::kWgmma): one read of each operand
+// per four warps, and the delta kernel here in front of it; alone 212
+// TFLOP/s at head_dim 128, 174 at 64 (these kernels: 152).
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 
@@ -48,8 +48,12 @@
 #ifndef LATHE_ATTN_BWD_UNMASKED
 #define LATHE_ATTN_BWD_UNMASKED 1
 #endif
-#ifndef LATHE_ATTN_BWD_SM90_AUTO  // AttnBwdKernels::kAuto picks the wgmma kernels where they run (1)
-#define LATHE_ATTN_BWD_SM90_AUTO 1
+// AttnBwdKernels::kAuto picks the wgmma kernels where they run (1). Off:
+// alone they are faster (below), but inside the H200 training step they
+// took longer than these (1B 54 against 42 ms per step, 8B 90 against 82),
+// which is not understood yet.
+#ifndef LATHE_ATTN_BWD_SM90_AUTO
+#define LATHE_ATTN_BWD_SM90_AUTO 0
 #endif
 #ifndef LATHE_ATTN_BWD_SM90_ROWS  // rows per thread block of the wgmma kernels by default: 64 or 128
 #define LATHE_ATTN_BWD_SM90_ROWS 64

@@ -27,11 +27,12 @@
 #define LATHE_ATTN_FWD_WARP_ROWS 32
 #endif
 // Training forwards (packed documents) at head_dim 64 take the wgmma kernel
-// where it runs unless warp_rows asks for another (1): on the H200 it does
-// 223 TFLOP/s there against the 32-rows-per-warp kernel's 202, while at 128
-// that kernel is ahead (244 against 222).
+// where it runs unless warp_rows asks for another (1). Alone on the H200 it
+// does 223 TFLOP/s there against the 32-rows-per-warp kernel's 202 (at 128
+// that kernel is ahead, 244 against 222), but inside the training step the
+// phase did not move (12.2 against 12.3 ms at 1B), so it stays off.
 #ifndef LATHE_ATTN_FWD_SM90_AUTO
-#define LATHE_ATTN_FWD_SM90_AUTO 1
+#define LATHE_ATTN_FWD_SM90_AUTO 0
 #endif
 #ifndef LATHE_ATTN_FWD_SM90_ROWS  // query rows per block of the wgmma kernel by default: 64 or 128
 #define LATHE_ATTN_FWD_SM90_ROWS 64
