@@ -65,11 +65,14 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
 // in f32 (lora_ops.h): u = x·Aᵀ for all members at once (lora_project, exact:
 // x is bf16), kept as its 4-term copy for the backward. When every member
 // has LoRA, the LoRA GEMMs write y = bf16([b +] s·u·Bᵀ) first and the base
-// GEMM adds its f32 product in its epilogue, so the large base product is
-// rounded once, with the small LoRA term (tools/emulate_cuda_train.py: on
-// the gradient fixtures the geometric mean of error over tolerance falls
-// from 0.66 to 0.59); otherwise the base output is rounded first and each
-// member's f32 s·u·Bᵀ added to its columns and rounded again, as PEFT does.
+// GEMM adds x·Wᵀ with beta = 1; otherwise the base output comes first and
+// each member's s·u·Bᵀ is added to its columns. Rounding: cuBLASLt rounds a
+// bf16 GEMM's product to bf16 BEFORE it adds beta·C (the H200 dumps match
+// tools/emulate_cuda_train.py bit for bit only so), so every beta = 1 add
+// here rounds twice: y = bf16(bf16(x·Wᵀ) + bf16(s·u·Bᵀ)) in either order.
+// That double rounding of the forward projections is most of the gradients'
+// excess over Hugging Face's; an f32 accumulation target (or the LoRA terms
+// inside the base GEMM's K) would round the sum once.
 Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   int members = 0;

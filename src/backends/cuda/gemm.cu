@@ -6,7 +6,9 @@
 // context, keyed also by pointer alignment (the heuristic may pick kernels
 // that need 16-byte alignment) and by the row strides (a row-major row
 // stride is cuBLAS's leading dimension). Split-K reductions of a bf16 output
-// happen in f32: the result is rounded to bf16 once.
+// happen in f32. Note: with a bf16 C and beta != 0 the product is rounded to
+// bf16 before beta·C is added (measured on the H200: D = bf16(bf16(α·A·B) +
+// β·C)), so accumulating into a bf16 output rounds twice.
 #include <algorithm>
 #include <cstdint>
 
