@@ -3,13 +3,14 @@
 // tokens) shapes, rank 32 on all seven projections: for each fused group
 // (q|k|v, o, gate|up, down) the calls CudaModelImpl::group_forward and
 // group_backward make, each timed alone and set beside its memory floor
-// (the bytes it must move over ~4.3 TB/s: every one of these ops is
-// bandwidth-bound), plus the factor gradients the way they were computed
-// before lora_project and lora_grad_reduce (cuBLASLt GEMMs over the stacked
-// terms into f32 parts, then lora_sum_parts; the factor gradients one GEMM
-// with K = tokens per member), for comparison. The last lines add the ops up
-// per layer and per step. Buffers hold whatever the arena held: only time is
-// measured. Usage: bench_cuda_lora [1b|8b|both, default both]
+// (the bytes it must move over ~4.3 TB/s) and with its TFLOP/s: cuBLASLt
+// GEMMs over the stacked 4-term copies into f32 parts, then lora_sum_parts
+// (lora_ops.h); the factor gradients one GEMM with K = tokens per member.
+// The totals add the ops up per step. The lines after them time the base
+// GEMM with its LoRA product in both orders (which one reads the shared bf16
+// output back; the backward's dx takes the LoRA-first order). Buffers are
+// zeros: only time is measured.
+// Usage: bench_cuda_lora [1b|8b|both, default both]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -60,9 +61,9 @@ struct Group {
   std::vector<int64_t> outs;
 };
 
-// Seconds per layer of the trainer's calls now and of those they replaced.
+// Seconds per layer of the trainer's LoRA calls.
 struct Totals {
-  double fwd = 0, bwd = 0, old_fwd = 0, old_bwd = 0;
+  double fwd = 0, bwd = 0;
 };
 
 // One op: time, its memory floor, the share of bandwidth reached, TFLOP/s.
@@ -97,16 +98,12 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
   double s = time_calls(ctx, 10, [&] {
     return gemm(ctx, {.a = x, .b = a4, .c = part, .m = T, .n = w, .k = g.in, .trans_b = true, .c_dtype = DType::F32});
   });
-  row(g.name, "fwd u   old: x.A4 GEMM (f32 parts)", s, tb * g.in + tb * w * 2, ft * g.in * w), tot->old_fwd += s;
+  row(g.name, "fwd u   x.A4 GEMM (f32 parts)", s, tb * g.in + tb * w * 2, ft * g.in * w), fwd += s;
   s = time_calls(ctx, 10, [&] {
     return lora_sum_parts(ctx, {.src = part, .rows = T, .cols = r, .n_groups = nl, .n_parts = 3, .row_stride = w,
                                 .group_stride = 4 * r, .part_stride = r, .split = u});
   });
-  row(g.name, "fwd u   old: sum parts -> u4", s, tb * w * 1.5 + tb * w, 0), tot->old_fwd += s;
-  LoraProjectArgs pu{.members = {}, .n_members = int(nl), .tokens = T, .r = r, .ldx = g.in, .out = u, .ldo = w};
-  for (int64_t k = 0; k < nl; ++k) pu.members[k] = {.x = x, .f = a4 + k * 4 * r * g.in, .k = g.in};
-  s = time_calls(ctx, 10, [&] { return lora_project(ctx, pu); });
-  row(g.name, "fwd u   lora_project", s, tb * g.in + tb * w, ft * g.in * nl * 3 * r), fwd += s;
+  row(g.name, "fwd u   sum parts -> u4", s, tb * w * 1.5 + tb * w, 0), fwd += s;
   auto lora_y = [&](float beta) {  // y (+)= u4·B4ᵀ per member
     int64_t col = 0;
     for (int64_t k = 0; k < nl; ++k) {
@@ -118,9 +115,9 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
     return Status::ok();
   };
   s = time_calls(ctx, 10, [&] { return lora_y(1.0f); });
-  row(g.name, "fwd y += u4.B4 (per member)", s, tb * out * 2 + tb * w, ft * out * 4 * r), fwd += s, tot->old_fwd += s;
+  row(g.name, "fwd y += u4.B4 (per member)", s, tb * out * 2 + tb * w, ft * out * 4 * r), fwd += s;
 
-  // Backward, factor gradients: the old way and lora_grad_reduce.
+  // Backward: dB, du (summed and split), dA, the LoRA term of dx.
   s = time_calls(ctx, 5, [&] {
     int64_t col = 0;
     for (int64_t k = 0; k < nl; ++k) {
@@ -133,20 +130,7 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
     }
     return Status::ok();
   });
-  row(g.name, "bwd dB  old: GEMM K=T + sum", s, tb * out + tb * 2 * r * nl, ft * out * 2 * r), tot->old_bwd += s;
-  LoraGradArgs db{.members = {}, .n_members = int(nl), .tokens = T, .r = r, .ldl = w, .ldr = out, .transposed = true,
-                  .workspace = part, .workspace_floats = n_part};
-  LoraGradArgs da{.members = {}, .n_members = int(nl), .tokens = T, .r = r, .ldl = w, .ldr = g.in, .workspace = part,
-                  .workspace_floats = n_part};
-  int64_t col = 0;
-  for (int64_t k = 0; k < nl; ++k) {
-    const int64_t o = g.outs[size_t(k)];
-    db.members[k] = {.l = u + k * 4 * r + 2 * r, .rhs = y + col, .n = o, .out = grads + col * r};
-    da.members[k] = {.l = du + k * 4 * r + 2 * r, .rhs = x, .n = g.in, .out = grads + (out + k * g.in) * r};
-    col += o;
-  }
-  s = time_calls(ctx, 10, [&] { return lora_grad_reduce(ctx, db); });
-  row(g.name, "bwd dB  lora_grad_reduce", s, tb * out + tb * 2 * r * nl, ft * out * 2 * r), bwd += s;
+  row(g.name, "bwd dB  GEMM K=T + sum", s, tb * out + tb * 2 * r * nl, ft * out * 2 * r), bwd += s;
   s = time_calls(ctx, 10, [&] {
     int64_t c = 0;
     for (int64_t k = 0; k < nl; ++k) {
@@ -157,18 +141,12 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
     }
     return Status::ok();
   });
-  row(g.name, "bwd du  old: dy.B4 GEMM per member", s, tb * out + tb * w * 2, ft * out * 4 * r), tot->old_bwd += s;
+  row(g.name, "bwd du  dy.B4 GEMM per member", s, tb * out + tb * w * 2, ft * out * 4 * r), bwd += s;
   s = time_calls(ctx, 10, [&] {
     return lora_sum_parts(ctx, {.src = part, .rows = T, .cols = r, .n_groups = nl, .n_parts = 3, .row_stride = w,
                                 .group_stride = 4 * r, .part_stride = r, .split = du});
   });
-  row(g.name, "bwd du  old: sum parts -> du4", s, tb * w * 1.5 + tb * w, 0), tot->old_bwd += s;
-  LoraProjectArgs pdu{
-      .members = {}, .n_members = int(nl), .tokens = T, .r = r, .ldx = out, .by_row = true, .out = du, .ldo = w};
-  for (int64_t k = 0, c = 0; k < nl; c += g.outs[size_t(k)], ++k)
-    pdu.members[k] = {.x = y + c, .f = b4 + c * 4 * r, .k = g.outs[size_t(k)]};
-  s = time_calls(ctx, 10, [&] { return lora_project(ctx, pdu); });
-  row(g.name, "bwd du  lora_project", s, tb * out + tb * w, ft * out * 3 * r), bwd += s;
+  row(g.name, "bwd du  sum parts -> du4", s, tb * w * 1.5 + tb * w, 0), bwd += s;
   s = time_calls(ctx, 5, [&] {
     for (int64_t k = 0; k < nl; ++k) {
       LATHE_TRY(gemm(ctx, {.a = du + k * 4 * r + 2 * r, .b = x, .c = part, .m = 2 * r, .n = g.in, .k = T,
@@ -178,17 +156,14 @@ Status bench_group(CudaContext& ctx, DeviceArena& arena, int64_t T, const Group&
     }
     return Status::ok();
   });
-  row(g.name, "bwd dA  old: GEMM K=T + sum", s, tb * g.in + tb * 2 * r * nl, ft * g.in * nl * 2 * r), tot->old_bwd += s;
-  s = time_calls(ctx, 10, [&] { return lora_grad_reduce(ctx, da); });
-  row(g.name, "bwd dA  lora_grad_reduce", s, tb * g.in + tb * 2 * r * nl, ft * g.in * nl * 2 * r), bwd += s;
-  s = time_calls(ctx, 10,
-                 [&] { return gemm(ctx, {.a = du, .b = a4, .c = x, .m = T, .n = g.in, .k = w, .beta = 1.0f}); });
-  row(g.name, "bwd dx += du4.A4", s, tb * g.in * 2 + tb * w, ft * g.in * w), bwd += s, tot->old_bwd += s;
+  row(g.name, "bwd dA  GEMM K=T + sum", s, tb * g.in + tb * 2 * r * nl, ft * g.in * nl * 2 * r), bwd += s;
+  s = time_calls(ctx, 10, [&] { return gemm(ctx, {.a = du, .b = a4, .c = x, .m = T, .n = g.in, .k = w}); });
+  row(g.name, "bwd dx = du4.A4 (base adds later)", s, tb * g.in + tb * w, ft * g.in * w), bwd += s;
 
   // The base product and the LoRA one into the same bf16 output, in either
-  // order: now the base GEMM writes and the LoRA GEMM reads and rewrites
-  // its output; the other way the LoRA GEMM only writes and the base GEMM
-  // reads it back in its epilogue (beta 1). Both lines include the base GEMM.
+  // order: base first, then the LoRA GEMM reads and rewrites the output; or
+  // the LoRA GEMM only writes and the base GEMM reads it back in its
+  // epilogue (beta 1). Both lines include the base GEMM.
   const double base_f = ft * out * g.in;
   s = time_calls(ctx, 5, [&] {
     LATHE_TRY(gemm(ctx, {.a = x, .b = wt, .c = y, .m = T, .n = out, .k = g.in, .trans_b = true}));
@@ -225,12 +200,8 @@ Status bench_shape(CudaContext& ctx, DeviceArena& arena, const LoraShape& sh) {
   Totals tot;
   for (const Group& g : groups) LATHE_TRY(bench_group(ctx, arena, sh.tokens, g, &tot));
   const double L = double(sh.layers) * 1e3;
-  std::printf(
-      "per step (x %lld layers): forward %.2f ms, backward %.2f ms, "
-      "total %.2f ms (the old calls: %.2f + "
-      "%.2f = %.2f ms)\n",
-      (long long)sh.layers, tot.fwd * L, tot.bwd * L, (tot.fwd + tot.bwd) * L, tot.old_fwd * L, tot.old_bwd * L,
-      (tot.old_fwd + tot.old_bwd) * L);
+  std::printf("per step (x %lld layers): forward %.2f ms, backward %.2f ms, total %.2f ms\n", (long long)sh.layers,
+              tot.fwd * L, tot.bwd * L, (tot.fwd + tot.bwd) * L);
   return Status::ok();
 }
 

@@ -223,8 +223,7 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   x.dv = x.act ? x.dk + T * kvd : nullptr;
   x.dh_bf = c.take<cuda::bf16_bits>(T * H);
   x.du = c.take<cuda::bf16_bits>(T * 3 * 4 * r);
-  x.lora_f32_n = std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r);
-  x.lora_f32 = c.take<float>(x.lora_f32_n);
+  x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));
   x.dh = c.take<float>(T * H);
 }
 

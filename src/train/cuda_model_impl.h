@@ -6,9 +6,8 @@
 // Projections are fused by input: q|k|v, o, gate|up and down are one GEMM
 // each (a group's weights are its members' stacked by rows, so one output
 // row is [q | k | v] or [gate | up]); the LoRA A factors of a group's
-// members are stacked the same way (u = x·Aᵀ, du = s·dy·B and the factor
-// gradients are one launch per group: lora_ops.h), while each member's B
-// writes its own column block of the group's output.
+// members are stacked the same way (one x·Aᵀ GEMM per group), while each
+// member's B writes its own column block of the group's output.
 #pragma once
 
 #include <array>
@@ -79,8 +78,7 @@ struct CScratch {
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh
   bf16p du = nullptr;         // s·dy·B per group member, 4-term [T, n_lora, 4, r]
-  float* lora_f32 = nullptr;  // the LoRA factor gradients' per-split partials (lora_grad_reduce)
-  int64_t lora_f32_n = 0;     // its floats
+  float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
   bf16p ones8 = nullptr;  // [max_tokens, 8], column 0 ones
   float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)

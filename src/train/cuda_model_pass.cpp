@@ -62,14 +62,15 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
 }
 
 // y = x·Wᵀ [+ b] + Σ_members s·(x·Aᵀ)·Bᵀ for one fused group, the LoRA branch
-// in f32 (lora_ops.h): u = x·Aᵀ for all members at once (lora_project, exact:
-// x is bf16), kept as its 4-term copy for the backward. When every member
-// has LoRA, the LoRA GEMMs write y = bf16([b +] s·u·Bᵀ) first and the base
-// GEMM adds x·Wᵀ with beta = 1; otherwise the base output comes first and
-// each member's s·u·Bᵀ is added to its columns. Rounding: cuBLASLt rounds a
-// bf16 GEMM's product to bf16 BEFORE it adds beta·C (the H200 dumps match
-// tools/emulate_cuda_train.py bit for bit only so), so every beta = 1 add
-// here rounds twice: y = bf16(bf16(x·Wᵀ) + bf16(s·u·Bᵀ)) in either order.
+// in f32 (lora_ops.h): u = x·Aᵀ for all members at once is the sum of x
+// times A's three terms (exact: x is bf16; one GEMM over the stacked terms,
+// then lora_sum_parts), kept as its 4-term copy for the backward. When every
+// member has LoRA, the LoRA GEMMs write y = bf16([b +] s·u·Bᵀ) first and the
+// base GEMM adds x·Wᵀ with beta = 1; otherwise the base output comes first
+// and each member's s·u·Bᵀ is added to its columns. Rounding: cuBLASLt
+// rounds a bf16 GEMM's product to bf16 BEFORE it adds beta·C (the H200 dumps
+// match tools/emulate_cuda_train.py bit for bit only so), so every beta = 1
+// add here rounds twice: y = bf16(bf16(x·Wᵀ) + bf16(s·u·Bᵀ)) in either order.
 // That double rounding of the forward projections is most of the gradients'
 // excess over Hugging Face's; an f32 accumulation target (or the LoRA terms
 // inside the base GEMM's K) would round the sum once.
@@ -88,10 +89,9 @@ Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, 
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
   const bf16p u = act_of(l).u[size_t(g)];
-  cuda::LoraProjectArgs pa{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldx = G.in, .out = u,
-                           .ldo = w};
-  for (int k : G.loras) pa.members[loras[size_t(k)].slot] = {.x = xin, .f = loras[size_t(k)].a4, .k = G.in};
-  LATHE_TRY(cuda::lora_project(ctx, pa));
+  LATHE_TRY(mm(ctx, xin, G.a4, x.lora_f32, n, w, G.in, false, true, DType::F32, 1.0f, 0.0f));
+  LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                       .row_stride = w, .group_stride = 4 * r, .part_stride = r, .split = u}));
   const float beta = !lora_first || G.bias8 ? 1.0f : 0.0f;
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
@@ -105,41 +105,45 @@ Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, 
 
 // dx (= or +=) dy·W + Σ du·A with du = s·dy·B per member; dB += s·dyᵀ·u and
 // dA += duᵀ·x, all LoRA products in f32 (dy and x are bf16, so exact against
-// the split factors). The factor gradients reduce over the tokens
-// (lora_grad_reduce: all members in one launch each, u's and du's hi and lo
-// terms against dy and x). The LoRA gradients read x before dx is written.
-// dx = bf16(dy·W + bf16(Σ du·A)): the LoRA term is rounded once, as PEFT
-// rounds the input gradient of its f32 branch, and the base GEMM adds its
-// f32 product to it and rounds once (PEFT rounds the base product and the
-// sum too), so the LoRA GEMM only writes dx and the base GEMM reads it back
-// in its epilogue. With accumulate, dx += bf16(dy·W) first, then the f32
-// LoRA term, rounded once.
+// the split factors). The LoRA gradients read x before dx is written.
+// Without accumulate the LoRA GEMM writes dx = bf16(Σ du·A) and the base
+// GEMM adds dy·W in its epilogue (beta = 1), one pass over dx fewer than the
+// other order; as cuBLASLt rounds its product before adding beta·C, that is
+// dx = bf16(bf16(dy·W) + bf16(Σ du·A)), the rounding PEFT's backward does.
+// With accumulate, dx += dy·W first, then the LoRA term.
 Status CudaModelImpl::group_backward(int64_t l, int g, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
                                      bool accumulate) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
+  float* part = x.lora_f32;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
     const bf16p u = act_of(l).u[size_t(g)];
-    cuda::LoraGradArgs db{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldl = w, .ldr = G.out,
-                          .transposed = true, .scale = o.lora_scale, .workspace = x.lora_f32,
-                          .workspace_floats = x.lora_f32_n};
-    cuda::LoraGradArgs da{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldl = w, .ldr = G.in,
-                          .workspace = x.lora_f32, .workspace_floats = x.lora_f32_n};
-    for (int k : G.loras) {
+    for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed
       const CLora& a = loras[size_t(k)];
-      db.members[a.slot] = {.l = u + a.slot * 4 * r + 2 * r, .rhs = dy + a.col, .n = a.out, .out = a.db};
-      da.members[a.slot] = {.l = x.du + a.slot * 4 * r + 2 * r, .rhs = xin, .n = G.in, .out = a.da};
+      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = u + a.slot * 4 * r + 2 * r, .c = part, .m = a.out,
+                                 .n = 2 * r, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = G.out,
+                                 .ldb = w}));
+      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a.out, .cols = r, .n_parts = 2,
+                                           .row_stride = 2 * r, .part_stride = r, .scale = o.lora_scale,
+                                           .sum = a.db, .accumulate = true}));
     }
-    LATHE_TRY(cuda::lora_grad_reduce(ctx, db));
-    cuda::LoraProjectArgs pdu{.members = {}, .n_members = int(nl), .tokens = n, .r = r, .ldx = G.out,
-                              .by_row = true, .scale = o.lora_scale, .out = x.du, .ldo = w};  // du = s·dy·B
-    for (int k : G.loras) {
+    for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
-      pdu.members[a.slot] = {.x = dy + a.col, .f = a.b4, .k = a.out};
+      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = a.b4, .c = part + a.slot * 4 * r, .m = n, .n = 4 * r,
+                                 .k = a.out, .c_dtype = DType::F32, .lda = G.out, .ldc = w}));
     }
-    LATHE_TRY(cuda::lora_project(ctx, pdu));
-    LATHE_TRY(cuda::lora_grad_reduce(ctx, da));
+    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                         .row_stride = w, .group_stride = 4 * r, .part_stride = r,
+                                         .scale = o.lora_scale, .split = x.du}));
+    for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
+      const CLora& a = loras[size_t(k)];
+      LATHE_TRY(cuda::gemm(ctx, {.a = x.du + a.slot * 4 * r + 2 * r, .b = xin, .c = part, .m = 2 * r, .n = G.in,
+                                 .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = w}));
+      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = G.in, .n_parts = 2,
+                                           .row_stride = G.in, .part_stride = r * G.in, .sum = a.da,
+                                           .accumulate = true}));
+    }
   }
   if (nl > 0 && !accumulate) {
     LATHE_TRY(mm(ctx, x.du, G.a4, dx, n, G.in, w, false, false, DType::BF16, 1.0f, 0.0f));

@@ -9,7 +9,5 @@ Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA bac
 
 Status lora_split_weights(CudaContext&, const LoraSplitWeightsArgs&) { return no_cuda(); }
 Status lora_sum_parts(CudaContext&, const LoraPartsArgs&) { return no_cuda(); }
-Status lora_grad_reduce(CudaContext&, const LoraGradArgs&) { return no_cuda(); }
-Status lora_project(CudaContext&, const LoraProjectArgs&) { return no_cuda(); }
 
 }  // namespace lathe::cuda
