@@ -224,7 +224,10 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   CActs& a = act_of(l);
   const int64_t H = s.hidden, F = s.inter;
   LATHE_TRY(phase(kPhElementwise));
-  if (a.act == x.act) LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F}));
+  // act is kept (none), still in the scratch (full's rerun just made it), or
+  // rerun here (the head's workspace overlaid the scratch since).
+  const bool act_ready = a.act != x.act || (o.recompute == CudaRecompute::kFull && l != last_shared);
+  if (!act_ready) LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F}));
   // x.act becomes act's gradient (down's LoRA reads act before), and
   // [gate | up] its own.
   LATHE_TRY(group_backward(l, kGdown, a.act, x.dh_bf, x.act, n, false));
