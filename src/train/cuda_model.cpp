@@ -203,12 +203,13 @@ struct SubCarver {
 
 // The scratch that is dead while the LM head runs (the layers' forward and
 // backward buffers); the head's cross-entropy workspace overlays it. Inside,
-// the backward's gradients of the norms' outputs, the attention output and
-// q, k, v overlay act (silu(gate)·up, then its gradient), which is dead
-// whenever they are live:
+// the backward's gradients of the attention output, q, k, v and the norms'
+// outputs overlay act (silu(gate)·up, then its gradient), which is dead
+// whenever they are live (at Llama-8B's sizes they fill it exactly):
 //   act / d_act ........................... down's backward, SwiGLU's backward
-//   d_xn (at 0) ........................... gate|up's and q|k|v's backward, then the norms' backward
-//   d_attn (at 0) | dq | dk | dv .......... o's backward, attention's backward, the q|k|v merge
+//   d_attn (at 0) | dq | dk | dv | d_xn ... o's and attention's backward, the q|k|v merge;
+//                                           gate|up's and q|k|v's backward, then the norms'
+// After a backward they hold layer 0's gradients; act does not.
 void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   const CudaModelShape& s = m.s;
   const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
@@ -216,11 +217,12 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   CScratch& x = m.x;
   x.qkv = c.take<cuda::bf16_bits>(T * (qd + 2 * kvd));
   x.tmp_h = c.take<cuda::bf16_bits>(T * H);
-  x.act = c.take<cuda::bf16_bits>(T * std::max({F, H, 2 * qd + 2 * kvd}));
-  x.d_xn = x.d_attn = x.act;
-  x.dq = x.act ? x.act + T * qd : nullptr;
+  x.act = c.take<cuda::bf16_bits>(T * std::max(F, 2 * qd + 2 * kvd + H));
+  x.d_attn = x.act;
+  x.dq = x.act ? x.d_attn + T * qd : nullptr;
   x.dk = x.act ? x.dq + T * qd : nullptr;
   x.dv = x.act ? x.dk + T * kvd : nullptr;
+  x.d_xn = x.act ? x.dv + T * kvd : nullptr;
   x.dh_bf = c.take<cuda::bf16_bits>(T * H);
   x.du = c.take<cuda::bf16_bits>(T * 3 * 4 * r);
   x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));

@@ -144,8 +144,9 @@ class CudaTrainableModel {
   // "attn.l", "lse.l", "h_mid.l", "xn2.l", "rstd2.l", "gu.l" (after a
   // backward: its gradient); scratch "xf", "d_xf", "dh", "dh_bf", "d_xn",
   // "qkv", "dq", "dk", "dv", "d_attn", "act" (after a backward: layer 0's
-  // gradients). With a recompute mode, shared buffers hold the last layer
-  // written.
+  // gradients, except act, which the attention's gradients overlay). With a
+  // recompute mode, shared buffers hold the last layer written; the scratch
+  // holds the cross-entropy workspace after a forward_loss.
   Result<std::vector<float>> read_buffer(const std::string& name, int64_t n_tokens);
 
   // Profiling: with timing on, CUDA events cut the stream's timeline into
