@@ -385,8 +385,13 @@ Result<size_t> plan(CudaModelImpl& m) {
       return static_cast<void*>(nullptr);
     });
   };
-  const bool plan_keep = m.o.recompute == CudaRecompute::kSelective && m.o.max_arena_bytes > 0;
-  for (m.keep_layers = plan_keep ? m.s.n_layer : 0;; --m.keep_layers) {
+  const bool selective = m.o.recompute == CudaRecompute::kSelective;
+  if (selective && m.o.keep_layers >= 0) {
+    m.keep_layers = std::min(m.o.keep_layers, m.s.n_layer);
+    LATHE_TRY(size_arena());
+    return total;
+  }
+  for (m.keep_layers = selective && m.o.max_arena_bytes > 0 ? m.s.n_layer : 0;; --m.keep_layers) {
     LATHE_TRY(size_arena());
     if (m.keep_layers == 0 || total <= size_t(m.o.max_arena_bytes)) break;
   }

@@ -86,6 +86,9 @@ struct CudaTrainOptions {
   // and o GEMMs for (q, k, v, h_mid: ~3.5 hidden-size rows per token per
   // layer) while the arena stays within this many bytes; 0: none do.
   int64_t max_arena_bytes = 0;
+  // With selective and ≥ 0: exactly this many (first) layers keep them,
+  // whatever the budget (tests pick a mix this way).
+  int64_t keep_layers = -1;
   cuda::CudaAdamWConfig adamw;
 };
 

@@ -75,7 +75,7 @@ Status upload_base(const TrainableModelImpl& h, CudaTrainableModel& g) {
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute,
-                                                           int64_t max_arena_bytes) {
+                                                           int64_t max_arena_bytes, int64_t keep_layers) {
   const TrainableModelImpl& h = host.internals();
   LATHE_TRY(check_supported(h));
   CudaModelShape s{.vocab = h.cfg.vocab_size, .hidden = h.cfg.hidden_size, .inter = h.cfg.intermediate_size,
@@ -87,7 +87,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                      .lora_scale = h.opts.lora.scale(), .targets = {},
                      .recompute = recompute.value_or(h.opts.activations_checkpoint ? CudaRecompute::kFull
                                                                                    : CudaRecompute::kNone),
-                     .max_arena_bytes = max_arena_bytes, .adamw = adamw};
+                     .max_arena_bytes = max_arena_bytes, .keep_layers = keep_layers, .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainableModel> g, CudaTrainableModel::create(s, o));
   const std::vector<ParamInfo>& want = host.param_table();

@@ -27,10 +27,10 @@ Result<DeviceChoice> parse_device(const std::string& text);
 // Refuses what the GPU path does not do (full SFT, LoRA dropout, o/MLP
 // biases, head_dim other than 32/64/128) with a message saying so. Without a
 // recompute mode the host's activations_checkpoint picks full or none;
-// max_arena_bytes as CudaTrainOptions' (selective's budget).
+// max_arena_bytes and keep_layers as CudaTrainOptions' (selective's).
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute = std::nullopt,
-                                                           int64_t max_arena_bytes = 0);
+                                                           int64_t max_arena_bytes = 0, int64_t keep_layers = -1);
 
 }  // namespace lathe

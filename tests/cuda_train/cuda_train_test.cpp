@@ -322,23 +322,17 @@ TEST_P(CudaRecomputeModes, ChangeNothing) {
     SCOPED_TRACE(mode == CudaRecompute::kFull ? "full" : "selective");
     expect_identical_passes(**keep, **redo, mb);
   }
-  // Selective with an arena budget: every layer, then only some, keep
-  // q/k/v and h_mid and rerun just their norms.
+  // Selective with an arena budget (every layer keeps q/k/v and h_mid and
+  // reruns just its norms), and with only the first layer keeping them.
   auto plain = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective);
   auto roomy = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective, int64_t{1} << 40);
-  ASSERT_TRUE(plain.is_ok() && roomy.is_ok());
+  auto some = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective, 0, 1);
+  ASSERT_TRUE(plain.is_ok() && roomy.is_ok() && some.is_ok());
   const int64_t n_layer = host->config().num_hidden_layers;
   EXPECT_EQ((*plain)->layers_kept(), 0);
   EXPECT_EQ((*roomy)->layers_kept(), n_layer);
+  EXPECT_EQ((*some)->layers_kept(), 1);
   EXPECT_GT((*roomy)->arena_bytes(), (*plain)->arena_bytes());
-  const int64_t between = ((*plain)->arena_bytes() + (*roomy)->arena_bytes()) / 2;
-  auto some = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kSelective, between);
-  ASSERT_TRUE(some.is_ok());
-  EXPECT_LE((*some)->arena_bytes(), between);
-  if (n_layer > 1) {
-    EXPECT_GT((*some)->layers_kept(), 0);
-    EXPECT_LT((*some)->layers_kept(), n_layer);
-  }
   for (auto* redo : {&*roomy, &*some}) {
     auto keep = upload_to_cuda(*host, 0, 256, {}, CudaRecompute::kNone);
     ASSERT_TRUE(keep.is_ok());
@@ -381,6 +375,11 @@ TEST(CudaTrainer, PlansTheArenaForEachRecomputeMode) {
   EXPECT_LE(some.bytes, sel.bytes + 5 * per_layer + per_layer / 2);
   EXPECT_EQ(plan(CudaRecompute::kSelective, none.bytes).layers_kept, 32);
   EXPECT_EQ(plan(CudaRecompute::kSelective, sel.bytes - 1).layers_kept, 0);  // too small: plain selective
+  CudaTrainOptions three{.max_tokens = 8192, .lora_r = 32, .recompute = CudaRecompute::kSelective, .keep_layers = 3};
+  auto p3 = CudaTrainableModel::plan_arena(shape, three);
+  ASSERT_TRUE(p3.is_ok());
+  EXPECT_EQ(p3->layers_kept, 3);
+  EXPECT_EQ(p3->bytes, sel.bytes + 3 * per_layer);
   std::printf("8B arena GiB: none %.2f, selective %.2f, full %.2f\n", double(none.bytes) / (1 << 30),
               double(sel.bytes) / (1 << 30), double(full.bytes) / (1 << 30));
 }
