@@ -20,34 +20,19 @@
 #include <vector>
 
 #include "backends/cuda/cuda_ops.h"
+#include "cuda_timing.h"
 #include "backends/cuda/lora_ops.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using namespace lathe;
 using namespace lathe::cuda;
 
 constexpr double kPeakGbps = 4300.0;
 constexpr int64_t kRank = 32;
 
-// Seconds per call: best of 5 batches of `calls`, after one warm-up batch.
 double time_calls(CudaContext& ctx, int calls, const std::function<Status()>& fn) {
-  double best = 1e30;
-  for (int rep = 0; rep < 6; ++rep) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < calls; ++i) {
-      Status st = fn();
-      if (!st.is_ok()) {
-        std::fprintf(stderr, "bench_cuda_lora: %s\n", st.message().c_str());
-        std::exit(1);
-      }
-    }
-    if (!ctx.synchronize().is_ok()) std::exit(1);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count() / calls;
-    if (rep > 0 && s < best) best = s;
-  }
-  return best;
+  return bench::time_calls("bench_cuda_lora", ctx, calls, fn);
 }
 
 struct LoraShape {

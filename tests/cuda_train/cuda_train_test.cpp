@@ -27,6 +27,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -155,20 +157,43 @@ std::vector<float> grads_of(CudaTrainableModel& g) {
   return out;
 }
 
+// The fixture's batch through a GPU copy of the fixture's model: one
+// forward + backward at the mean's scale. Null (with a test failure) when a
+// step fails.
+struct FixturePass {
+  std::unique_ptr<TrainableModel> host;
+  std::unique_ptr<CudaTrainableModel> gpu;
+  std::optional<SafetensorsFile> file;
+  MicroBatch mb;
+  std::optional<PassLoss> loss;
+};
+
+std::unique_ptr<FixturePass> fixture_pass(const std::string& family) {
+  auto run = std::make_unique<FixturePass>();
+  run->host = load_host(family);
+  if (!run->host) return nullptr;
+  run->gpu = to_gpu(*run->host);
+  if (!run->gpu) return nullptr;
+  auto file = SafetensorsFile::open(kFix + family + "/lora_grads.safetensors");
+  EXPECT_TRUE(file.is_ok()) << file.status().message();
+  if (!file.is_ok()) return nullptr;
+  run->file.emplace(std::move(file).value());
+  run->mb = fixture_batch(*run->file);
+  auto loss = run->gpu->forward_backward(run->mb, 1.0f / float(run->mb.n_supervised));
+  EXPECT_TRUE(loss.is_ok()) << loss.status().message();
+  if (!loss.is_ok()) return nullptr;
+  run->loss = *loss;
+  return run;
+}
+
 class CudaLoraFixture : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaLoraFixture, LossAndEveryLoraGradientMatchPeft) {
   SKIP_WITHOUT_GPU();
   const std::string family = GetParam();
-  auto host = load_host(family);
-  ASSERT_TRUE(host);
-  auto gpu = to_gpu(*host);
-  ASSERT_TRUE(gpu);
-  auto file = SafetensorsFile::open(kFix + family + "/lora_grads.safetensors");
-  ASSERT_TRUE(file.is_ok()) << file.status().message();
-  MicroBatch mb = fixture_batch(*file);
-  auto loss = gpu->forward_backward(mb, 1.0f / float(mb.n_supervised));
-  ASSERT_TRUE(loss.is_ok()) << loss.status().message();
+  auto run = fixture_pass(family);
+  ASSERT_TRUE(run);
+  auto& [host, gpu, file, mb, loss] = *run;
   EXPECT_EQ(loss->n_supervised, mb.n_supervised);
   const double want = file->tensor("loss").value().data<double>()[0];
   EXPECT_LE(std::abs(loss->loss_sum / double(loss->n_supervised) - want) / want, hf_bf16_tol("peft/" + family, "loss"));
@@ -196,15 +221,9 @@ TEST_P(CudaLoraFixture, DumpsThePassForTheEmulation) {
   const char* dir = std::getenv("LATHE_CUDA_TRAIN_DUMP");
   if (!dir) GTEST_SKIP() << "set LATHE_CUDA_TRAIN_DUMP to a folder to dump the pass";
   const std::string family = GetParam();
-  auto host = load_host(family);
-  ASSERT_TRUE(host);
-  auto gpu = to_gpu(*host);
-  ASSERT_TRUE(gpu);
-  auto file = SafetensorsFile::open(kFix + family + "/lora_grads.safetensors");
-  ASSERT_TRUE(file.is_ok()) << file.status().message();
-  MicroBatch mb = fixture_batch(*file);
-  auto loss = gpu->forward_backward(mb, 1.0f / float(mb.n_supervised));
-  ASSERT_TRUE(loss.is_ok()) << loss.status().message();
+  auto run = fixture_pass(family);
+  ASSERT_TRUE(run);
+  auto& [host, gpu, file, mb, loss] = *run;
   std::vector<std::pair<std::string, Tensor>> out;
   auto add = [&](const std::string& name, const float* v, int64_t n) {
     Tensor t = Tensor::empty(DType::F32, Shape{n});

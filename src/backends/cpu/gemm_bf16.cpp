@@ -99,6 +99,23 @@ void pack_b(const Problem& P, int64_t j0, int64_t nc, int64_t p0, int64_t kc, ui
     pack_b_panel(P, j0 + pn * kNR, int(std::min<int64_t>(kNR, nc - pn * kNR)), p0, kc, dst + pn * kc * kNR);
 }
 
+// C[rows, cols] (=, or += when add) alpha times a tile's accumulators.
+LATHE_AVX512BF16 inline void store_tile(const __m512 (&acc)[kMR][2], float* c, int64_t ldc, int rows, int cols,
+                                        float alpha, bool add) {
+  const __mmask16 m0 = mask16(cols), m1 = mask16(cols - 16);
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
+    if (add) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, v0);
+    _mm512_mask_storeu_ps(cr + 16, m1, v1);
+  }
+}
+
 // C[rows, cols] (+)= alpha · Σ_p a-tile[p] · b-panel[p] over kc pairs.
 LATHE_AVX512BF16 void tile(const uint32_t* ap, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, int rows,
                            int cols, float alpha, bool add) {
@@ -115,19 +132,7 @@ LATHE_AVX512BF16 void tile(const uint32_t* ap, const uint32_t* bp, int64_t kc, f
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
     }
   }
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xffff) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
-  const __m512 va = _mm512_set1_ps(alpha);
-  for (int r = 0; r < rows; ++r) {
-    float* cr = c + r * ldc;
-    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
-    if (add) {
-      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
-      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
-    }
-    _mm512_mask_storeu_ps(cr, m0, v0);
-    _mm512_mask_storeu_ps(cr + 16, m1, v1);
-  }
+  store_tile(acc, c, ldc, rows, cols, alpha, add);
 }
 
 // One column block [j0, j0 + nc) of C over every row tile and k block.
@@ -172,18 +177,7 @@ LATHE_AVX512BF16 void tile_packed(const uint32_t* ap, const uint32_t* bp, int64_
         acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
       }
     }
-  const __mmask16 m0 = mask16(cols), m1 = mask16(cols - 16);
-  const __m512 va = _mm512_set1_ps(alpha);
-  for (int r = 0; r < rows; ++r) {
-    float* cr = c + r * ldc;
-    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
-    if (add) {
-      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cr));
-      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cr + 16));
-    }
-    _mm512_mask_storeu_ps(cr, m0, v0);
-    _mm512_mask_storeu_ps(cr + 16, m1, v1);
-  }
+  store_tile(acc, c, ldc, rows, cols, alpha, add);
 }
 
 // The AVX512-BF16 kernel on a packed-ahead B: threads take blocks of kNC
