@@ -37,8 +37,9 @@ Cases, as tests/cuda_train/cuda_train_test.cpp runs them:
   packed/<family>  random_batch(vocab, 17) against the f32 pass (the CPU
       trainer is f32: PackedBatchMatchesTheCpuTrainer).
 For each LoRA tensor and the loss it prints the error max|Δ| / max|ref|, the
-tolerance (1.25 × bf16_error.json's HF error) and their ratio; ratios over
-1 fail on the GPU.
+tolerance (2 × the larger of bf16_error.json's two HF bf16 errors, as the
+tests bound it) and their ratio; ratios over 1 fail on the GPU, and so does a
+median of error / HF's error over 1 (the summary line's last figure).
 
 One pass is one draw of the rounding noise; --draws N adds N more (every
 rounded value first moved by 2^-23 relative, as another f32 summation order
@@ -64,6 +65,15 @@ projections round once (--no-beta-rounds: 5.7, 0.59). Even then HF's own
 error is one draw, and passing every tensor needs more: rounding each
 projection output only where its consumer stores it (--f32 gemm --f32
 lora_add) ~1.3 per draw, plus the residual stream in f32 (--f32 resid) 0.
+Those counts are against the tests' earlier bound, 1.25 × HF's sdpa error,
+which HF's own eager run fails on 16 of 174 tensors. Against the tests'
+bounds now (2 × the larger of HF's sdpa and eager errors per tensor, and a
+median of error / HF's error <= 1 per case): each projection rounded twice
+fails peft/qwen2 (median 1.15, max 3.1 × HF); each projection rounded once,
+the LoRA terms inside the base GEMM's K (--no-beta-rounds --f32 lora_add
+--f32 blora_add), passes every case on the base pass (medians 0.63-0.78, the
+largest tensor 1.86 × HF on peft/qwen2), with one tensor of peft/qwen2 just
+over (2.08 ×) in one of three noise draws.
 
 Usage: python3 tools/emulate_cuda_train.py [--family llama] [--case peft|packed]
            [--f32 NAME ...] [--hf NAME ...] [--draws N] [--splitk N] [--no-beta-rounds]
@@ -83,7 +93,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bf16_grad_error import DATA, FAMILIES, PACKED_LENGTHS, PACKED_SEED, PACKED_UNSUPERVISED, mt19937  # noqa: E402
 
-NOISE_FACTOR = 1.25
+RUN_SPREAD = 2.0  # the GPU tests' per-tensor factor over the larger of HF's two bf16 errors
 PROJ = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 
@@ -554,7 +564,7 @@ class Case:
 
     def tolerance(self, n):
         e = self.tol["loss"] if n == "loss" else self.tol["grads"][n]
-        return NOISE_FACTOR * e["error"]
+        return RUN_SPREAD * max(e["error"], e["eager"])
 
     def ratios(self, errs):
         return {n: e / self.tolerance(n) for n, e in errs.items()}
@@ -566,9 +576,13 @@ def short(n):
 
 
 def summary(r):
+    """r: error / tolerance per tensor. The tests also need the median of error / HF's error (= RUN_SPREAD · r) <= 1."""
     vals = sorted(r.values())
     over = sum(v > 1 for v in vals)
-    return f"max {vals[-1]:.2f} median {vals[len(vals) // 2]:.2f} over-tolerance {over}/{len(vals)}"
+    n = len(vals)
+    med = RUN_SPREAD * (vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2]))
+    return (f"max {vals[-1]:.2f} over-tolerance {over}/{n}, median error/HF {med:.2f}"
+            f"{' (over 1: fails)' if med > 1 else ''}")
 
 
 def buffer_order(n_layer):

@@ -12,16 +12,28 @@
 // in bf16, LoRA kept in f32: the analogue of this trainer's bf16 base and f32
 // LoRA masters) is from its f32 step on the same model and batch: "peft/<f>"
 // on the fixture batch, "packed/<f>" on random_batch(vocab, 17). Errors are
-// max|got − want| / max|want| per tensor. The GPU's tolerance for a tensor is
-// that error times 1.25: one bf16 run is one draw of rounding noise, and two
-// equally valid HF bf16 runs (sdpa and eager attention, also in the file)
-// differ per tensor by a factor whose upper quartile is 1.24. A missing entry
-// fails. The file's gradients also fail a real bug by far: the CPU trainer
-// with the fixture's two documents attending to each other is ≥ 5× outside
-// every tolerance (checked here without a GPU). The recomputation switch runs
+// max|got − want| / max|want| per tensor, for two equally valid HF bf16 runs:
+// sdpa attention ("error") and eager ("eager"). One bf16 run is one draw of
+// rounding noise, and the draws spread widely per tensor: HF's eager run is
+// 0.07× to 1.76× its sdpa run's error, so a bound of one run's error times a
+// small factor fails Hugging Face itself (1.25 × sdpa, this file's earlier
+// bound, fails 16 of HF eager's 174 tensors, and 29 the other way round).
+// The GPU pass is therefore held to what HF's runs do, per tensor and in
+// aggregate (HfBf16Check):
+//   - each tensor within kRunSpread = 2 × the larger of HF's two errors (2:
+//     the narrowest round factor above HF's largest run-to-run spread);
+//   - per case, the median over its tensors of error / that larger error at
+//     most 1: typically as accurate as HF's bf16 step (a uniformly sloppier
+//     pass fails here first; tools/emulate_cuda_train.py shows the GPU pass
+//     with each projection rounded twice failing it on qwen2, median 1.15).
+// A missing entry fails. A real bug fails by far: the CPU trainer with the
+// fixture's two documents attending to each other is ≥ 5× outside every
+// per-tensor bound (9.7× the least) and its median error is 37× HF's or more
+// (checked here without a GPU: ≥ 10×). The recomputation switch runs
 // the very same kernels on the very same inputs: results must be identical.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +44,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -60,25 +74,59 @@ const std::string kFix = data_dir() + "/grad_hd64/";
 // For the AdamW tracking test only (gradient norm and loss after steps).
 constexpr double kGradTol = 3e-2;
 constexpr double kLossTol = 2e-3;
-// One bf16 run of HF is one draw of rounding noise (see the top of the file).
-constexpr double kNoiseFactor = 1.25;
+// HF's largest run-to-run spread, rounded up (see the top of the file).
+constexpr double kRunSpread = 2.0;
 
-// The tolerance of `tensor` ("loss" or a gradient's name) in case
-// `name` of bf16_error.json: 1.25 × HF's bf16 error; 0 (failing every
-// comparison) with a test failure when the file or the entry is missing.
-double hf_bf16_tol(const std::string& name, const std::string& tensor) {
-  const std::string path = kFix + "bf16_error.json";
-  try {
-    std::ifstream f(path);
-    if (!f) throw std::runtime_error("cannot open the file");
-    const nlohmann::json c = nlohmann::json::parse(f).at("cases").at(name);
-    const nlohmann::json& e = tensor == "loss" ? c.at("loss") : c.at("grads").at(tensor);
-    return kNoiseFactor * e.at("error").get<double>();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << path << ": case " << name << ", " << tensor << ": " << e.what();
-    return 0;
+// The bf16 checks of one case of bf16_error.json ("peft/llama", ...): bound()
+// is kRunSpread × the larger of HF's two bf16 errors of a tensor ("loss" or a
+// gradient's name), 0 (failing every comparison) with a test failure when the
+// file or the entry is missing; expect() checks one error against it and
+// records error / HF's error for the median, record() only records it;
+// expect_median() checks the median.
+class HfBf16Check {
+ public:
+  explicit HfBf16Check(std::string name) : name_(std::move(name)) {
+    const std::string path = kFix + "bf16_error.json";
+    try {
+      std::ifstream f(path);
+      if (!f) throw std::runtime_error("cannot open the file");
+      case_ = nlohmann::json::parse(f).at("cases").at(name_);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << path << ": case " << name_ << ": " << e.what();
+    }
   }
-}
+  // The larger of HF's sdpa and eager errors; 0 (and a failure) if missing.
+  double hf(const std::string& tensor) const {
+    try {
+      const nlohmann::json& e = tensor == "loss" ? case_.at("loss") : case_.at("grads").at(tensor);
+      return std::max(e.at("error").get<double>(), e.at("eager").get<double>());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "bf16_error.json: case " << name_ << ", " << tensor << ": " << e.what();
+      return 0;
+    }
+  }
+  double bound(const std::string& tensor) const { return kRunSpread * hf(tensor); }
+  void expect(const std::string& tensor, double err) {
+    EXPECT_LE(err, bound(tensor)) << name_ << " " << tensor << " (HF's bf16 error " << hf(tensor) << ")";
+    record(tensor, err);
+  }
+  void record(const std::string& tensor, double err) {
+    const double h = hf(tensor);
+    ratios_.push_back(h > 0 ? err / h : INFINITY);
+  }
+  double median() {
+    if (ratios_.empty()) return INFINITY;
+    std::sort(ratios_.begin(), ratios_.end());
+    const size_t n = ratios_.size();
+    return n % 2 ? ratios_[n / 2] : 0.5 * (ratios_[n / 2 - 1] + ratios_[n / 2]);
+  }
+  void expect_median() { EXPECT_LE(median(), 1.0) << name_ << ": median of error / HF's bf16 error"; }
+
+ private:
+  std::string name_;
+  nlohmann::json case_ = nlohmann::json::object();
+  std::vector<double> ratios_;
+};
 
 double rel_error(const float* got, const float* want, int64_t n) {
   double diff = 0, ref = 0;
@@ -196,7 +244,8 @@ TEST_P(CudaLoraFixture, LossAndEveryLoraGradientMatchPeft) {
   auto& [host, gpu, file, mb, loss] = *run;
   EXPECT_EQ(loss->n_supervised, mb.n_supervised);
   const double want = file->tensor("loss").value().data<double>()[0];
-  EXPECT_LE(std::abs(loss->loss_sum / double(loss->n_supervised) - want) / want, hf_bf16_tol("peft/" + family, "loss"));
+  HfBf16Check check("peft/" + family);
+  check.expect("loss", std::abs(loss->loss_sum / double(loss->n_supervised) - want) / want);
   std::vector<float> g = grads_of(*gpu);
   int checked = 0;
   for (const SafetensorsEntry& e : file->entries()) {
@@ -204,11 +253,11 @@ TEST_P(CudaLoraFixture, LossAndEveryLoraGradientMatchPeft) {
     const ParamInfo* p = host->find_param(e.name);
     ASSERT_NE(p, nullptr) << e.name;
     Tensor w = file->tensor(e.name).value();
-    EXPECT_LE(rel_error(g.data() + p->offset, w.data<float>(), w.numel()), hf_bf16_tol("peft/" + family, e.name))
-        << family << " " << e.name;
+    check.expect(e.name, rel_error(g.data() + p->offset, w.data<float>(), w.numel()));
     ++checked;
   }
   EXPECT_EQ(checked, 2 * 7 * 2);
+  check.expect_median();
 }
 
 // For tools/emulate_cuda_train.py --gpu-dump: with LATHE_CUDA_TRAIN_DUMP set
@@ -252,9 +301,10 @@ TEST_P(CudaLoraFixture, DumpsThePassForTheEmulation) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaLoraFixture, ::testing::Values("llama", "qwen2", "qwen3"));
 
-// Without a GPU: the tolerances pass the f32 CPU trainer and fail a real bug.
+// Without a GPU: the bounds pass the f32 CPU trainer and fail a real bug.
 // The two documents merged into one (the second attends to the first, as a
-// packing bug would do) put every gradient ≥ 5× outside its tolerance.
+// packing bug would do) put every gradient ≥ 5× outside its bound and the
+// median error ≥ 10× HF's.
 TEST_P(CudaLoraFixture, TolerancesPassTheCpuTrainerAndFailABug) {
   const std::string family = GetParam();
   auto file = SafetensorsFile::open(kFix + family + "/lora_grads.safetensors");
@@ -268,19 +318,22 @@ TEST_P(CudaLoraFixture, TolerancesPassTheCpuTrainerAndFailABug) {
     auto host = load_host(family);
     ASSERT_TRUE(host);
     ASSERT_TRUE(host->forward_backward(*mb, 1.0f / float(mb->n_supervised)).is_ok());
+    HfBf16Check check("peft/" + family);
     int checked = 0;
     for (const ParamInfo& p : host->param_table()) {
       Tensor w = file->tensor(p.name).value();
       const double err = rel_error(host->grads().data() + p.offset, w.data<float>(), w.numel());
-      const double tol = hf_bf16_tol("peft/" + family, p.name);
       if (mb == &good) {
-        EXPECT_LE(err, tol) << family << " " << p.name;
+        check.expect(p.name, err);
       } else {
-        EXPECT_GE(err, 5 * tol) << family << " " << p.name << " (documents merged)";
+        EXPECT_GE(err, 5 * check.bound(p.name)) << family << " " << p.name << " (documents merged)";
+        check.record(p.name, err);
       }
       ++checked;
     }
     EXPECT_EQ(checked, 2 * 7 * 2);
+    if (mb == &good) check.expect_median();
+    else EXPECT_GE(check.median(), 10.0) << family << " (documents merged)";
   }
 }
 
@@ -299,12 +352,12 @@ TEST_P(CudaVsCpu, PackedBatchMatchesTheCpuTrainer) {
   auto lg = gpu->forward_backward(mb, scale);
   ASSERT_TRUE(lc.is_ok() && lg.is_ok()) << lc.status().message() << lg.status().message();
   EXPECT_EQ(lg->n_supervised, lc->n_supervised);
-  EXPECT_LE(std::abs(lg->loss_sum - lc->loss_sum) / lc->loss_sum, hf_bf16_tol("packed/" + family, "loss"));
+  HfBf16Check check("packed/" + family);
+  check.expect("loss", std::abs(lg->loss_sum - lc->loss_sum) / lc->loss_sum);
   std::vector<float> g = grads_of(*gpu);
   for (const ParamInfo& p : host->param_table())
-    EXPECT_LE(rel_error(g.data() + p.offset, host->grads().data() + p.offset, p.numel()),
-              hf_bf16_tol("packed/" + family, p.name))
-        << family << " " << p.name;
+    check.expect(p.name, rel_error(g.data() + p.offset, host->grads().data() + p.offset, p.numel()));
+  check.expect_median();
   // forward_loss gives the same loss without touching the gradients.
   auto lf = gpu->forward_loss(mb);
   ASSERT_TRUE(lf.is_ok()) << lf.status().message();
