@@ -112,22 +112,22 @@ int main(int argc, char** argv) {
       if (p.second == cpu::Bf16GemmPath::kF32) continue;
       // w [out, in]: [n, k] for a forward, [k, n] for an input gradient.
       const cpu::PackedBf16Weight pw(w16.data(), s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n);
+      cpu::set_amx_rows_split(false);
       const double tp = best_seconds(reps, [&] {
         if (s.trans_b)
           pw.forward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
         else
           pw.backward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
       });
+      cpu::set_amx_rows_split(true);
       std::printf(" %.0f |", flop / tp * 1e-9);
       if (p.second != cpu::Bf16GemmPath::kAmx) continue;
-      cpu::set_amx_rows_split(true);
       const double tr = best_seconds(reps, [&] {
         if (s.trans_b)
           pw.forward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
         else
           pw.backward(s.m, 1.0f, a.data(), s.k, false, c.data(), s.n);
       });
-      cpu::set_amx_rows_split(false);
       std::printf(" %.0f |", flop / tr * 1e-9);
     }
     const double t = best_seconds(reps, [&] {

@@ -5,14 +5,16 @@
 // shapes, threads and batch, is bench/train_step_torch.py; run both in one
 // call and compare tokens/s.
 // Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full] [32|bf16-mixed]
-//                         [amx-prefetch: the AMX kernel prefetches its A operand | amx-rows: packed GEMMs split
-//                          rows over the threads (set_amx_rows_split) | ce-rows=N: LM head chunk rows]
+//                         [amx-prefetch: the AMX kernel prefetches its A operand | amx-cols: packed GEMMs split
+//                          columns over the threads, not rows (set_amx_rows_split) |
+//                          amx-emulated: the AMX code with its tile instructions in scalar code (checks, slow) | ce-rows=N: LM head chunk rows]
 // Defaults: 2 threads, the 58M-parameter shape (512, 8, 1376, 32000), batch 4 x 256, r 16, precision 32
 // (bf16-mixed: the frozen base in bf16, trainer.precision's other value).
 // The bf16 GEMM path (amx, avx512bf16 or f32; LATHE_CPU_GEMM forces one) is
 // printed with the result.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -86,10 +88,11 @@ int main(int argc, char** argv) {
   const bool bf16 = argc > 9 && std::string(argv[9]) == "bf16-mixed";
   set_num_threads(threads);
   const bool prefetch = argc > 10 && std::string(argv[10]) == "amx-prefetch";
-  const bool rows_split = argc > 10 && std::string(argv[10]) == "amx-rows";
+  const bool rows_split = !(argc > 10 && std::string(argv[10]) == "amx-cols");
   cpu::set_amx_rows_split(rows_split);
   const int64_t ce_rows = argc > 10 && std::string(argv[10]).rfind("ce-rows=", 0) == 0 ? std::atol(argv[10] + 8) : 0;
   if (prefetch && cpu::amx_bf16_available()) cpu::set_amx_prefetch(true);
+  if (argc > 10 && std::string(argv[10]) == "amx-emulated") cpu::set_amx_emulation(true);
   const std::string dir = (std::filesystem::temp_directory_path() / "lathe_bench_train_model").string();
   write_model(dir, H, L, F, V);
   TrainableModelOptions opts;
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
     mb.labels.push_back(last ? kIgnoreIndex : mb.input_ids[i + 1]);
   }
   std::vector<double> times;
+  double mean_loss = 0;
   for (int rep = 0; rep < 6; ++rep) {
     if (rep == 1) (*model)->set_phase_timing(true);  // the counted passes only
     auto t0 = Clock::now();
@@ -127,13 +131,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (rep > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    mean_loss = loss->loss_sum / double(std::max<int64_t>(loss->n_supervised, 1));
   }
   std::sort(times.begin(), times.end());
   const double tokens = double(B) * S;
   const char* kPathNames[] = {"f32", "avx512bf16", "amx"};
   const std::string precision =
       bf16 ? std::string("bf16-mixed (") + kPathNames[int(cpu::bf16_gemm_path())] +
-                 (prefetch ? "+prefetch" : "") + (rows_split ? ", rows split" : "") + " GEMM" +
+                 (prefetch ? "+prefetch" : "") + (rows_split ? "" : ", columns split") + " GEMM" +
                  (ce_rows > 0 ? ", LM head chunks of " + std::to_string(ce_rows) : std::string()) + ")"
            : "32";
   std::printf("| lathe %s %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",
@@ -141,7 +146,8 @@ int main(int argc, char** argv) {
               S, times.front(),
               times[times.size() / 2], tokens / times[times.size() / 2],
               double((*model)->activation_bytes()) / (1 << 20));
-  std::printf("|   where a pass goes (mean of %zu):", times.size());
+  std::printf("|   loss %.4f (the same micro batch each pass; ln(vocab) %.4f) | where a pass goes (mean of %zu):",
+              mean_loss, std::log(double(V)), times.size());
   for (const auto& [name, sec] : (*model)->phase_seconds())
     std::printf(" %s %.3f s |", name.c_str(), sec / double(times.size()));
   std::printf("\n");

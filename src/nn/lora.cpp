@@ -3,7 +3,9 @@
 // which beat OpenBLAS there on both CPUs measured; the products with k or
 // an output side equal to the rank stay on OpenBLAS, which was faster for
 // them on a Xeon (bench_gemm_bf16's second table). Adapters that share an
-// input run as one wider GEMM where they can.
+// input run as one wider GEMM where they can. With LoraWeights::bf16 the
+// products x·Aᵀ, u·Bᵀ, dy·B and du·A go to gemm_bf16 instead, the factors
+// rounded to a bf16 copy per call (r rows or columns: small).
 #include "nn/lora.h"
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <optional>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/gemm_bf16.h"
 #include "backends/cpu/gemm_skinny.h"
 #include "core/parallel.h"
 
@@ -44,6 +47,29 @@ Status check_lora(const LoraWeights& w, const TensorView& x, const TensorView& y
     return invalid_argument("lora: shapes do not chain: x ", x.shape.str(), ", A ", w.a.shape.str(), ", B ",
                             w.b.shape.str(), ", y ", y.shape.str());
   return Status::ok();
+}
+
+// t as bf16 (arena scratch).
+const uint16_t* bf16_copy(const TensorView& t, Arena& arena) {
+  TensorView c = arena.alloc(DType::BF16, t.shape);
+  convert_from_f32(t.ptr<const float>(), c.data, DType::BF16, t.numel());
+  return c.ptr<const uint16_t>();
+}
+
+// C[m, n] = alpha · X[m, k] · Fᵀ (+ C): F [n, k] f32, the factor (A, or B).
+void times_factor_t(bool bf16, int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx,
+                    const TensorView& f, bool accumulate, float* c, int64_t ldc, Arena& arena) {
+  if (bf16)
+    return cpu::gemm_bf16(true, m, n, k, alpha, x, ldx, bf16_copy(f, arena), k, accumulate, c, ldc);
+  cpu::sgemm(false, true, m, n, k, alpha, x, ldx, f.ptr<const float>(), k, accumulate ? 1.0f : 0.0f, c, ldc);
+}
+
+// C[m, n] = alpha · X[m, k] · F (+ C): F [k, n] f32.
+void times_factor(bool bf16, int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx,
+                  const TensorView& f, bool accumulate, float* c, int64_t ldc, Arena& arena) {
+  if (bf16)
+    return cpu::gemm_bf16(false, m, n, k, alpha, x, ldx, bf16_copy(f, arena), n, accumulate, c, ldc);
+  cpu::sgemm(false, false, m, n, k, alpha, x, ldx, f.ptr<const float>(), n, accumulate ? 1.0f : 0.0f, c, ldc);
 }
 
 }  // namespace
@@ -128,10 +154,13 @@ Status lora_forward(const LoraWeights& w, TensorView x, TensorView y, Arena& are
     });
   }
   TensorView u = arena.alloc(DType::F32, {n, r});
-  cpu::sgemm_skinny(false, true, n, r, in, w.scale, xin.ptr<const float>(), in, w.a.ptr<const float>(), in, 0.0f,
-                    u.ptr<float>(), r);
-  cpu::sgemm(false, true, n, out, r, 1.0f, u.ptr<const float>(), r, w.b.ptr<const float>(), r, 1.0f, y.ptr<float>(),
-             out);
+  Arena::Scope copies(arena);  // the bf16 factors
+  if (w.bf16)
+    times_factor_t(true, n, r, in, w.scale, xin.ptr<const float>(), in, w.a, false, u.ptr<float>(), r, arena);
+  else
+    cpu::sgemm_skinny(false, true, n, r, in, w.scale, xin.ptr<const float>(), in, w.a.ptr<const float>(), in, 0.0f,
+                      u.ptr<float>(), r);
+  times_factor_t(w.bf16, n, out, r, 1.0f, u.ptr<const float>(), r, w.b, true, y.ptr<float>(), out, arena);
   if (saved) *saved = {.x_drop = w.dropout > 0.0f ? xin : TensorView{}, .u = u};
   return Status::ok();
 }
@@ -143,7 +172,7 @@ Status lora_backward(const LoraWeights& w, TensorView x, TensorView dy, TensorVi
   const int64_t n = x.shape[0], in = x.shape[1], r = w.a.shape[0], out = w.b.shape[0];
   const float* g = dy.ptr<const float>();
   TensorView du = arena.alloc(DType::F32, {n, r});  // ∂L/∂u = dy·B
-  cpu::sgemm(false, false, n, r, out, 1.0f, g, out, w.b.ptr<const float>(), r, 0.0f, du.ptr<float>(), r);
+  times_factor(w.bf16, n, r, out, 1.0f, g, out, w.b, false, du.ptr<float>(), r, arena);
   if (!w.db.empty())
     cpu::sgemm(true, false, out, r, n, 1.0f, g, out, saved.u.ptr<const float>(), r, 1.0f, w.db.ptr<float>(), r);
   const TensorView xin = saved.x_drop.empty() ? x : saved.x_drop;
@@ -152,13 +181,11 @@ Status lora_backward(const LoraWeights& w, TensorView x, TensorView dy, TensorVi
                w.da.ptr<float>(), in);
   if (dx.empty()) return Status::ok();
   if (w.dropout == 0.0f) {
-    cpu::sgemm(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 1.0f,
-               dx.ptr<float>(), in);
+    times_factor(w.bf16, n, in, r, w.scale, du.ptr<const float>(), r, w.a, true, dx.ptr<float>(), in, arena);
     return Status::ok();
   }
   TensorView dxin = arena.alloc(DType::F32, x.shape);
-  cpu::sgemm(false, false, n, in, r, w.scale, du.ptr<const float>(), r, w.a.ptr<const float>(), in, 0.0f,
-             dxin.ptr<float>(), in);
+  times_factor(w.bf16, n, in, r, w.scale, du.ptr<const float>(), r, w.a, false, dxin.ptr<float>(), in, arena);
   const float keep_scale = 1.0f / (1.0f - w.dropout);
   float* d = dx.ptr<float>();
   const float* t = dxin.ptr<const float>();
@@ -175,7 +202,9 @@ namespace {
 bool groupable(std::span<const LoraWeights> w, TensorView x) {
   if (w.size() < 2 || w.size() > kMaxLoraGroup) return false;
   for (const LoraWeights& a : w)
-    if (a.dropout > 0.0f || a.scale != w[0].scale || a.a.shape.rank() != 2 || a.a.shape[1] != x.shape[1]) return false;
+    if (a.dropout > 0.0f || a.scale != w[0].scale || a.bf16 != w[0].bf16 || a.a.shape.rank() != 2 ||
+        a.a.shape[1] != x.shape[1])
+      return false;
   return true;
 }
 
@@ -209,8 +238,11 @@ Status lora_forward_group(std::span<const LoraWeights> w, TensorView x, std::spa
     TensorView a = stack_a(w, arena, off);
     const int64_t rows = a.shape[0];
     TensorView u = arena.alloc(DType::F32, {n, rows});
-    cpu::sgemm_skinny(false, true, n, rows, in, w[0].scale, x.ptr<const float>(), in, a.ptr<const float>(), in, 0.0f,
-                      u.ptr<float>(), rows);
+    if (w[0].bf16)
+      times_factor_t(true, n, rows, in, w[0].scale, x.ptr<const float>(), in, a, false, u.ptr<float>(), rows, arena);
+    else
+      cpu::sgemm_skinny(false, true, n, rows, in, w[0].scale, x.ptr<const float>(), in, a.ptr<const float>(), in,
+                        0.0f, u.ptr<float>(), rows);
     for (size_t i = 0; i < w.size(); ++i) {
       const int64_t r = w[i].a.shape[0];
       for (int64_t t = 0; t < n; ++t)
@@ -218,10 +250,11 @@ Status lora_forward_group(std::span<const LoraWeights> w, TensorView x, std::spa
                     sizeof(float) * size_t(r));
     }
   }
+  Arena::Scope copies(arena);  // the bf16 factors
   for (size_t i = 0; i < w.size(); ++i) {
     const int64_t r = w[i].a.shape[0], out = w[i].b.shape[0];
-    cpu::sgemm(false, true, n, out, r, 1.0f, saved[i].u.ptr<const float>(), r, w[i].b.ptr<const float>(), r, 1.0f,
-               y[i].ptr<float>(), out);
+    times_factor_t(w[i].bf16, n, out, r, 1.0f, saved[i].u.ptr<const float>(), r, w[i].b, true, y[i].ptr<float>(),
+                   out, arena);
   }
   return Status::ok();
 }
@@ -244,8 +277,7 @@ Status lora_backward_group(std::span<const LoraWeights> w, TensorView x, std::sp
   for (size_t i = 0; i < w.size(); ++i) {
     const int64_t r = w[i].a.shape[0], out = w[i].b.shape[0];
     const float* g = dy[i].ptr<const float>();
-    cpu::sgemm(false, false, n, r, out, 1.0f, g, out, w[i].b.ptr<const float>(), r, 0.0f, du.ptr<float>() + off[i],
-               rows);
+    times_factor(w[i].bf16, n, r, out, 1.0f, g, out, w[i].b, false, du.ptr<float>() + off[i], rows, arena);
     if (!w[i].db.empty())
       cpu::sgemm(true, false, out, r, n, 1.0f, g, out, saved[i].u.ptr<const float>(), r, 1.0f, w[i].db.ptr<float>(), r);
   }
@@ -259,8 +291,7 @@ Status lora_backward_group(std::span<const LoraWeights> w, TensorView x, std::sp
     for (int64_t e = 0; e < w[i].a.numel(); ++e) dst[e] += src[e];
   }
   if (!dx.empty())
-    cpu::sgemm(false, false, n, in, rows, w[0].scale, du.ptr<const float>(), rows, a.ptr<const float>(), in, 1.0f,
-               dx.ptr<float>(), in);
+    times_factor(w[0].bf16, n, in, rows, w[0].scale, du.ptr<const float>(), rows, a, true, dx.ptr<float>(), in, arena);
   return Status::ok();
 }
 

@@ -58,6 +58,13 @@ struct LoraWeights {
   float scale = 1.0f;
   float dropout = 0.0f;
   uint64_t dropout_seed = 0;  // this adapter's mask for this pass
+  // bf16-mixed: the four products that carry activations forward and back
+  // (x·Aᵀ, u·Bᵀ, dy·B, du·A) take bf16 operands, rounded to nearest-even,
+  // with f32 sums (gemm_bf16: AMX tiles on CPUs with them), as autocast
+  // runs an adapter's matmuls; the weight gradients dA = duᵀ·x and
+  // dB = dyᵀ·u stay f32 products, and A, B, u and every gradient stay f32
+  // in memory. False: all f32.
+  bool bf16 = false;
 };
 
 // What forward keeps for backward (views into the caller's arena).

@@ -49,6 +49,11 @@ struct AttentionVarlenArgs {
   TensorView workspace{};   // [>= attention_varlen_workspace_floats(...)] f32
   int window = 0;
   float scale = 1.0f;
+  // bf16-mixed: the four products take bf16 operands (rounded to nearest-
+  // even) with f32 sums, on AMX tiles where the CPU has them; softmax, lse
+  // and the row sums stay f32, with a vectorized f32 exp (within 2 ulp).
+  // False (the default): everything f32, exps as exact as libm's.
+  bool bf16_products = false;
 };
 Status validate(const AttentionVarlenArgs& a);  // messages start with "attention_varlen: "
 
@@ -61,6 +66,7 @@ struct AttentionVarlenBackwardArgs {
   TensorView workspace{};  // [>= attention_varlen_workspace_floats(...)] f32
   int window = 0;
   float scale = 1.0f;
+  bool bf16_products = false;  // as forward's; give both the same value
 };
 Status validate(const AttentionVarlenBackwardArgs& a);  // messages start with "attention_varlen_backward: "
 

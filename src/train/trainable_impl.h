@@ -19,7 +19,8 @@
 namespace lathe {
 
 // Where a CPU pass spends its time, when TrainableModel::set_phase_timing is on.
-enum Phase : int { kPhaseBase, kPhaseLora, kPhaseAttention, kPhaseHead, kNumPhases };
+// kPhaseFused: base and adapter products run as one group (trainable_fused.cpp).
+enum Phase : int { kPhaseBase, kPhaseLora, kPhaseAttention, kPhaseHead, kPhaseFused, kNumPhases };
 
 // The seven projections of a decoder layer, in HF order.
 enum Proj : int { kQ, kK, kV, kO, kGate, kUp, kDown, kNumProj };
@@ -121,9 +122,24 @@ class TrainableModelImpl {
                            std::span<const TensorView> ys, LayerActs& s);
   Status lin_backward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
                             std::span<const TensorView> dys, TensorView dx, const LayerActs& s);
+  // bf16-mixed on AMX (trainable_fused.cpp): whether projections js of
+  // layer l (sharing one input) can run fused, and their forward (y_i =
+  // x·W_iᵀ + LoRA, overwriting or accumulating) and backward (dx = Σ input
+  // gradients, overwriting or accumulating; adapters' dA, dB accumulated).
+  bool fused_ok(int l, std::span<const Proj> js) const;
+  Status fused_forward(int l, std::span<const Proj> js, TensorView x, std::span<const TensorView> ys,
+                       bool accumulate, LayerActs& s);
+  Status fused_backward(int l, std::span<const Proj> js, TensorView x, std::span<const TensorView> dys,
+                        TensorView dx, bool accumulate, const LayerActs& s);
+  // One projection: fused when it can be, else lin_forward / lin_backward.
+  Status lin_forward_one(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
+                         LayerActs& s);
+  Status lin_backward_one(int l, Proj j, const PassCtx& p, TensorView x, TensorView dy, TensorView dx,
+                          const LayerActs& s);
   Status base_forward(const TLinear& L, TensorView x, TensorView y, bool accumulate);
   Status base_backward(const TLinear& L, TensorView x, TensorView dy, TensorView dx, bool accumulate);
   LoraWeights lora_weights(int l, Proj j, const PassCtx& p) const;
+  bool bf16_adapters() const;
 };
 
 }  // namespace lathe

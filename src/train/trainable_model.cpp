@@ -305,7 +305,7 @@ void TrainableModel::set_phase_timing(bool on) {
 }
 
 std::vector<std::pair<std::string, double>> TrainableModel::phase_seconds() const {
-  const char* const names[kNumPhases] = {"base GEMMs", "LoRA", "attention", "LM head + CE"};
+  const char* const names[kNumPhases] = {"base GEMMs", "LoRA", "attention", "LM head + CE", "base + LoRA fused"};
   std::vector<std::pair<std::string, double>> out;
   double sum = 0;
   for (int p = 0; p < kNumPhases; ++p) {

@@ -64,11 +64,18 @@ TrainableModelImpl::PhaseScope::~PhaseScope() {
   if (acc_) *acc_ += double(now_ns() - t0_ns_) * 1e-9;
 }
 
+// bf16-mixed adapters take bf16 products where the bf16 GEMM runs on AMX
+// tiles; the AVX512-BF16 kernel's register tile (32 columns, threads
+// sharing columns) does not pay at rank-wide shapes, so there they stay f32.
+bool TrainableModelImpl::bf16_adapters() const {
+  return opts.bf16_base && cpu::bf16_gemm_path() == cpu::Bf16GemmPath::kAmx;
+}
+
 LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) const {
   const TLora& a = loras[size_t(blocks[size_t(l)].proj[j].lora)];
   return {.a = fv(a.a, {a.r, a.in}), .b = fv(a.b, {a.out, a.r}), .da = fv(a.da, {a.r, a.in}),
           .db = fv(a.db, {a.out, a.r}), .scale = opts.lora.scale(), .dropout = opts.lora.dropout,
-          .dropout_seed = mix64(p.dropout_base ^ uint64_t(l * kNumProj + j))};
+          .dropout_seed = mix64(p.dropout_base ^ uint64_t(l * kNumProj + j)), .bf16 = bf16_adapters()};
 }
 
 // f32 weights: one sgemm split over the threads by rows of x (bigger tiles
@@ -136,8 +143,21 @@ Status TrainableModelImpl::lin_backward(int l, Proj j, const PassCtx& p, TensorV
 
 // The f32 path keeps one adapter per call, so its results stay exactly what
 // they were before grouping existed; bf16_base groups the adapters.
+Status TrainableModelImpl::lin_forward_one(int l, Proj j, const PassCtx& p, TensorView x, TensorView y,
+                                           bool accumulate, LayerActs& s) {
+  if (fused_ok(l, {&j, 1})) return fused_forward(l, {&j, 1}, x, {&y, 1}, accumulate, s);
+  return lin_forward(l, j, p, x, y, accumulate, &s.lora[j]);
+}
+
+Status TrainableModelImpl::lin_backward_one(int l, Proj j, const PassCtx& p, TensorView x, TensorView dy,
+                                            TensorView dx, const LayerActs& s) {
+  if (fused_ok(l, {&j, 1})) return fused_backward(l, {&j, 1}, x, {&dy, 1}, dx, false, s);
+  return lin_backward(l, j, p, x, dy, dx, false, s.lora[j]);
+}
+
 Status TrainableModelImpl::lin_forward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
                                              std::span<const TensorView> ys, LayerActs& s) {
+  if (fused_ok(l, js)) return fused_forward(l, js, x, ys, false, s);
   bool all_lora = opts.bf16_base;
   for (Proj j : js) all_lora = all_lora && blocks[size_t(l)].proj[j].lora >= 0;
   if (!all_lora) {
@@ -160,6 +180,7 @@ Status TrainableModelImpl::lin_forward_group(int l, std::span<const Proj> js, co
 
 Status TrainableModelImpl::lin_backward_group(int l, std::span<const Proj> js, const PassCtx& p, TensorView x,
                                               std::span<const TensorView> dys, TensorView dx, const LayerActs& s) {
+  if (fused_ok(l, js)) return fused_backward(l, js, x, dys, dx, false, s);
   bool all_lora = opts.bf16_base;
   for (Proj j : js) all_lora = all_lora && blocks[size_t(l)].proj[j].lora >= 0;
   if (!all_lora) {
@@ -214,11 +235,12 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
     LATHE_TRY(cpu::attention_varlen_forward({.q = s.q.reshape({n, nh, hd}), .k = s.k.reshape({n, nkv, hd}),
                                              .v = s.v.reshape({n, nkv, hd}), .out = s.attn.reshape({n, nh, hd}),
                                              .lse = s.lse, .cu_seqlens = p.cu_seqlens, .workspace = p.attn_ws,
-                                             .window = quirks.sliding_window, .scale = 1.0f / std::sqrt(float(hd))}));
+                                             .window = quirks.sliding_window, .scale = 1.0f / std::sqrt(float(hd)),
+                                             .bf16_products = opts.bf16_base}));
   }
   s.h_mid = a.alloc(DType::F32, {n, H});
   copy(s.h_mid, h_in);
-  LATHE_TRY(lin_forward(l, kO, p, s.attn, s.h_mid, true, &s.lora[kO]));
+  LATHE_TRY(lin_forward_one(l, kO, p, s.attn, s.h_mid, true, s));
   s.xn2 = a.alloc(DType::F32, {n, H});
   s.rstd2 = a.alloc(DType::F32, {n});
   LATHE_TRY(cpu::rms_norm_forward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps}));
@@ -229,7 +251,7 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   LATHE_TRY(lin_forward_group(l, kGateUp, p, s.xn2, gate_up, s));
   LATHE_TRY(cpu::swiglu_forward({.gate = s.gate, .up = s.up, .out = s.act}));
   copy(h_out, s.h_mid);
-  return lin_forward(l, kDown, p, s.act, h_out, true, &s.lora[kDown]);
+  return lin_forward_one(l, kDown, p, s.act, h_out, true, s);
 }
 
 Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerActs& s, TensorView dh) {
@@ -241,7 +263,7 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   // MLP: h_out = h_mid + down(act), act = swiglu(gate(xn2), up(xn2)), xn2 = norm(h_mid).
   TensorView d_act = a.alloc(DType::F32, {n, F}), d_gate = a.alloc(DType::F32, {n, F});
   TensorView d_up = a.alloc(DType::F32, {n, F}), d_xn = a.alloc(DType::F32, {n, H});
-  LATHE_TRY(lin_backward(l, kDown, p, s.act, dh, d_act, false, s.lora[kDown]));
+  LATHE_TRY(lin_backward_one(l, kDown, p, s.act, dh, d_act, s));
   LATHE_TRY(cpu::swiglu_backward({.gate = s.gate, .up = s.up, .d_out = d_act, .d_gate = d_gate, .d_up = d_up}));
   const TensorView d_gate_up[] = {d_gate, d_up};
   LATHE_TRY(lin_backward_group(l, kGateUp, p, s.xn2, d_gate_up, d_xn, s));
@@ -251,7 +273,7 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   TensorView d_attn = a.alloc(DType::F32, {n, nh * hd});
   TensorView dq = a.alloc(DType::F32, {n, nh * hd}), dk = a.alloc(DType::F32, {n, nkv * hd});
   TensorView dv = a.alloc(DType::F32, {n, nkv * hd});
-  LATHE_TRY(lin_backward(l, kO, p, s.attn, dh, d_attn, false, s.lora[kO]));
+  LATHE_TRY(lin_backward_one(l, kO, p, s.attn, dh, d_attn, s));
   {
     PhaseScope timed(*this, kPhaseAttention);
     LATHE_TRY(cpu::attention_varlen_backward(
@@ -259,7 +281,7 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
          .out = s.attn.reshape({n, nh, hd}), .lse = s.lse, .cu_seqlens = p.cu_seqlens,
          .d_out = d_attn.reshape({n, nh, hd}), .d_q = dq.reshape({n, nh, hd}), .d_k = dk.reshape({n, nkv, hd}),
          .d_v = dv.reshape({n, nkv, hd}), .workspace = p.attn_ws, .window = quirks.sliding_window,
-         .scale = 1.0f / std::sqrt(float(hd))}));
+         .scale = 1.0f / std::sqrt(float(hd)), .bf16_products = opts.bf16_base}));
   }
   LATHE_TRY(cpu::rope_forward({.x = dq.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
   LATHE_TRY(cpu::rope_forward({.x = dk.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));

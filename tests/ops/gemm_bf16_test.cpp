@@ -251,10 +251,10 @@ TEST(GemmBf16, PackedAheadGivesTheSameBits) {
   // Rows split over the threads (m large enough for 4 threads): the same
   // sums per element, so the same bits as the column split.
   for (const Case& c : {Case{true, 600, 70, 100, 1.0f, false}, Case{false, 600, 45, 70, 0.5f, true}}) {
-    const Outcome cols = run_case(c, 60, amx_packed_emulated);
-    cpu::set_amx_rows_split(true);
-    const Outcome rows = run_case(c, 60, amx_packed_emulated);
     cpu::set_amx_rows_split(false);
+    const Outcome cols = run_case(c, 60, amx_packed_emulated);
+    cpu::set_amx_rows_split(true);  // the default
+    const Outcome rows = run_case(c, 60, amx_packed_emulated);
     EXPECT_EQ(rows.got, cols.got) << "m " << c.m << " n " << c.n;
     EXPECT_LT(rel_err(rows.got, rows.rounded_ref, c), 2e-6 * std::sqrt(double(c.k)) + 1e-6);
   }
@@ -268,6 +268,57 @@ TEST(GemmBf16, PackedAheadGivesTheSameBits) {
       cpu::force_bf16_gemm_path(std::nullopt);
     }
     ++seed;
+  }
+}
+
+// A group (gemm_bf16_amx_packed_group): items sharing A, a chain (an item
+// reading as A the C an earlier one wrote: LoRA's u) and an accumulation
+// into an earlier item's C, over rows that span several chunks and a tail.
+// Each item gives the bits of its own gemm_bf16_amx_packed call, in order.
+TEST(GemmBf16, PackedGroupGivesTheBitsOfItsCallsInTurn) {
+  if (!cpu::has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this machine (the AMX kernel packs with it)";
+  std::mt19937 rng(77);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto randv = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = d(rng);
+    return v;
+  };
+  auto packed = [&](int64_t n, int64_t k) {
+    std::vector<uint16_t> b(static_cast<size_t>(n * k));
+    for (uint16_t& x : b) x = f32_to_bf16(d(rng));
+    std::vector<uint32_t> p(static_cast<size_t>(cpu::amx_packed_b_words(n, k)));
+    cpu::amx_pack_b(true, n, k, b.data(), k, p.data(), false);
+    return p;
+  };
+  const int64_t m = 300, k = 100, r = 16, n1 = 70, n2 = 45;
+  const std::vector<float> x = randv(m * k);
+  const std::vector<uint32_t> w1 = packed(n1, k), w2 = packed(n2, k), a = packed(r, k), b = packed(n1, r);
+  const std::vector<float> y2_in = randv(m * n2);
+  std::vector<cpu::AmxTiles> tiles = {cpu::AmxTiles::kEmulated};
+  if (cpu::amx_bf16_available()) tiles.push_back(cpu::AmxTiles::kHardware);
+  for (const cpu::AmxTiles t : tiles) {
+    SCOPED_TRACE(t == cpu::AmxTiles::kHardware ? "hardware tiles" : "emulated tiles");
+    std::vector<float> y1[2], y2[2], u[2];
+    for (int group = 0; group < 2; ++group) {
+      y1[group].assign(size_t(m * n1), 0.0f), y2[group] = y2_in, u[group].assign(size_t(m * r), 0.0f);
+      const cpu::AmxGroupItem items[] = {
+          {n1, k, 1.0f, x.data(), k, w1.data(), false, y1[group].data(), n1},
+          {n2, k, 0.5f, x.data(), k, w2.data(), true, y2[group].data(), n2},
+          {r, k, 2.0f, x.data(), k, a.data(), false, u[group].data(), r},
+          {n1, r, 1.0f, u[group].data(), r, b.data(), true, y1[group].data(), n1},
+      };
+      if (group) {
+        cpu::gemm_bf16_amx_packed_group(m, items, t);
+        continue;
+      }
+      for (const cpu::AmxGroupItem& it : items)
+        cpu::gemm_bf16_amx_packed(m, it.n, it.k, it.alpha, it.a, it.lda, it.b_packed, it.accumulate, it.c, it.ldc, t);
+    }
+    EXPECT_NE(y2[0], y2_in);
+    EXPECT_EQ(y1[1], y1[0]);
+    EXPECT_EQ(y2[1], y2[0]);
+    EXPECT_EQ(u[1], u[0]);
   }
 }
 

@@ -9,6 +9,9 @@
 // so that each task owns the dK and dV rows it accumulates. Each thread uses
 // its own slice of the workspace. With AVX-512 the exps run 16 at a time
 // in f64 (as exact as libm's expf once rounded) and row sums are kept in f64.
+// With bf16_products (bf16-mixed) the call goes to the AMX kernel
+// (attention_amx.h) where the bf16 GEMM path is AMX; elsewhere it stays
+// here, with f32 exps (within 2 ulp) and f32 row sums.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -16,7 +19,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cpu/attention_amx.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/gemm_bf16.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/simd.h"
 #include "core/parallel.h"
@@ -32,11 +37,12 @@ struct Layout {
   int64_t n_docs, longest;
   int window;
   float scale;
+  bool f32_exp;  // bf16-mixed: exps in f32
 
-  Layout(const TensorView& q, const TensorView& k, const TensorView& cu_seqlens, int win, float sc)
+  Layout(const TensorView& q, const TensorView& k, const TensorView& cu_seqlens, int win, float sc, bool bf16)
       : n_head(q.shape[1]), n_head_kv(k.shape[1]), head_dim(q.shape[2]), group(n_head / n_head_kv),
         ldq(n_head * head_dim), ldk(n_head_kv * head_dim), cu(cu_seqlens.ptr<const int32_t>()),
-        n_docs(cu_seqlens.shape[0] - 1), longest(0), window(win), scale(sc) {
+        n_docs(cu_seqlens.shape[0] - 1), longest(0), window(win), scale(sc), f32_exp(bf16) {
     for (int64_t d = 0; d < n_docs; ++d) longest = std::max<int64_t>(longest, cu[d + 1] - cu[d]);
   }
   // First key visible to row i of a document.
@@ -75,6 +81,21 @@ __attribute__((target("avx512f,avx512dq"))) double exp_shifted_avx512(float* s, 
   return _mm512_reduce_add_pd(acc);
 }
 
+// The same with f32 exps (simd::exp_nonpositive, within 2 ulp) and an f32 sum.
+__attribute__((target("avx512f,avx512dq"))) float exp_shifted_f32(float* s, int64_t lo, int64_t hi, float shift) {
+  const __m512 vs = _mm512_set1_ps(shift), neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = lo; j <= hi; j += 16) {
+    const int64_t left = hi + 1 - j;
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __m512 x = _mm512_sub_ps(_mm512_mask_loadu_ps(neg_inf, m, s + j), vs);
+    const __m512 e = _mm512_maskz_mov_ps(m, simd::exp_nonpositive(_mm512_min_ps(x, _mm512_setzero_ps())));
+    acc = _mm512_add_ps(acc, e);
+    _mm512_mask_storeu_ps(s + j, m, e);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 #pragma GCC diagnostic pop
 
 // Scores of query rows [i0, i0 + rows) against keys [j0, i0 + rows) into s
@@ -91,7 +112,9 @@ void block_probs(const Layout& L, const float* q, const float* k, int64_t i0, in
     float* sr = s + r * nk;
     if (lse_in) {
       const float l = lse_in[i * lse_stride];
-      if (vec)
+      if (vec && L.f32_exp)
+        exp_shifted_f32(sr, lo, hi, l);
+      else if (vec)
         exp_shifted_avx512(sr, lo, hi, l);
       else
         for (int64_t j = lo; j <= hi; ++j) sr[j] = std::exp(sr[j] - l);
@@ -99,7 +122,11 @@ void block_probs(const Layout& L, const float* q, const float* k, int64_t i0, in
       float m = -INFINITY;
       for (int64_t j = lo; j <= hi; ++j) m = std::max(m, sr[j]);
       float inv, log_sum;
-      if (vec) {
+      if (vec && L.f32_exp) {
+        const float sum = exp_shifted_f32(sr, lo, hi, m);
+        inv = 1.0f / sum;
+        log_sum = std::log(sum);
+      } else if (vec) {
         const double sum = exp_shifted_avx512(sr, lo, hi, m);
         inv = float(1.0 / sum);
         log_sum = float(std::log(sum));
@@ -175,7 +202,13 @@ void backward_kv_head(const Layout& L, const AttentionVarlenBackwardArgs& a, int
 
 Status attention_varlen_forward(const AttentionVarlenArgs& a) {
   LATHE_TRY(validate(a));
-  const Layout L(a.q, a.k, a.cu_seqlens, a.window, a.scale);
+  const Layout L(a.q, a.k, a.cu_seqlens, a.window, a.scale, a.bf16_products);
+  if (L.n_docs * L.n_head == 0 || a.q.shape[0] == 0) return Status::ok();
+  if (a.bf16_products && bf16_gemm_path() == Bf16GemmPath::kAmx &&
+      attention_amx_fits(L.head_dim, L.window, L.longest)) {
+    attention_varlen_forward_amx(a, AmxTiles::kHardware);
+    return Status::ok();
+  }
   const int64_t tasks = L.n_docs * L.n_head, per = attention_varlen_workspace_floats(L.longest, 1);
   if (tasks == 0 || a.q.shape[0] == 0) return Status::ok();
   const int threads = L.threads_for(tasks, a.workspace);
@@ -187,7 +220,13 @@ Status attention_varlen_forward(const AttentionVarlenArgs& a) {
 
 Status attention_varlen_backward(const AttentionVarlenBackwardArgs& a) {
   LATHE_TRY(validate(a));
-  const Layout L(a.q, a.k, a.cu_seqlens, a.window, a.scale);
+  const Layout L(a.q, a.k, a.cu_seqlens, a.window, a.scale, a.bf16_products);
+  if (L.n_docs * L.n_head_kv == 0 || a.q.shape[0] == 0) return Status::ok();
+  if (a.bf16_products && bf16_gemm_path() == Bf16GemmPath::kAmx &&
+      attention_amx_fits(L.head_dim, L.window, L.longest)) {
+    attention_varlen_backward_amx(a, AmxTiles::kHardware);
+    return Status::ok();
+  }
   const int64_t tasks = L.n_docs * L.n_head_kv, per = attention_varlen_workspace_floats(L.longest, 1);
   if (tasks == 0 || a.q.shape[0] == 0) return Status::ok();
   const int threads = L.threads_for(tasks, a.workspace);

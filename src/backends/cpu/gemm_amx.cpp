@@ -32,10 +32,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <span>
 #include <chrono>
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/simd.h"
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/log.h"
@@ -73,7 +75,13 @@ static_assert(sizeof(TileConfig) == 64);
 inline void compiler_barrier() { asm volatile("" ::: "memory"); }
 
 std::atomic<bool> g_prefetch{false};
-std::atomic<bool> g_rows_split{false};
+std::atomic<bool> g_rows_split{true};
+std::atomic<bool> g_emulate{false};
+
+// The tiles a kHardware call runs: the emulated ones while set_amx_emulation is on.
+AmxTiles resolve(AmxTiles tiles) {
+  return tiles == AmxTiles::kHardware && g_emulate.load(std::memory_order_relaxed) ? AmxTiles::kEmulated : tiles;
+}
 
 // ---- the hardware tiles -------------------------------------------------
 
@@ -180,25 +188,6 @@ LATHE_AVX512BF16 void pack_a_block(const Problem& P, int64_t rb, uint16_t* dst) 
   }
 }
 
-// 16 x 16 transpose of 32-bit lanes: four butterfly stages; at stage b the
-// lanes whose row and column differ in bit b swap across rows i and i ^ b.
-LATHE_AVX512BF16 void transpose16(__m512i r[16]) {
-  for (int b = 1; b < 16; b <<= 1) {
-    alignas(64) int32_t lo_idx[16], hi_idx[16];
-    for (int c = 0; c < 16; ++c) {
-      lo_idx[c] = (c & b) ? 16 + (c ^ b) : c;
-      hi_idx[c] = (c & b) ? 16 + c : (c ^ b);
-    }
-    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
-    for (int i = 0; i < 16; ++i) {
-      if (i & b) continue;
-      const __m512i x = r[i], y = r[i | b];
-      r[i] = _mm512_permutex2var_epi32(x, lo, y);
-      r[i | b] = _mm512_permutex2var_epi32(x, hi, y);
-    }
-  }
-}
-
 // B [n, k]: tile rows are the pairs of 16 rows of B, transposed.
 LATHE_AVX512BF16 void pack_b_tile_nk(const Problem& P, int64_t col, int64_t t, uint32_t* dst) {
   __m512i r[16];
@@ -206,7 +195,7 @@ LATHE_AVX512BF16 void pack_b_tile_nk(const Problem& P, int64_t col, int64_t t, u
   const __mmask32 km = mask32(P.k - e0);
   for (int j = 0; j < 16; ++j)
     r[j] = col + j < P.n ? _mm512_maskz_loadu_epi16(km, P.b + (col + j) * P.ldb + e0) : _mm512_setzero_si512();
-  transpose16(r);
+  simd::transpose16(r);
   for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * 16, r[p]);
 }
 
@@ -317,19 +306,28 @@ void run(const Problem& P, AmxTiles tiles);
 // B packed ahead and small enough to sit in each core's L2 (the projections,
 // not the LM head), with rows enough for every thread: the threads split
 // the rows instead, each packing only its own rows of A and computing them
-// against all of B, with no barrier between packing and computing.
+// against all of B: one parallel region and no barrier between packing and
+// computing (with OMP_WAIT_POLICY=passive every region start and barrier
+// is a sleep and a wake-up), and no thread reads A rows another packed.
+// Rows go out in chunks of kRowChunkPairs row pairs, dynamically, so a
+// core slowed by a neighbour does not hold the others back.
+constexpr int64_t kRowChunkPairs = 4;
+
+// B packed per call qualifies when it is one column block (n up to kNC, as
+// LoRA's rank-wide products): the columns could not be shared, and each
+// chunk packs the small B again.
 bool rows_split_fits(const Problem& P, int64_t threads) {
   constexpr int64_t kBL2Bytes = int64_t{3} << 19;
   const int64_t b_bytes = (P.n + kBlock - 1) / kBlock * kBlock * P.kt * kTileK * 2;
-  return P.packed && threads > 1 && P.m >= 4 * kBlock * threads && b_bytes <= kBL2Bytes &&
+  return (P.packed || P.n <= kNC) && threads > 1 && P.m >= 4 * kBlock * threads && b_bytes <= kBL2Bytes &&
          g_rows_split.load(std::memory_order_relaxed);
 }
 
 void run_rows_split(const Problem& P, AmxTiles tiles, int64_t threads) {
-  const int64_t pairs = (P.m + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(int(threads)) schedule(static)
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t p0 = pairs * t / threads, p1 = pairs * (t + 1) / threads;
+  const int64_t pairs = (P.m + kBlock - 1) / kBlock, chunks = (pairs + kRowChunkPairs - 1) / kRowChunkPairs;
+#pragma omp parallel for num_threads(int(std::min(threads, chunks))) schedule(dynamic, 1)
+  for (int64_t t = 0; t < chunks; ++t) {
+    const int64_t p0 = t * kRowChunkPairs, p1 = std::min(pairs, p0 + kRowChunkPairs);
     Problem S = P;
     S.m = std::min(P.m, p1 * kBlock) - p0 * kBlock;
     S.a = P.a + p0 * kBlock * P.lda;
@@ -363,6 +361,28 @@ void run(const Problem& P, AmxTiles tiles) {
       column_block(P, ap, j0, std::min(nc, P.n - j0), scratch, block);
     }
     if (hw) tiles_release();
+  }
+}
+
+// gemm_bf16_amx_packed_group's work on rows [r0, r0 + cnt) of every item,
+// on the calling thread (tiles configured): each item's A rows are packed
+// unless the previous item read the same ones.
+void group_chunk(std::span<const AmxGroupItem> items, int64_t r0, int64_t cnt, BlockFn block, Scratch& scratch,
+                 std::vector<uint16_t>& apack) {
+  const float* last_a = nullptr;
+  int64_t last_lda = 0, last_k = 0;
+  for (const AmxGroupItem& it : items) {
+    Problem S{{false, cnt, it.n, it.k, it.alpha, it.a + r0 * it.lda, it.lda, nullptr, 0, it.accumulate,
+               it.c + r0 * it.ldc, it.ldc},
+              (it.k + kTileK - 1) / kTileK};
+    S.packed = it.b_packed;
+    if (it.a != last_a || it.lda != last_lda || it.k != last_k) {
+      const int64_t row_blocks = (cnt + kBlock - 1) / kBlock * 2;
+      apack.resize(std::max(apack.size(), size_t(row_blocks * S.kt * 2 * kTileWords)));
+      for (int64_t rb = 0; rb < row_blocks; ++rb) pack_a_block(S, rb, apack.data());
+      last_a = it.a, last_lda = it.lda, last_k = it.k;
+    }
+    for (int64_t j0 = 0; j0 < it.n; j0 += kNC) column_block(S, apack.data(), j0, std::min(kNC, it.n - j0), scratch, block);
   }
 }
 
@@ -401,6 +421,7 @@ bool amx_bf16_available() {
 
 void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                    const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc, AmxTiles tiles) {
+  tiles = resolve(tiles);
   LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
               "gemm_bf16_amx: this machine cannot run the requested path");
   LATHE_CHECK(k > 0, "gemm_bf16_amx: k must be positive");
@@ -412,21 +433,26 @@ int64_t amx_packed_b_words(int64_t n, int64_t k) {
   return (n + kBlock - 1) / kBlock * 2 * ((k + kTileK - 1) / kTileK) * kTileWords;
 }
 
-void amx_pack_b(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint32_t* dst) {
+void amx_pack_b(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint32_t* dst, bool parallel) {
   LATHE_CHECK(cpu_has_avx512_bf16(), "amx_pack_b: packing needs AVX512-BF16");
   LATHE_CHECK(n > 0 && k > 0, "amx_pack_b: empty operand ", n, " x ", k);
   const Problem P{{trans_b, 0, n, k, 1.0f, nullptr, 0, b, ldb, false, nullptr, 0}, (k + kTileK - 1) / kTileK};
   const int64_t pairs = (n + kBlock - 1) / kBlock;
   // Column pair q is pack_b_block's block [32q, 32q + 32) over all k tiles.
-  parallel_for(pairs, 1, [&](int64_t begin, int64_t end) {
+  auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q)
       pack_b_block(P, q * kBlock, std::min<int64_t>(kBlock, n - q * kBlock), 0, P.kt,
                    dst + q * P.kt * 2 * kTileWords);
-  });
+  };
+  if (parallel)
+    parallel_for(pairs, 1, pack);
+  else
+    pack(0, pairs);
 }
 
 void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                           const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc, AmxTiles tiles) {
+  tiles = resolve(tiles);
   LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
               "gemm_bf16_amx_packed: this machine cannot run the requested path");
   LATHE_CHECK(k > 0, "gemm_bf16_amx_packed: k must be positive");
@@ -434,6 +460,31 @@ void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const fl
   Problem P{{false, m, n, k, alpha, a, lda, nullptr, 0, accumulate, c, ldc}, (k + kTileK - 1) / kTileK};
   P.packed = b_packed;
   run(P, tiles);
+}
+
+void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, AmxTiles tiles) {
+  tiles = resolve(tiles);
+  LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
+              "gemm_bf16_amx_packed_group: this machine cannot run the requested path");
+  for (const AmxGroupItem& it : items)
+    LATHE_CHECK(it.n > 0 && it.k > 0 && it.b_packed, "gemm_bf16_amx_packed_group: empty item ", it.n, " x ", it.k);
+  if (m <= 0 || items.empty()) return;
+  const bool hw = tiles == AmxTiles::kHardware;
+  const BlockFn block = hw ? block_hardware<false> : block_emulated;
+  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
+  const int64_t pairs = (m + kBlock - 1) / kBlock, chunks = (pairs + kRowChunkPairs - 1) / kRowChunkPairs;
+#pragma omp parallel num_threads(int(std::min(threads, chunks))) if (threads > 1 && chunks > 1)
+  {
+    thread_local Scratch scratch;
+    thread_local std::vector<uint16_t> apack;
+    if (hw) tiles_configure();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < chunks; ++t) {
+      const int64_t r0 = t * kRowChunkPairs * kBlock;
+      group_chunk(items, r0, std::min(kRowChunkPairs * kBlock, m - r0), block, scratch, apack);
+    }
+    if (hw) tiles_release();
+  }
 }
 
 double amx_tile_peak_gflops(int64_t calls) {
@@ -468,6 +519,22 @@ double amx_stream_gflops(bool prefetch, int64_t calls) {
   LATHE_CHECK(out[0] == float(kSteps * kTileK), "amx_stream_gflops: wrong sum ", out[0]);
   return 2.0 * kBlock * kBlock * kSteps * kTileK * double(calls) / s * 1e-9;
 }
+
+AmxBlockFn amx_block_kernel(AmxTiles tiles) {
+  return resolve(tiles) == AmxTiles::kHardware ? block_hardware<false> : block_emulated;
+}
+
+void amx_thread_begin(AmxTiles tiles) {
+  if (resolve(tiles) == AmxTiles::kHardware) tiles_configure();
+}
+
+void amx_thread_end(AmxTiles tiles) {
+  if (resolve(tiles) == AmxTiles::kHardware) tiles_release();
+}
+
+void set_amx_emulation(bool on) { g_emulate.store(on && cpu_has_avx512_bf16(), std::memory_order_relaxed); }
+
+bool amx_emulation() { return g_emulate.load(std::memory_order_relaxed); }
 
 void set_amx_prefetch(bool on) { g_prefetch.store(on, std::memory_order_relaxed); }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace lathe::cpu {
 
@@ -55,12 +56,34 @@ void gemm_bf16_amx(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, c
 int64_t amx_packed_b_words(int64_t n, int64_t k);
 // Packs op(B) (B [n, k] when trans_b, else [k, n]) into dst, which holds
 // amx_packed_b_words(n, k) words. Needs AVX512-BF16 (checked). Uses the
-// OpenMP threads.
-void amx_pack_b(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint32_t* dst);
+// OpenMP threads when parallel, else only the calling thread.
+void amx_pack_b(bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, uint32_t* dst,
+                bool parallel = true);
 // gemm_bf16_amx with B packed by amx_pack_b (for these n and k).
 void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                           const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc,
                           AmxTiles tiles = AmxTiles::kHardware);
+
+// One product of a group: C[m, n] = alpha · round_bf16(A)[m, k] · B (+ C
+// when accumulate), B packed by amx_pack_b for these n and k.
+struct AmxGroupItem {
+  int64_t n, k;
+  float alpha;
+  const float* a;
+  int64_t lda;
+  const uint32_t* b_packed;
+  bool accumulate;
+  float* c;
+  int64_t ldc;
+};
+// Runs the items in order over the same m rows in one parallel region: the
+// threads take chunks of rows and run every item on their chunk before the
+// next chunk, so an item may read as A the rows an earlier item wrote as C
+// (row-local chains fuse: LoRA's u = x·Aᵀ, then y += u·Bᵀ), and items on
+// the same A (pointer, lda and k) pack it once. Each item's results are
+// those of gemm_bf16_amx_packed on it, bit for bit.
+void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items,
+                                AmxTiles tiles = AmxTiles::kHardware);
 
 // For benchmarks: the micro-kernel alone on operands that stay in L1, on the
 // calling thread, `calls` times; returns GFLOP/s (the tiles' practical peak
@@ -71,9 +94,29 @@ double amx_tile_peak_gflops(int64_t calls);
 double amx_stream_gflops(bool prefetch, int64_t calls);
 // Whether the hardware kernel prefetches A (benchmarks compare). Default off.
 void set_amx_prefetch(bool on);
+// The micro-kernel, for other kernels of this backend (attention_amx.cpp)
+// that pack their own operands in the layouts above: out[32][32] (leading
+// dimension ldo) = the sum over `steps` k tiles of two A tiles (rows 0-15
+// and 16-31; step s at a + s · 1024 bf16, the second at + 512) times two B
+// tiles (columns 0-15 and 16-31; step s at b + s · 512 words, the second at
+// + 256), in f32. Overwrites out. Call between amx_thread_begin and
+// amx_thread_end on the same thread.
+using AmxBlockFn = void (*)(const uint16_t* a, const uint32_t* b, int64_t steps, float* out, int64_t ldo);
+AmxBlockFn amx_block_kernel(AmxTiles tiles);
+// Loads (releases) the tile configuration of the calling thread; nothing
+// for kEmulated.
+void amx_thread_begin(AmxTiles tiles);
+void amx_thread_end(AmxTiles tiles);
+
+// Tests: while on (and the CPU has AVX512-BF16), every kHardware call runs
+// the emulated tiles and bf16_gemm_path() (gemm_bf16.h) offers the AMX
+// path, so whole training passes take the AMX code on any such machine.
+void set_amx_emulation(bool on);
+bool amx_emulation();
+
 // Whether a GEMM on a packed-ahead B that fits L2 splits its rows over the
 // threads (each packs and computes its own rows) instead of its columns
-// (benchmarks compare). Default off.
+// (benchmarks compare). Default on.
 void set_amx_rows_split(bool on);
 
 }  // namespace lathe::cpu

@@ -278,7 +278,7 @@ Bf16GemmPath bf16_gemm_path() {
   // Every faster path also needs AVX512-BF16 (has_avx512_bf16() is false
   // while the portable kernels are forced).
   if (!has_avx512_bf16()) return Bf16GemmPath::kF32;
-  if (want == int(Bf16GemmPath::kAmx) && amx_bf16_available()) return Bf16GemmPath::kAmx;
+  if (want == int(Bf16GemmPath::kAmx) && (amx_bf16_available() || amx_emulation())) return Bf16GemmPath::kAmx;
   return want == int(Bf16GemmPath::kF32) ? Bf16GemmPath::kF32 : Bf16GemmPath::kAvx512Bf16;
 }
 

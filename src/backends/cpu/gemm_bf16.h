@@ -58,6 +58,10 @@ class PackedBf16Weight {
                 int64_t lddx) const;
 
   const uint16_t* weight() const { return w_; }
+  // The packings (gemm_amx.h's layout) of op(B) = wᵀ (n out, k in) and of
+  // op(B) = w (n in, k out); null when nothing is packed.
+  const uint32_t* packed_forward() const { return fwd_.get(); }
+  const uint32_t* packed_backward() const { return bwd_.get(); }
   int64_t out() const { return out_; }
   int64_t in() const { return in_; }
   bool packed() const { return fwd_ != nullptr; }

@@ -118,6 +118,26 @@ __attribute__((target("avx512f,avx512dq"))) inline __m512 expf_nonpositive_accur
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
 }
 
+// 16 x 16 transpose of the 32-bit lanes of r[16]: four butterfly stages; at
+// stage b the lanes whose row and column differ in bit b swap across rows i
+// and i ^ b.
+__attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
+  for (int b = 1; b < 16; b <<= 1) {
+    alignas(64) int32_t lo_idx[16], hi_idx[16];
+    for (int c = 0; c < 16; ++c) {
+      lo_idx[c] = (c & b) ? 16 + (c ^ b) : c;
+      hi_idx[c] = (c & b) ? 16 + c : (c ^ b);
+    }
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const __m512i x = r[i], y = r[i | b];
+      r[i] = _mm512_permutex2var_epi32(x, lo, y);
+      r[i | b] = _mm512_permutex2var_epi32(x, hi, y);
+    }
+  }
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace lathe::cpu::simd
