@@ -24,7 +24,15 @@ sees every example, one token-weighted mean loss.
 bf16 run with eager attention, recorded to show how much the numbers move
 between two equally valid bf16 runs.
 
-Usage: python3 tools/bf16_curve_error.py --lathe build/bin/lathe
+Full-parameter SFT (--full, written to bf16_curve_error_full.json): the same
+job with every weight trained (the script's peft.peft_scheme=none case, lr
+FULL_LR) and no adapter. The bf16 run is mixed precision as lathe's GPU path
+and NeMo's bf16 recipes run it: f32 master weights and AdamW state, each
+step's forward and backward on a bf16 copy of the masters (weights and
+activations bf16), its bf16 gradients widened to f32 for clipping and the
+update. The f32 run is the same with no copy.
+
+Usage: python3 tools/bf16_curve_error.py --lathe build/bin/lathe [--full]
          [--steps 30] [--out tests/data/cuda_finetune/bf16_curve_error.json]
 Needs torch, transformers, peft, tokenizers. Deterministic (one thread).
 """
@@ -43,6 +51,7 @@ from tokenizers import Tokenizer
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LR, MIN_LR, WARMUP, BETAS, EPS, CLIP = 1e-2, 1e-4, 5, (0.9, 0.98), 1e-5, 1.0
 RANK, ALPHA = 32, 32
+FULL_LR = 1e-3  # --full: the script's optim.lr for full SFT
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -87,11 +96,11 @@ def batch(model_dir):
     return input_ids, attn, labels
 
 
-def lr_at(step, steps):  # lathe's lr_at, 0-based step
+def lr_at(step, steps, peak=LR):  # lathe's lr_at, 0-based step
     if step <= WARMUP:
-        return LR * (step + 1) / (WARMUP + 1)
+        return peak * (step + 1) / (WARMUP + 1)
     progress = (step - WARMUP) / (steps - WARMUP)
-    return MIN_LR + (LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
+    return MIN_LR + (peak - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def curve(model_dir, dtype, attn_impl, data, steps):
@@ -117,25 +126,67 @@ def curve(model_dir, dtype, attn_impl, data, steps):
     return losses
 
 
+def full_curve(model_dir, dtype, attn_impl, data, steps):
+    """Full SFT: f32 masters; with dtype bf16 each pass runs on a bf16 copy of them."""
+    master = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attn_impl).train()
+    work = master
+    if dtype != torch.float32:
+        work = transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation=attn_impl).train()
+    params = list(master.parameters())
+    opt = torch.optim.AdamW(params, lr=FULL_LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+    ids, mask, labels = data
+    losses = []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, FULL_LR)
+        opt.zero_grad()
+        if work is not master:
+            with torch.no_grad():
+                for w, p in zip(work.parameters(), params):
+                    w.copy_(p)  # rounded to bf16
+            work.zero_grad()
+        loss = work(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        if work is not master:
+            for w, p in zip(work.parameters(), params):
+                p.grad = w.grad.float()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lathe", required=True, help="the lathe binary (makes the model with init-model)")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "cuda_finetune", "bf16_curve_error.json"))
+    ap.add_argument("--full", action="store_true", help="full-parameter SFT instead of LoRA")
+    ap.add_argument("--out", default=None,
+                    help="default tests/data/cuda_finetune/bf16_curve_error.json (_full.json with --full)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = os.path.join(ROOT, "tests", "data", "cuda_finetune",
+                                "bf16_curve_error_full.json" if args.full else "bf16_curve_error.json")
+    run = full_curve if args.full else curve
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         make_model(args.lathe, tmp)
         data = batch(tmp)
-        f32 = curve(tmp, torch.float32, "eager", data, args.steps)
-        runs = {a: curve(tmp, torch.bfloat16, a, data, args.steps) for a in ("sdpa", "eager")}
+        f32 = run(tmp, torch.float32, "eager", data, args.steps)
+        runs = {a: run(tmp, torch.bfloat16, a, data, args.steps) for a in ("sdpa", "eager")}
     err = {a: [round(abs(b - f) / f, 6) for b, f in zip(r, f32)] for a, r in runs.items()}
-    doc = {"what": "HF + PEFT LoRA training, base bf16 (LoRA f32) vs f32: |loss_bf16 - loss_f32| / loss_f32 per step",
-           "made_by": "python3 tools/bf16_curve_error.py --lathe LATHE --steps %d" % args.steps,
+    what = ("HF full-parameter training, bf16 passes on f32 masters vs f32" if args.full else
+            "HF + PEFT LoRA training, base bf16 (LoRA f32) vs f32")
+    job = ("recipes/tiny_lora.yaml with peft.peft_scheme=none optim.lr=%g optim.sched.warmup_steps=5" % FULL_LR
+           if args.full else "recipes/tiny_lora.yaml with optim.lr=0.01 optim.sched.warmup_steps=5")
+    doc = {"what": what + ": |loss_bf16 - loss_f32| / loss_f32 per step",
+           "made_by": "python3 tools/bf16_curve_error.py --lathe LATHE%s --steps %d" % (
+               " --full" if args.full else "", args.steps),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "peft": peft.__version__},
-           "job": "tiny preset (seed 1, bf16) at head_dim 64; data/sample/training.jsonl; "
-                  "recipes/tiny_lora.yaml with optim.lr=0.01 optim.sched.warmup_steps=5",
+           "job": "tiny preset (seed 1, bf16) at head_dim 64; data/sample/training.jsonl; " + job,
            "step_errors": err["sdpa"], "step_errors_eager": err["eager"],
            "f32_losses": [round(x, 6) for x in f32], "bf16_losses": [round(x, 6) for x in runs["sdpa"]]}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

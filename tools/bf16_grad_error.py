@@ -29,7 +29,17 @@ broken f32 run (the documents of the batch attending to each other, as a
 packing bug would do), to show the tolerance separates a real bug from bf16
 rounding. The f32 run's gradients are checked against the fixture's own.
 
-Usage: python3 tools/bf16_grad_error.py [--out tests/data/grad_hd64/bf16_error.json]
+Full-parameter SFT (--full, written to bf16_error_full.json): the same
+measurement for every weight's gradient with no adapter. HF's bf16 step is
+the model loaded with dtype=bfloat16 and every parameter trainable, the way
+a plain bf16 fine-tune runs: weights and activations bf16 (the analogue of
+lathe's bf16 copies the passes read), gradients bf16 too (lathe's are f32:
+HF's carry one more rounding, ≤ 2⁻⁹ of each element). Cases full/<family>
+on the fixture batch of full_grads.safetensors (its tensors, whose f32 run
+is checked against the fixture), full_packed/<family> on the packed batch
+(every parameter, under transformers' names).
+
+Usage: python3 tools/bf16_grad_error.py [--full] [--out tests/data/grad_hd64/bf16_error.json]
 Needs torch, transformers, peft, safetensors. Deterministic.
 """
 import argparse
@@ -118,20 +128,33 @@ def step(family, dtype, attn, batch):
     return loss.item(), grads
 
 
+def step_full(family, dtype, attn, batch):
+    """Loss and every weight's gradient (as f64) of one pass of the fixture model, all of it trainable."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(DATA, family, "model"), dtype=dtype, attn_implementation=attn).to(DEVICE).train()
+    ids, mask, labels = (t.to(DEVICE) for t in batch)
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()}
+
+
 def errors(got, want):
     loss = abs(got[0] - want[0]) / abs(want[0])
     grads = {n: ((got[1][n] - w).abs().max() / w.abs().max()).item() for n, w in want[1].items()}
     return loss, grads
 
 
-def case(family, batch, check_against=None):
-    f32 = step(family, torch.float32, "eager", batch)
-    if check_against is not None:  # the f32 run is the fixture's reference
+def case(family, batch, check_against=None, full=False):
+    run = step_full if full else step
+    f32 = run(family, torch.float32, "eager", batch)
+    if check_against is not None:  # the f32 run is the fixture's reference (full: the tensors it holds)
+        if full:
+            f32 = (f32[0], {n: g for n, g in f32[1].items() if n in check_against})
         loss, grads = errors(f32, (check_against["loss"].item(),
                                    {n: check_against[n].double() for n in f32[1]}))
         assert loss < 1e-5 and max(grads.values()) < 1e-4, (family, loss, max(grads.values()))
-    runs = {a: errors(step(family, torch.bfloat16, a, batch), f32) for a in ("sdpa", "eager")}
-    wrong = errors(step(family, torch.float32, "eager", merged(*batch)), f32)
+    runs = {a: errors(run(family, torch.bfloat16, a, batch), f32) for a in ("sdpa", "eager")}
+    wrong = errors(run(family, torch.float32, "eager", merged(*batch)), f32)
     out = {"loss": {"error": runs["sdpa"][0], "eager": runs["eager"][0], "wrong": wrong[0]}, "grads": {}}
     for n in f32[1]:
         out["grads"][n] = {"error": runs["sdpa"][1][n], "eager": runs["eager"][1][n], "wrong": wrong[1][n]}
@@ -144,11 +167,14 @@ def rounded(c):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(DATA, "bf16_error.json"))
+    ap.add_argument("--out", default=None, help="default: bf16_error.json (bf16_error_full.json with --full)")
+    ap.add_argument("--full", action="store_true", help="full-parameter SFT: every weight's gradient, no adapter")
     ap.add_argument("--device", default="cpu",
                     help="where HF runs (cuda: HF's own bf16 error on a GPU, for comparison; the tests' "
                          "tolerances come from the cpu run); f32 matmuls stay full f32 (no TF32)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = os.path.join(DATA, "bf16_error_full.json" if args.full else "bf16_error.json")
     global DEVICE
     DEVICE = args.device
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -156,14 +182,19 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # reproducible reductions
     cases = {}
+    fixture, names = ("full_grads", ("full", "full_packed")) if args.full else ("lora_grads", ("peft", "packed"))
     for fam in FAMILIES:
-        ref = load_file(os.path.join(DATA, fam, "lora_grads.safetensors"))
-        cases[f"peft/{fam}"] = rounded(case(fam, fixture_batch(ref), ref))
+        ref = load_file(os.path.join(DATA, fam, fixture + ".safetensors"))
+        cases[f"{names[0]}/{fam}"] = rounded(case(fam, fixture_batch(ref), ref, args.full))
         vocab = transformers.AutoConfig.from_pretrained(os.path.join(DATA, fam, "model")).vocab_size
-        cases[f"packed/{fam}"] = rounded(case(fam, packed_batch(vocab)))
-    doc = {"what": "HF + PEFT bf16 training step (base bf16, LoRA f32) vs f32: max|diff| / max|ref| "
-                   "per LoRA gradient, |diff| / loss for the loss",
-           "made_by": "python3 tools/bf16_grad_error.py" + ("" if DEVICE == "cpu" else f" --device {DEVICE}"),
+        cases[f"{names[1]}/{fam}"] = rounded(case(fam, packed_batch(vocab), None, args.full))
+    what = ("HF bf16 full-parameter training step (model loaded in bf16, every weight trainable) vs f32: "
+            "max|diff| / max|ref| per weight gradient, |diff| / loss for the loss" if args.full else
+            "HF + PEFT bf16 training step (base bf16, LoRA f32) vs f32: max|diff| / max|ref| "
+            "per LoRA gradient, |diff| / loss for the loss")
+    doc = {"what": what,
+           "made_by": "python3 tools/bf16_grad_error.py" + (" --full" if args.full else "") +
+                      ("" if DEVICE == "cpu" else f" --device {DEVICE}"),
            "device": DEVICE if DEVICE == "cpu" else f"{DEVICE} ({torch.cuda.get_device_name()})",
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "peft": peft.__version__},

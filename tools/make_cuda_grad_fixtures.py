@@ -13,6 +13,12 @@ make_grad_fixtures.py's LoRA case on them in float32 (eager attention):
   <out>/<family>/adapter/              LoRA r=4, alpha=8, B ~ N(0, 0.1)
   <out>/<family>/lora_grads.safetensors  input_ids, labels, lengths, loss and
                                        every lora_A / lora_B gradient
+  <out>/<family>/full_grads.safetensors  full-parameter SFT on the same model
+                                       and batch (make_grad_fixtures.py's full
+                                       case): loss and the gradients of the
+                                       embedding, norms (qwen3: a k_norm),
+                                       projections (qwen2: a q_proj bias) and
+                                       the LM head (tied on llama)
 
 Usage: python3 tools/make_cuda_grad_fixtures.py [--out tests/data/grad_hd64]
 Needs torch, transformers, peft, safetensors. Deterministic for a given seed.
@@ -61,7 +67,8 @@ def main():
         make_model(family, model_dir, args.seed + 10 * i)
         spec = dict(rslora=grad.FAMILIES[family]["rslora"])
         loss = grad.lora_case(family, spec, model_dir, out, args.seed + 10 * i)
-        print(f"{family}: lora loss {loss:.6f}")
+        full = grad.full_case(grad.FAMILIES[family], model_dir, out, args.seed + 10 * i)
+        print(f"{family}: lora loss {loss:.6f}, full loss {full:.6f}")
 
 
 if __name__ == "__main__":
