@@ -384,6 +384,42 @@ TEST(CudaGenArgmax, FirstOfEqualsAndNaNNeverWins) {
   }
 }
 
+// The L2 prefetch of the next kernel's weights (GemvArgs::prefetch) is a
+// hint: bitwise the results without it, with one region or two, issued by
+// a last wave of some blocks or by the whole of a one-wave grid, on the CUDA
+// cores and the tensor cores; a misaligned region is refused.
+TEST(CudaGemv, L2PrefetchChangesNothing) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t k = 512;
+  DeviceBuffer next = upload_bf16(ctx, random_bf16(300000, 9));  // stands for the next kernel's weights
+  const L2Prefetch one{.ptr = {next.data(), nullptr}, .bytes = {600000, 0}};
+  const L2Prefetch two{.ptr = {next.data(), dptr<bf16_bits>(next) + 150000}, .bytes = {299984, 299984}};
+  for (int64_t n : {40, 6000})  // one wave; many waves, the last one prefetching
+    for (int64_t rows : {1, 3, 8})
+      for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " rows=" << rows << " epilogue=" << static_cast<int>(e));
+        const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * n : n;
+        DeviceBuffer dx = upload_bf16(ctx, random_bf16(rows * k, 50)), dw = upload_bf16(ctx, random_bf16(w_rows * k, 51));
+        auto run = [&](const L2Prefetch& pf) {
+          DeviceBuffer out = upload(ctx, std::vector<float>(size_t(rows * n)));
+          Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = out.data(), .rows = rows,
+                                 .n = n, .k = k, .epilogue = e, .prefetch = pf});
+          EXPECT_TRUE(st.is_ok()) << st.message();
+          return download<float>(ctx, out, rows * n);
+        };
+        const std::vector<float> plain = run({});
+        EXPECT_TRUE(run(one) == plain);
+        EXPECT_TRUE(run(two) == plain);
+      }
+  DeviceBuffer dx = upload_bf16(ctx, random_bf16(64, 1)), dw = upload_bf16(ctx, random_bf16(64, 2));
+  DeviceBuffer dout = upload(ctx, std::vector<float>(1));
+  Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = dout.data(), .rows = 1, .n = 1,
+                         .k = 64, .epilogue = GemvEpilogue::kStoreF32,
+                         .prefetch = {.ptr = {static_cast<char*>(next.data()) + 8, nullptr}, .bytes = {1024, 0}}});
+  EXPECT_NE(st.message().find("prefetch"), std::string::npos) << st.message();
+}
+
 TEST(CudaGemv, RefusesUnalignedK) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();

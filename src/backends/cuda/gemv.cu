@@ -42,6 +42,12 @@
 // (A) and x (B) operands, so every product pairs the right elements. The
 // warps' 16 × rows partial sums meet in shared memory for the epilogue.
 //
+// Weights are loaded with an evict-first L2 policy (read once per step, so
+// they are the lines to give up), and the grid's last wave of blocks pulls
+// the start of the next kernel's weights into L2 (GemvArgs::prefetch)
+// before waiting for the previous kernel: DRAM then stays busy through this
+// grid's tail and the next one's ramp-up.
+//
 // With x_f32 the input is f32 and, on the CUDA cores, used unrounded; with
 // norm_w too its rows are RMSNorm'd in the kernel (the norm before a
 // projection costs no launch of its own, nor a pass of its own): the
@@ -83,11 +89,21 @@ bool paired(GemvEpilogue e) {
   return e == GemvEpilogue::kSwigluBf16 || e == GemvEpilogue::kSwigluF32 || e == GemvEpilogue::kRopeAppend;
 }
 
-__device__ __forceinline__ uint4 ld_streaming(const bf16_bits* p) {
+// The L2 policy of the weight loads: evict first. Each weight byte is read
+// once per step and the weights outgrow L2 many times over, so their lines
+// are the ones to give up, not the prefetched start of the next kernel's
+// weights, the activations or the KV cache.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ uint4 ld_streaming(const bf16_bits* p, uint64_t policy) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p), "l"(policy));
   return v;
 }
 
@@ -102,8 +118,15 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
 }
 
 // Chunk c (8 elements) of a weight row, zeros past the row's end or for a missing row.
-__device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid, int64_t c, int64_t n_chunks) {
-  return valid && c < n_chunks ? ld_streaming(w_row + c * 8) : make_uint4(0, 0, 0, 0);
+__device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid, int64_t c, int64_t n_chunks,
+                                              uint64_t policy) {
+  return valid && c < n_chunks ? ld_streaming(w_row + c * 8, policy) : make_uint4(0, 0, 0, 0);
+}
+
+// The grid's blocks from pf_first on (its last wave) pull a.prefetch into L2.
+__device__ __forceinline__ void prefetch_next(const GemvArgs& a, unsigned pf_first) {
+  if ((a.prefetch.bytes[0] < 16 && a.prefetch.bytes[1] < 16) || blockIdx.x < pf_first || blockIdx.y != 0) return;
+  l2_prefetch_share(a.prefetch, blockIdx.x - pf_first, gridDim.x - pf_first);
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -318,7 +341,7 @@ __device__ void finish_split(const GemvArgs& a, const float* s_part, const float
 // want their registers for the x chunks).
 template <int B, GemvEpilogue E, int S>
 __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S].min_blocks : 1)
-    gemv_kernel(GemvArgs a) {
+    gemv_kernel(GemvArgs a, unsigned pf_first) {
   constexpr int R = rows_per_block<B, S>();
   constexpr int kT = kRowsShapes[S].threads, kW = kT / 32, kDepth = kRowsShapes[S].depth;
   __shared__ float s_part[kW][R * B];
@@ -343,13 +366,16 @@ __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S
   const int64_t c_begin = n_chunks * blockIdx.y / n_slices, c_end = n_chunks * (blockIdx.y + 1) / n_slices;
   // The ring: w_buf[u] holds chunk c + u·kT of the current pass.
   uint4 w_buf[kDepth][R];
+  const uint64_t policy = evict_first_policy();
   allow_next_grid();
-  // Weights never depend on the previous kernel: the first ring goes out before waiting for it.
+  // Weights never depend on the previous kernel: the first ring (and the
+  // prefetch for the next kernel) goes out before waiting for it.
 #pragma unroll
   for (int u = 0; u < kDepth; ++u)
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c_begin + threadIdx.x + u * kT, c_end);
+      w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c_begin + threadIdx.x + u * kT, c_end, policy);
+  prefetch_next(a, pf_first);
   wait_prior_grid();
   for (int64_t c0 = c_begin + threadIdx.x; c0 < c_end; c0 += kDepth * kT) {
 #pragma unroll
@@ -364,7 +390,7 @@ __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S
       for (int r = 0; r < R; ++r) {
         float wf[8];
         unpack8(w_buf[u][r], wf);
-        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, c_end);
+        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, c_end, policy);
 #pragma unroll
         for (int b = 0; b < B; ++b) {
           if (b >= rows) break;
@@ -430,7 +456,7 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
 // of x per weight byte). Slot mt·16 + r is m-tile mt's row r of
 // slot_row<16·MT, E>.
 template <int NT, int MT, GemvEpilogue E>
-__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a, unsigned pf_first) {
   constexpr int kB = 8 * NT, kR = kTile * MT, kU = MT == 1 ? kUnroll : 8 / MT;  // kU: steps in flight
   __shared__ float s_c[kWarps][kR][kB];
   __shared__ float s_ss[kWarps][kB];
@@ -453,19 +479,21 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   float c[MT][NT][4] = {};
   float ss_lo = 0.0f, ss_hi = 0.0f;  // with norm_w: squares of x rows g and g + 8 over this lane's chunks
   uint4 wl[kU][MT], wh[kU][MT];
+  const uint64_t policy = evict_first_policy();
   auto load_w = [&](int s0) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t chunk = int64_t(s0 + u * kWarps) * (kStepK / 8);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        wl[u][mt] = load_weights(w_lo[mt], w_lo[mt] != nullptr, chunk, n_chunks);
-        wh[u][mt] = load_weights(w_hi[mt], w_hi[mt] != nullptr, chunk, n_chunks);
+        wl[u][mt] = load_weights(w_lo[mt], w_lo[mt] != nullptr, chunk, n_chunks, policy);
+        wh[u][mt] = load_weights(w_hi[mt], w_hi[mt] != nullptr, chunk, n_chunks, policy);
       }
     }
   };
   allow_next_grid();
   load_w(s_begin + warp);  // weights never depend on the previous kernel
+  prefetch_next(a, pf_first);
   wait_prior_grid();
   for (int s0 = s_begin + warp; s0 < n_steps; s0 += kWarps * kU) {
     if (s0 != s_begin + warp) load_w(s0);
@@ -543,6 +571,14 @@ int sm_count(int device) {
   return counts[device];
 }
 
+// The first block of a grid of `tiles` blocks (per slice) whose last wave
+// of `resident` blocks issues the L2 prefetch: those start about one block's
+// time before the grid ends, so the prefetch fills the tail, where fewer and
+// fewer blocks keep loads in flight, and stays in L2 until the next kernel.
+unsigned last_wave(int64_t tiles, int64_t resident) {
+  return static_cast<unsigned>(std::max<int64_t>(0, tiles - resident));
+}
+
 // Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
 // epilogue e, so each launcher below names its kernel template once.
 template <class F>
@@ -571,8 +607,9 @@ cudaError_t launch_mma_tiles(const GemvArgs& a, cudaStream_t st, int device) {
   if (tiles > a.split.count_capacity || tiles * slices * (kTile * MT * 8 * NT + 8 * NT) > a.split.part_capacity)
     slices = 1;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
+  const unsigned pf_first = last_wave(tiles, 2 * int64_t(sm_count(device)));
   return with_epilogue(a.epilogue, [&](auto e) {
-    return launch_overlapped(gemv_mma_kernel<NT, MT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
+    return launch_overlapped(gemv_mma_kernel<NT, MT, decltype(e)::value>, grid, kThreads, st, a.overlap, a, pf_first);
   });
 }
 // Shape s: 2^s m-tiles per block.
@@ -608,8 +645,11 @@ cudaError_t launch_rows_shape(const GemvArgs& a, cudaStream_t st, int device) {
   int slices = B <= 4 ? split_slices<S>(a, device) : 1;
   if (tiles > a.split.count_capacity || tiles * slices * (R * B + B) > a.split.part_capacity) slices = 1;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
+  const int per_sm = B <= 4 ? kRowsShapes[S].min_blocks : 1;
+  const unsigned pf_first = last_wave(tiles, int64_t(per_sm) * sm_count(device));
   return with_epilogue(a.epilogue, [&](auto e) {
-    return launch_overlapped(gemv_kernel<B, decltype(e)::value, S>, grid, kRowsShapes[S].threads, st, a.overlap, a);
+    return launch_overlapped(gemv_kernel<B, decltype(e)::value, S>, grid, kRowsShapes[S].threads, st, a.overlap, a,
+                             pf_first);
   });
 }
 // Up to 4 rows any shape; above, shape 0 only (the tensor cores take those rows when k allows).
@@ -654,6 +694,8 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
     return invalid_argument("cuda gemv: k (", a.k, ") must be a multiple of 8 and x, w 16-byte aligned");
   if (a.n > int64_t(kThreads) * 0x7fffffff) return invalid_argument("cuda gemv: n ", a.n, " is too large");
   if (a.shape >= kNumRowsShapes) return invalid_argument("cuda gemv: shape ", int(a.shape), " does not exist");
+  if (!l2_prefetch_valid(a.prefetch))
+    return invalid_argument("cuda gemv: prefetch regions must be 16-byte aligned, non-negative and set when sized");
   const size_t out_elem = a.epilogue == GemvEpilogue::kStoreBf16 || a.epilogue == GemvEpilogue::kSwigluBf16
                               ? sizeof(bf16_bits)
                               : sizeof(float);
