@@ -365,25 +365,35 @@ TEST(CrossEntropy, Bf16HeadMatchesReference) {
   Tensor big_h = testing::random_tensor(DType::F32, {big_n, dim}, 72);
   Tensor big_targets = Tensor::empty(DType::I32, {big_n});
   for (int64_t i = 0; i < big_n; ++i) big_targets.data<int32_t>()[i] = int32_t(i * 7 % vocab);
-  for (int64_t chunk : {8, 300}) {
-    const Tensor& hh = chunk == 8 ? h : big_h;
-    const Tensor& tt = chunk == 8 ? targets : big_targets;
-    const int64_t rows = hh.shape()[0];
-    const cpu::PackedBf16Weight packed(w16.data<uint16_t>(), vocab, dim);
-    Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, chunk)});
-    Tensor dh = Tensor::zeros(DType::F32, {rows, dim}), dh_packed = Tensor::zeros(DType::F32, {rows, dim});
-    CrossEntropyArgs args{.hidden = hh, .w = w16, .targets = tt, .d_hidden = dh, .workspace = ws,
-                          .chunk_rows = chunk, .grad_scale = 0.1f};
-    auto plain = cpu::cross_entropy(args);
-    args.d_hidden = dh_packed;
-    auto with_packed = cpu::cross_entropy(args, &packed);
-    ASSERT_TRUE(plain.is_ok() && with_packed.is_ok());
-    EXPECT_EQ(plain->loss_sum, with_packed->loss_sum);
-    EXPECT_EQ(0, std::memcmp(dh.raw(), dh_packed.raw(), size_t(dh.nbytes())));
-    const cpu::PackedBf16Weight other(w16.data<uint16_t>(), vocab - 1, dim);
-    Status wrong = cpu::cross_entropy(args, &other).status();
-    EXPECT_NE(wrong.message().find("packed head is not w"), std::string::npos) << wrong.message();
+  // With the AMX code (tiles emulated where the CPU has none) the packed
+  // head's softmax writes its gradient straight into the tiles' layout.
+  for (bool amx : {false, true}) {
+    for (int64_t chunk : {8, 300}) {
+      if (amx && !cpu::has_avx512_bf16()) continue;
+      SCOPED_TRACE(::testing::Message() << "amx " << amx << " chunk " << chunk);
+      cpu::set_amx_emulation(amx && !cpu::amx_bf16_available());
+      cpu::force_bf16_gemm_path(amx ? std::optional(cpu::Bf16GemmPath::kAmx) : std::nullopt);
+      const Tensor& hh = chunk == 8 ? h : big_h;
+      const Tensor& tt = chunk == 8 ? targets : big_targets;
+      const int64_t rows = hh.shape()[0];
+      const cpu::PackedBf16Weight packed(w16.data<uint16_t>(), vocab, dim);
+      Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, chunk)});
+      Tensor dh = Tensor::zeros(DType::F32, {rows, dim}), dh_packed = Tensor::zeros(DType::F32, {rows, dim});
+      CrossEntropyArgs args{.hidden = hh, .w = w16, .targets = tt, .d_hidden = dh, .workspace = ws,
+                            .chunk_rows = chunk, .grad_scale = 0.1f};
+      auto plain = cpu::cross_entropy(args);
+      args.d_hidden = dh_packed;
+      auto with_packed = cpu::cross_entropy(args, &packed);
+      ASSERT_TRUE(plain.is_ok() && with_packed.is_ok());
+      EXPECT_EQ(plain->loss_sum, with_packed->loss_sum);
+      EXPECT_EQ(0, std::memcmp(dh.raw(), dh_packed.raw(), size_t(dh.nbytes())));
+      const cpu::PackedBf16Weight other(w16.data<uint16_t>(), vocab - 1, dim);
+      Status wrong = cpu::cross_entropy(args, &other).status();
+      EXPECT_NE(wrong.message().find("packed head is not w"), std::string::npos) << wrong.message();
+    }
   }
+  cpu::set_amx_emulation(false);
+  cpu::force_bf16_gemm_path(std::nullopt);
   // A trainable bf16 head has no f32 weights to update: an error, not a silent skip.
   Tensor dw = Tensor::zeros(DType::F32, {vocab, dim}), dh = Tensor::zeros(DType::F32, {n, dim});
   Tensor ws = Tensor::empty(DType::F32, {cross_entropy_workspace_floats(vocab, dim, 8)});

@@ -302,6 +302,7 @@ int64_t task_columns(const Problem& P, int64_t threads) {
 }
 
 void run(const Problem& P, AmxTiles tiles);
+void run_columns(const Problem& P, const uint16_t* ap, AmxTiles tiles, BlockFn block);
 
 // B packed ahead and small enough to sit in each core's L2 (the projections,
 // not the LM head), with rows enough for every thread: the threads split
@@ -350,6 +351,14 @@ void run(const Problem& P, AmxTiles tiles) {
   const bool par = threads > 1 && P.m * P.n * P.k >= (int64_t{1} << 18);
 #pragma omp parallel for num_threads(int(threads)) schedule(static) if (par)
   for (int64_t rb = 0; rb < row_blocks; ++rb) pack_a_block(P, rb, ap);
+  run_columns(P, ap, tiles, block);
+}
+
+// The columns of C over the threads, A already packed at ap.
+void run_columns(const Problem& P, const uint16_t* ap, AmxTiles tiles, BlockFn block) {
+  const bool hw = tiles == AmxTiles::kHardware;
+  const int64_t threads = omp_in_parallel() ? 1 : num_threads();
+  const bool par = threads > 1 && P.m * P.n * P.k >= (int64_t{1} << 18);
   const int64_t nc = task_columns(P, threads), blocks = (P.n + nc - 1) / nc;
 #pragma omp parallel num_threads(int(std::min(threads, blocks))) if (par)
   {
@@ -485,6 +494,22 @@ void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, 
     }
     if (hw) tiles_release();
   }
+}
+
+int64_t amx_packed_a_elems(int64_t m, int64_t k) {
+  return (m + kBlock - 1) / kBlock * ((k + kTileK - 1) / kTileK) * 4 * kTileWords;
+}
+
+void gemm_bf16_amx_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
+                             const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc, AmxTiles tiles) {
+  tiles = resolve(tiles);
+  LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
+              "gemm_bf16_amx_prepacked: this machine cannot run the requested path");
+  LATHE_CHECK(k > 0, "gemm_bf16_amx_prepacked: k must be positive");
+  if (m <= 0 || n <= 0) return;
+  Problem P{{false, m, n, k, alpha, nullptr, 0, nullptr, 0, accumulate, c, ldc}, (k + kTileK - 1) / kTileK};
+  P.packed = b_packed;
+  run_columns(P, a_packed, tiles, tiles == AmxTiles::kHardware ? block_hardware<false> : block_emulated);
 }
 
 double amx_tile_peak_gflops(int64_t calls) {
