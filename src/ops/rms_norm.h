@@ -15,6 +15,10 @@ struct RmsNormArgs {
   TensorView y{};     // [n_rows, dim] f32, may alias x
   TensorView rstd{};  // [n_rows] f32, empty when not training
   float eps = 1e-6f;
+  // bf16-mixed: each row's sum runs in 16 double lanes where the CPU has
+  // AVX-512 (the same exact terms, summed in another order); false: one
+  // sequential double sum, the order the f32 path's results were fixed with.
+  bool vector_sums = false;
 };
 Status validate(const RmsNormArgs& a);  // messages start with "rms_norm: "
 
@@ -29,6 +33,7 @@ struct RmsNormBackwardArgs {
   TensorView dx{};    // [n_rows, dim] f32; may alias dy when not accumulating
   TensorView dw{};    // [dim] f32, accumulated; empty when the weight is frozen
   bool accumulate = false;
+  bool vector_sums = false;  // as forward's (dx's row sums; dw's stay sequential)
 };
 Status validate(const RmsNormBackwardArgs& a);  // messages start with "rms_norm_backward: "
 

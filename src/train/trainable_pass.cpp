@@ -207,7 +207,9 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   s.h_in = h_in;
   s.xn1 = a.alloc(DType::F32, {n, H});
   s.rstd1 = a.alloc(DType::F32, {n});
-  LATHE_TRY(cpu::rms_norm_forward({.x = h_in, .w = fv(b.attn_norm.w, {H}), .y = s.xn1, .rstd = s.rstd1, .eps = eps}));
+  const bool vs = opts.bf16_base;  // bf16-mixed: norms' row sums in vector lanes
+  LATHE_TRY(cpu::rms_norm_forward(
+      {.x = h_in, .w = fv(b.attn_norm.w, {H}), .y = s.xn1, .rstd = s.rstd1, .eps = eps, .vector_sums = vs}));
   const bool qk_norm = b.q_norm.w != nullptr;
   s.q = a.alloc(DType::F32, {n, nh * hd});
   s.k = a.alloc(DType::F32, {n, nkv * hd});
@@ -243,7 +245,8 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   LATHE_TRY(lin_forward_one(l, kO, p, s.attn, s.h_mid, true, s));
   s.xn2 = a.alloc(DType::F32, {n, H});
   s.rstd2 = a.alloc(DType::F32, {n});
-  LATHE_TRY(cpu::rms_norm_forward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps}));
+  LATHE_TRY(cpu::rms_norm_forward(
+      {.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps, .vector_sums = vs}));
   s.gate = a.alloc(DType::F32, {n, F});
   s.up = a.alloc(DType::F32, {n, F});
   s.act = a.alloc(DType::F32, {n, F});
@@ -268,7 +271,8 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   const TensorView d_gate_up[] = {d_gate, d_up};
   LATHE_TRY(lin_backward_group(l, kGateUp, p, s.xn2, d_gate_up, d_xn, s));
   LATHE_TRY(cpu::rms_norm_backward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn, .dx = dh,
-                                    .dw = b.mlp_norm.dw ? fv(b.mlp_norm.dw, {H}) : TensorView{}, .accumulate = true}));
+                                    .dw = b.mlp_norm.dw ? fv(b.mlp_norm.dw, {H}) : TensorView{}, .accumulate = true,
+                                    .vector_sums = opts.bf16_base}));
   // Attention: h_mid = h_in + o(attn(rope(q), rope(k), v)), q, k, v from xn1 = norm(h_in).
   TensorView d_attn = a.alloc(DType::F32, {n, nh * hd});
   TensorView dq = a.alloc(DType::F32, {n, nh * hd}), dk = a.alloc(DType::F32, {n, nkv * hd});
@@ -302,7 +306,8 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   LATHE_TRY(lin_backward_group(l, kQkv, p, s.xn1, d_qkv, input_grad ? d_xn : TensorView{}, s));
   if (!input_grad) return Status::ok();
   return cpu::rms_norm_backward({.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh,
-                                 .dw = b.attn_norm.dw ? fv(b.attn_norm.dw, {H}) : TensorView{}, .accumulate = true});
+                                 .dw = b.attn_norm.dw ? fv(b.attn_norm.dw, {H}) : TensorView{}, .accumulate = true,
+                                 .vector_sums = opts.bf16_base});
 }
 
 Result<PassLoss> TrainableModelImpl::run(const MicroBatch& mb, float loss_scale, bool backward) {
@@ -345,7 +350,8 @@ Result<PassLoss> TrainableModelImpl::run_timed(const MicroBatch& mb, float loss_
   }
   TensorView xf = arena.alloc(DType::F32, {n, H}), rstd_f = arena.alloc(DType::F32, {n});
   LATHE_TRY(cpu::rms_norm_forward(
-      {.x = h.back(), .w = fv(final_norm.w, {H}), .y = xf, .rstd = rstd_f, .eps = cfg.rms_norm_eps}));
+      {.x = h.back(), .w = fv(final_norm.w, {H}), .y = xf, .rstd = rstd_f, .eps = cfg.rms_norm_eps,
+       .vector_sums = opts.bf16_base}));
   TensorView d_xf = backward ? arena.alloc(DType::F32, {n, H}) : TensorView{};
   // A packed head streams w once per chunk: chunks of up to 1024 rows (logits
   // near 128 MiB at most), else cross_entropy_chunk_rows.
@@ -373,7 +379,8 @@ Result<PassLoss> TrainableModelImpl::run_timed(const MicroBatch& mb, float loss_
 
   TensorView dh = arena.alloc(DType::F32, {n, H});
   LATHE_TRY(cpu::rms_norm_backward({.x = h.back(), .w = fv(final_norm.w, {H}), .rstd = rstd_f, .dy = d_xf, .dx = dh,
-                                    .dw = final_norm.dw ? fv(final_norm.dw, {H}) : TensorView{}}));
+                                    .dw = final_norm.dw ? fv(final_norm.dw, {H}) : TensorView{},
+                                    .vector_sums = opts.bf16_base}));
   for (int l = n_layer - 1; l >= 0; --l) {
     if (keep_all) {
       LATHE_TRY(layer_backward(l, p, acts[size_t(l)], dh));

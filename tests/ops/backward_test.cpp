@@ -115,6 +115,28 @@ TEST(RmsNormBackward, MatchesReferenceAliasedAndAccumulating) {
   EXPECT_NE(bad.message().find("rms_norm_backward: dx overlaps"), std::string::npos) << bad.message();
 }
 
+// vector_sums (bf16-mixed): the same exact terms summed in 16 double
+// lanes: rstd, y, dx agree with the sequential sums to f32 rounding.
+TEST(RmsNormBackward, VectorSumsAgreeWithSequentialOnes) {
+  uint32_t seed = 90;
+  for (auto [rows, dim] : {std::pair{3, 512}, {17, 40}, {5, 7}}) {
+    Tensor x = testing::random_tensor(DType::F32, {rows, dim}, seed++, 3.0f);
+    Tensor w = testing::random_tensor(DType::F32, {dim}, seed++), dy = testing::random_tensor(DType::F32, {rows, dim}, seed++);
+    Tensor y[2], rstd[2], dx[2];
+    for (int v = 0; v < 2; ++v) {
+      y[v] = Tensor::zeros(DType::F32, {rows, dim}), rstd[v] = Tensor::zeros(DType::F32, {rows});
+      dx[v] = Tensor::zeros(DType::F32, {rows, dim});
+      ASSERT_TRUE(cpu::rms_norm_forward({.x = x, .w = w, .y = y[v], .rstd = rstd[v], .eps = 1e-5f, .vector_sums = v == 1})
+                      .is_ok());
+      ASSERT_TRUE(cpu::rms_norm_backward({.x = x, .w = w, .rstd = rstd[v], .dy = dy, .dx = dx[v], .vector_sums = v == 1})
+                      .is_ok());
+    }
+    EXPECT_LE(testing::rel_error(rstd[1], rstd[0]), 1e-7);
+    EXPECT_LE(testing::rel_error(y[1], y[0]), 1e-7);
+    EXPECT_LE(testing::rel_error(dx[1], dx[0]), 1e-6);
+  }
+}
+
 TEST(RmsNormBackward, ReferenceMatchesFiniteDifferences) {
   Tensor x = f64(testing::random_tensor(DType::F32, {3, 6}, 5, 2.0f)), w = f64(testing::random_tensor(DType::F32, {6}, 6));
   Tensor r = f64(testing::random_tensor(DType::F32, {3, 6}, 7));

@@ -47,6 +47,9 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedB
 
 // True when the vectorized (AVX2 + FMA + F16C) kernels run on this machine.
 bool has_avx2();
+// True when AVX-512 F and DQ kernels may run (false while the portable
+// kernels are forced).
+bool has_avx512();
 // True when the AVX512-BF16 GEMM (gemm_bf16.h) runs on this machine; false
 // also while the portable kernels are forced.
 bool has_avx512_bf16();

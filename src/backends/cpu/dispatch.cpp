@@ -22,6 +22,11 @@ bool has_avx512_bf16() {
   return supported && has_avx2();  // has_avx2() is false while the portable kernels are forced
 }
 
+bool has_avx512() {
+  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return supported && has_avx2();
+}
+
 void set_portable_only(bool on) { g_portable_only.store(on, std::memory_order_relaxed); }
 
 }  // namespace lathe::cpu

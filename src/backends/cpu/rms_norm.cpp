@@ -1,6 +1,7 @@
 // RMSNorm on the CPU: one row per task; the sum of squares accumulates in
 // double (rows are short next to a matmul, and it removes the summation order
-// from the comparison with the reference).
+// from the comparison with the reference): sequentially, or with
+// vector_sums (bf16-mixed) in 16 double lanes.
 #include <cmath>
 
 #include "backends/cpu/cpu_ops.h"
@@ -16,12 +17,16 @@ Status rms_norm_forward(const RmsNormArgs& a) {
   float* y = a.y.ptr<float>();
   float* rstd_out = a.rstd.empty() ? nullptr : a.rstd.ptr<float>();
   const bool w_f32 = a.w.dtype == DType::F32;
+  const bool vec = a.vector_sums && has_avx512();
   parallel_for(rows, 64, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x + r * dim;
       float* yr = y + r * dim;
       double ss = 0;
-      for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+      if (vec)
+        ss = simd::dot_f64_avx512(xr, xr, dim);
+      else
+        for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
       float rstd = 1.0f / std::sqrt(float(ss / double(dim)) + a.eps);
       if (rstd_out) rstd_out[r] = rstd;
       if (w_f32) {

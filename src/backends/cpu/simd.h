@@ -118,6 +118,22 @@ __attribute__((target("avx512f,avx512dq"))) inline __m512 expf_nonpositive_accur
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
 }
 
+// Σ double(a[i]) · double(b[i]) over n floats in 16 double lanes (the
+// products are exact in double; the order of the sum is the lanes').
+__attribute__((target("avx512f,avx512dq"))) inline double dot_f64_avx512(const float* a, const float* b, int64_t n) {
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(a + i), y = _mm512_loadu_ps(b + i);
+    s0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), s0);
+    s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)),
+                         s1);
+  }
+  double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  for (; i < n; ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
 // 16 x 16 transpose of the 32-bit lanes of r[16]: four butterfly stages; at
 // stage b the lanes whose row and column differ in bit b swap across rows i
 // and i ^ b.
