@@ -12,13 +12,8 @@
 // ahead (PackedBf16Weight) spares both GEMMs the re-packing of all of w;
 // its logits GEMM takes the whole chunk (w streams once per chunk, so larger
 // chunks pay), its input gradient 256 rows at a time (with k = vocab, more
-// rows push the kernel's working set out of L2). On AMX tiles the softmax
-// of a packed head does not write the logits back: each row's exps go to a
-// per-thread row (in L2) and the scaled gradient straight to bf16 in the
-// tiles' A layout, which the input-gradient GEMM reads as it lies
-// (gemm_bf16_amx_prepacked): the logits are read from memory once and
-// never written again, and nothing re-packs them. Same roundings and sums,
-// so the same bits, as rounding the f32 gradient when packing it.
+// rows push the kernel's working set out of L2). On AMX tiles a packed
+// head takes cross_entropy_amx.h instead, which never writes the logits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -27,7 +22,7 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
-#include "backends/cpu/gemm_amx.h"
+#include "backends/cpu/cross_entropy_amx.h"
 #include "backends/cpu/gemm_bf16.h"
 #include "backends/cpu/simd.h"
 #include "core/parallel.h"
@@ -125,67 +120,7 @@ __attribute__((target("avx512f"))) float row_loss_avx512(float* l, int64_t vocab
   return loss;
 }
 
-// row_loss_avx512 with grads whose gradient row goes to bf16 in the AMX A
-// layout (gemm_amx.h) as row r of apack (kt k tiles per row pair) instead
-// of back into l; e (vocab floats) holds the exps meanwhile.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) float row_loss_to_tiles(
-    const float* l, float* e, int64_t vocab, int32_t target, float scale, uint16_t* apack, int64_t r, int64_t kt) {
-  const int64_t vec = vocab / 16 * 16;
-  __m512 vm = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < vec; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(l + j));
-  float m = lanes_max(vm);
-  for (int64_t j = vec; j < vocab; ++j) m = std::max(m, l[j]);
-  const __m512 bm = _mm512_set1_ps(m);
-  double sum = 0;
-  for (int64_t j0 = 0; j0 < vec; j0 += 256) {
-    __m512 part = _mm512_setzero_ps();
-    for (int64_t j = j0; j < std::min(j0 + 256, vec); j += 16) {
-      const __m512 x = simd::exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(l + j), bm));
-      _mm512_storeu_ps(e + j, x);
-      part = _mm512_add_ps(part, x);
-    }
-    sum += lanes_sum(part);
-  }
-  for (int64_t j = vec; j < vocab; ++j) sum += (e[j] = std::exp(l[j] - m));
-  const float loss = m + float(std::log(sum)) - l[target];
-  const float k = float(double(scale) / sum);
-  const __m512 bk = _mm512_set1_ps(k);
-  for (int64_t j = 0; j < vec; j += 16) _mm512_storeu_ps(e + j, _mm512_mul_ps(_mm512_loadu_ps(e + j), bk));
-  for (int64_t j = vec; j < vocab; ++j) e[j] *= k;
-  e[target] -= scale;
-  uint16_t* row = apack + (r / 32) * kt * 1024 + ((r % 32) / 16) * 512 + (r % 16) * 32;
-  for (int64_t t = 0; t < kt; ++t) {
-    const int64_t left = vocab - t * 32;
-    const __mmask16 m0 = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-    const __mmask16 m1 = left >= 32 ? __mmask16(0xffff) : left > 16 ? __mmask16((1u << (left - 16)) - 1) : 0;
-    const __m512 lo = _mm512_maskz_loadu_ps(m0, e + t * 32), hi = _mm512_maskz_loadu_ps(m1, e + t * 32 + 16);
-    _mm512_storeu_si512(row + t * 1024, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-  }
-  return loss;
-}
-
 #pragma GCC diagnostic pop
-
-// The packed head's softmax into tiles and its input gradient (see the top).
-void head_backward_tiles(const float* logits, int64_t m, int64_t vocab, int64_t dim, const int32_t* targets,
-                         const int32_t* rows, float scale, const PackedBf16Weight& head, float* loss, float* dh) {
-  const int64_t kt = (vocab + 31) / 32;
-  static std::vector<uint16_t> apack;  // one chunk's gradient, kept from call to call
-  apack.resize(size_t(amx_packed_a_elems(m, vocab)));
-  uint16_t* ap = apack.data();
-  for (int64_t r = m; r < (m + 31) / 32 * 32; ++r)  // rows past m are zero
-    for (int64_t t = 0; t < kt; ++t)
-      std::memset(ap + (r / 32) * kt * 1024 + ((r % 32) / 16) * 512 + (r % 16) * 32 + t * 1024, 0, 64);
-  parallel_for(m, 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> row;
-    row.resize(size_t(vocab));
-    for (int64_t r = b; r < e; ++r)
-      loss[r] = row_loss_to_tiles(logits + r * vocab, row.data(), vocab, targets[rows[r]], scale, ap, r, kt);
-  });
-  for (int64_t r0 = 0; r0 < m; r0 += kDxRows)
-    gemm_bf16_amx_prepacked(std::min(kDxRows, m - r0), dim, vocab, 1.0f, ap + (r0 / 32) * kt * 1024,
-                            head.packed_backward(), false, dh + r0 * dim, dim);
-}
 
 }  // namespace
 
@@ -208,6 +143,9 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedB
   Chunk c{ws, ws + chunk * vocab, ws + chunk * (vocab + dim), ws + chunk * (vocab + 2 * dim),
           reinterpret_cast<int32_t*>(ws + chunk * (vocab + 2 * dim + 1))};
   if (grads) std::memset(a.d_hidden.data, 0, size_t(a.d_hidden.nbytes()));
+  const bool fused = packed_head && packed_head->packed() && a.d_w.empty() && cross_entropy_amx_fits(dim) &&
+                     bf16_gemm_path() == Bf16GemmPath::kAmx;
+  std::vector<int32_t> fused_targets;
   CrossEntropyStats stats;
   int64_t next = 0;
   while (true) {
@@ -216,17 +154,18 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedB
       if (targets[next] != kCrossEntropyIgnore) c.rows[m++] = int32_t(next);
     if (m == 0) break;
     for (int64_t r = 0; r < m; ++r) std::memcpy(c.h + r * dim, hidden + c.rows[r] * dim, sizeof(float) * size_t(dim));
-    if (packed_head)
-      packed_head->forward(m, 1.0f, c.h, dim, false, c.logits, vocab);
-    else if (bf16)
-      gemm_bf16(true, m, vocab, dim, 1.0f, c.h, dim, w16, dim, false, c.logits, vocab);
-    else
-      sgemm(false, true, m, vocab, dim, 1.0f, c.h, dim, w, dim, 0.0f, c.logits, vocab);
-    const bool tiles = grads && a.d_w.empty() && packed_head && packed_head->packed() &&
-                       bf16_gemm_path() == Bf16GemmPath::kAmx;
-    if (tiles) {
-      head_backward_tiles(c.logits, m, vocab, dim, targets, c.rows, a.grad_scale, *packed_head, c.loss, c.dh);
+    if (fused) {
+      std::vector<int32_t>& tg = fused_targets;
+      tg.resize(size_t(m));
+      for (int64_t r = 0; r < m; ++r) tg[size_t(r)] = targets[c.rows[r]];
+      cross_entropy_head_amx(c.h, m, tg.data(), a.grad_scale, *packed_head, c.loss, grads ? c.dh : nullptr);
     } else {
+      if (packed_head)
+        packed_head->forward(m, 1.0f, c.h, dim, false, c.logits, vocab);
+      else if (bf16)
+        gemm_bf16(true, m, vocab, dim, 1.0f, c.h, dim, w16, dim, false, c.logits, vocab);
+      else
+        sgemm(false, true, m, vocab, dim, 1.0f, c.h, dim, w, dim, 0.0f, c.logits, vocab);
       parallel_for(m, 1, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r)
           c.loss[r] = vec_softmax
@@ -237,7 +176,7 @@ Result<CrossEntropyStats> cross_entropy(const CrossEntropyArgs& a, const PackedB
     for (int64_t r = 0; r < m; ++r) stats.loss_sum += c.loss[r];
     stats.n_valid += m;
     if (!grads) continue;
-    if (tiles) {
+    if (fused) {
       // dH is in c.dh already.
     } else if (packed_head) {  // k = vocab: rows kDxRows at a time keep the AMX kernel's blocks of A and C in L2
       for (int64_t r0 = 0; r0 < m; r0 += kDxRows)

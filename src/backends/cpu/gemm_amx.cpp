@@ -496,20 +496,13 @@ void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, 
   }
 }
 
-int64_t amx_packed_a_elems(int64_t m, int64_t k) {
-  return (m + kBlock - 1) / kBlock * ((k + kTileK - 1) / kTileK) * 4 * kTileWords;
+void amx_pack_a(const float* a, int64_t lda, int64_t m, int64_t k, uint16_t* dst) {
+  const Problem P{{false, m, 0, k, 1.0f, a, lda, nullptr, 0, false, nullptr, 0}, (k + kTileK - 1) / kTileK};
+  for (int64_t rb = 0; rb < (m + kBlock - 1) / kBlock * 2; ++rb) pack_a_block(P, rb, dst);
 }
 
-void gemm_bf16_amx_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
-                             const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc, AmxTiles tiles) {
-  tiles = resolve(tiles);
-  LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
-              "gemm_bf16_amx_prepacked: this machine cannot run the requested path");
-  LATHE_CHECK(k > 0, "gemm_bf16_amx_prepacked: k must be positive");
-  if (m <= 0 || n <= 0) return;
-  Problem P{{false, m, n, k, alpha, nullptr, 0, nullptr, 0, accumulate, c, ldc}, (k + kTileK - 1) / kTileK};
-  P.packed = b_packed;
-  run_columns(P, a_packed, tiles, tiles == AmxTiles::kHardware ? block_hardware<false> : block_emulated);
+int64_t amx_packed_a_elems(int64_t m, int64_t k) {
+  return (m + kBlock - 1) / kBlock * ((k + kTileK - 1) / kTileK) * 4 * kTileWords;
 }
 
 double amx_tile_peak_gflops(int64_t calls) {

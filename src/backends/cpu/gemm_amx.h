@@ -64,16 +64,14 @@ void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const fl
                           const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc,
                           AmxTiles tiles = AmxTiles::kHardware);
 
-// A packed ahead as well (the LM head's logits gradient, which its softmax
-// writes straight into this layout): row pair p (rows 32p..32p+31) and k
-// tile t (k 32t..32t+31) are two tiles at a_packed + (p · kt + t) · 1024
-// bf16, rows 0-15 then 16-31; tile row r holds 32 consecutive k, zero past
-// k; rows past m are zero. amx_packed_a_elems(m, k) bf16 in all. The
-// columns of C go to the threads.
+// A packed for the tiles by rows: row pair p (rows 32p..32p+31) and k tile
+// t (k 32t..32t+31) are two tiles at (p · kt + t) · 1024 bf16, rows 0-15
+// then 16-31; tile row r holds 32 consecutive k, zero past k; rows past m
+// are zero. amx_packed_a_elems(m, k) bf16 in all.
 int64_t amx_packed_a_elems(int64_t m, int64_t k);
-void gemm_bf16_amx_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a_packed,
-                             const uint32_t* b_packed, bool accumulate, float* c, int64_t ldc,
-                             AmxTiles tiles = AmxTiles::kHardware);
+// Packs a [m, k] (f32, leading dimension lda; rounded to nearest-even) into
+// that layout at dst (amx_packed_a_elems(m, k) bf16), on the calling thread.
+void amx_pack_a(const float* a, int64_t lda, int64_t m, int64_t k, uint16_t* dst);
 
 // One product of a group: C[m, n] = alpha · round_bf16(A)[m, k] · B (+ C
 // when accumulate), B packed by amx_pack_b for these n and k.
