@@ -35,7 +35,14 @@ uint64_t mix64(uint64_t z) {
 constexpr Proj kQkv[] = {kQ, kK, kV};
 constexpr Proj kGateUp[] = {kGate, kUp};
 
-void copy(TensorView dst, TensorView src) { std::memcpy(dst.data, src.data, size_t(src.nbytes())); }
+// A residual copy (rows of hidden floats, a few MiB): split over the threads.
+void copy(TensorView dst, TensorView src) {
+  const int64_t bytes = src.nbytes(), grain = int64_t{256} << 10;
+  parallel_for((bytes + grain - 1) / grain, 1, [&](int64_t b, int64_t e) {
+    const int64_t lo = b * grain, hi = std::min(bytes, e * grain);
+    std::memcpy(static_cast<char*>(dst.data) + lo, static_cast<const char*>(src.data) + lo, size_t(hi - lo));
+  });
+}
 
 Status check_micro_batch(const MicroBatch& mb) {
   const size_t n = mb.input_ids.size();

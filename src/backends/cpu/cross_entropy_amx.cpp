@@ -156,7 +156,8 @@ void cross_entropy_head_amx(const float* h, int64_t m, const int32_t* targets, f
   constexpr int64_t kMaxShares = 64;
   const int threads =
       int(std::max<int64_t>(1, std::min<int64_t>({int64_t(num_threads()), (col_pairs + kPairs - 1) / kPairs, kMaxShares})));
-  static std::vector<Share> shares;  // kept from call to call
+  thread_local std::vector<Share> kept;  // the caller's, kept from call to call
+  std::vector<Share>& shares = kept;     // (named inside the region, kept would be each thread's own)
   if (shares.size() < size_t(threads)) shares.resize(size_t(threads));
   const AmxBlockFn block = amx_block_kernel(tiles);
 #pragma omp parallel num_threads(threads) if (threads > 1)
