@@ -134,17 +134,30 @@ __attribute__((target("avx512f,avx512dq"))) inline double dot_f64_avx512(const f
   return s;
 }
 
+// The lane indices of transpose16's four stages (built at compile time).
+struct Transpose16Index {
+  alignas(64) int32_t lo[4][16];
+  alignas(64) int32_t hi[4][16];
+};
+constexpr Transpose16Index make_transpose16_index() {
+  Transpose16Index t{};
+  for (int s = 0; s < 4; ++s)
+    for (int c = 0; c < 16; ++c) {
+      const int b = 1 << s;
+      t.lo[s][c] = (c & b) ? 16 + (c ^ b) : c;
+      t.hi[s][c] = (c & b) ? 16 + c : (c ^ b);
+    }
+  return t;
+}
+inline constexpr Transpose16Index kTranspose16Index = make_transpose16_index();
+
 // 16 x 16 transpose of the 32-bit lanes of r[16]: four butterfly stages; at
 // stage b the lanes whose row and column differ in bit b swap across rows i
 // and i ^ b.
 __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
-  for (int b = 1; b < 16; b <<= 1) {
-    alignas(64) int32_t lo_idx[16], hi_idx[16];
-    for (int c = 0; c < 16; ++c) {
-      lo_idx[c] = (c & b) ? 16 + (c ^ b) : c;
-      hi_idx[c] = (c & b) ? 16 + c : (c ^ b);
-    }
-    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int s = 0; s < 4; ++s) {
+    const int b = 1 << s;
+    const __m512i lo = _mm512_load_si512(kTranspose16Index.lo[s]), hi = _mm512_load_si512(kTranspose16Index.hi[s]);
     for (int i = 0; i < 16; ++i) {
       if (i & b) continue;
       const __m512i x = r[i], y = r[i | b];
