@@ -8,14 +8,21 @@
 // du never leave the thread's cache before their second product. The
 // adapter factors are rounded to bf16 and packed per call (r rows or
 // columns: small). The weight gradients dB_i += dy_iᵀ·u_i and
-// dA_i += scale·du_iᵀ·x then run as f32 sgemms, as in nn/lora.cpp. The
-// products and sums are those of the unfused bf16-mixed path (gemm_bf16 on
-// the same operands), so fusing changes the schedule, not the numerics.
-#include <cstring>
+// dA_i += scale·du_iᵀ·x are f32 sums too, formed in the same region: after
+// its products, each thread adds its chunk's rows into its own partial
+// sums (AVX-512 FMAs while dy and du are in cache), which are added up
+// after the region. The tile products and sums are those of the unfused
+// bf16-mixed path (gemm_bf16 on the same operands); the weight gradients'
+// f32 sums run in another order than that path's sgemms.
+#include <immintrin.h>
+#include <omp.h>
 
-#include "backends/cpu/gemm.h"
+#include <cstring>
+#include <vector>
+
 #include "backends/cpu/gemm_amx.h"
 #include "backends/cpu/gemm_bf16.h"
+#include "core/parallel.h"
 #include "train/trainable_impl.h"
 
 namespace lathe {
@@ -34,6 +41,50 @@ const uint32_t* pack_factor(const float* f, int64_t rows, int64_t cols, bool tra
 }
 
 constexpr size_t kMaxItems = 3 * kMaxLoraGroup + 1;
+
+inline __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n > 0 ? __mmask16((1u << n) - 1) : 0; }
+
+// acc[j · nc + c] += Σ_{t < rows} s[t · lds + j] · v[t · ldv + c] for j < nj,
+// c < nc: four rows per pass over acc.
+__attribute__((target("avx512f"))) void outer_accumulate(const float* s, int64_t lds, const float* v, int64_t ldv,
+                                                          int64_t rows, int64_t nj, int64_t nc, float* acc) {
+  for (int64_t t0 = 0; t0 < rows; t0 += 4) {
+    const int64_t tr = std::min<int64_t>(4, rows - t0);
+    for (int64_t j = 0; j < nj; ++j) {
+      __m512 b[4];
+      for (int64_t k = 0; k < 4; ++k) b[k] = _mm512_set1_ps(k < tr ? s[(t0 + k) * lds + j] : 0.0f);
+      float* a = acc + j * nc;
+      for (int64_t c = 0; c < nc; c += 16) {
+        const __mmask16 m = mask16(nc - c);
+        __m512 x = _mm512_maskz_loadu_ps(m, a + c);
+        for (int64_t k = 0; k < tr; ++k) x = _mm512_fmadd_ps(b[k], _mm512_maskz_loadu_ps(m, v + (t0 + k) * ldv + c), x);
+        _mm512_mask_storeu_ps(a + c, m, x);
+      }
+    }
+  }
+}
+
+// What the backward group's chunks add into each thread's partial sums:
+// adapter i's dBᵀ [r_i, out_i] from u_i and dy_i, then duᵀ·x [rank, in].
+struct WeightGrads {
+  int n = 0;
+  const float* u[kMaxLoraGroup];
+  const float* dy[kMaxLoraGroup];
+  int64_t r[kMaxLoraGroup], out[kMaxLoraGroup], off[kMaxLoraGroup];  // off: into a thread's partials
+  const float* du;
+  const float* x;
+  int64_t rank, in, a_off, per_thread;
+  float* partials;  // [threads][per_thread]
+
+  static void add_chunk(void* ctx, int64_t r0, int64_t rows, int thread) {
+    const WeightGrads& g = *static_cast<const WeightGrads*>(ctx);
+    float* p = g.partials + thread * g.per_thread;
+    for (int i = 0; i < g.n; ++i)
+      outer_accumulate(g.u[i] + r0 * g.r[i], g.r[i], g.dy[i] + r0 * g.out[i], g.out[i], rows, g.r[i], g.out[i],
+                       p + g.off[i]);
+    outer_accumulate(g.du + r0 * g.rank, g.rank, g.x + r0 * g.in, g.in, rows, g.rank, g.in, p + g.a_off);
+  }
+};
 
 }  // namespace
 
@@ -123,25 +174,47 @@ Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, Tenso
   if (!dx.empty() && rank > 0)
     items[count++] = {in, rank, scale, du.ptr<const float>(), rank,
                       pack_factor(a_stack.ptr<const float>(), rank, in, false, arena), true, dx.ptr<float>(), in};
-  {
+  if (rank == 0) {
     PhaseScope timed(*this, kPhaseFused);
     cpu::gemm_bf16_amx_packed_group(n, {items, count});
+    return Status::ok();
   }
-  if (rank == 0) return Status::ok();
-  PhaseScope timed(*this, kPhaseLora);
-  TensorView da = arena.alloc(DType::F32, {rank, in});
-  cpu::sgemm(true, false, rank, in, n, scale, du.ptr<const float>(), rank, x.ptr<const float>(), in, 0.0f,
-             da.ptr<float>(), in);
+  WeightGrads g;
   for (size_t i = 0; i < js.size(); ++i) {
     const TLinear& L = blocks[size_t(l)].proj[js[i]];
     if (L.lora < 0) continue;
     const TLora& a = loras[size_t(L.lora)];
-    if (a.db)
-      cpu::sgemm(true, false, a.out, a.r, n, 1.0f, dys[i].ptr<const float>(), a.out, s.lora[js[i]].u.ptr<const float>(),
-                 a.r, 1.0f, a.db, a.r);
-    if (!a.da) continue;
-    const float* src = da.ptr<const float>() + off[i] * in;
-    for (int64_t e = 0; e < a.r * in; ++e) a.da[e] += src[e];
+    g.u[g.n] = s.lora[js[i]].u.ptr<const float>(), g.dy[g.n] = dys[i].ptr<const float>();
+    g.r[g.n] = a.r, g.out[g.n] = a.out, g.off[g.n] = g.n == 0 ? 0 : g.off[g.n - 1] + g.r[g.n - 1] * g.out[g.n - 1];
+    ++g.n;
+  }
+  g.du = du.ptr<const float>(), g.x = x.ptr<const float>(), g.rank = rank, g.in = in;
+  g.a_off = g.off[g.n - 1] + g.r[g.n - 1] * g.out[g.n - 1];
+  g.per_thread = g.a_off + rank * in;
+  const int threads = std::max(1, num_threads());
+  TensorView partials = arena.alloc(DType::F32, {threads * g.per_thread});
+  std::memset(partials.data, 0, size_t(partials.nbytes()));
+  g.partials = partials.ptr<float>();
+  const cpu::AmxGroupAfter after{&WeightGrads::add_chunk, &g};
+  {
+    PhaseScope timed(*this, kPhaseFused);
+    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, &after);
+  }
+  PhaseScope timed(*this, kPhaseLora);
+  int k = 0;
+  for (size_t i = 0; i < js.size(); ++i) {  // dB_i += Σ_threads dBᵀ partials, transposed; dA_i += scale · Σ partials
+    const TLinear& L = blocks[size_t(l)].proj[js[i]];
+    if (L.lora < 0) continue;
+    const TLora& a = loras[size_t(L.lora)];
+    for (int t = 0; t < threads; ++t) {
+      const float* p = g.partials + t * g.per_thread;
+      if (a.db)
+        for (int64_t j = 0; j < a.r; ++j)
+          for (int64_t o = 0; o < a.out; ++o) a.db[o * a.r + j] += p[g.off[k] + j * a.out + o];
+      if (a.da)
+        for (int64_t e = 0; e < a.r * in; ++e) a.da[e] += scale * p[g.a_off + off[i] * in + e];
+    }
+    ++k;
   }
   return Status::ok();
 }

@@ -59,6 +59,7 @@ struct Problem {
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 headers (see simd.h)
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n > 0 ? __mmask16((1u << n) - 1) : 0; }
 

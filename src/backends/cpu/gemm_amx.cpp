@@ -471,7 +471,8 @@ void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const fl
   run(P, tiles);
 }
 
-void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, AmxTiles tiles) {
+void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, AmxTiles tiles,
+                                const AmxGroupAfter* after) {
   tiles = resolve(tiles);
   LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
               "gemm_bf16_amx_packed_group: this machine cannot run the requested path");
@@ -490,7 +491,9 @@ void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < chunks; ++t) {
       const int64_t r0 = t * kRowChunkPairs * kBlock;
-      group_chunk(items, r0, std::min(kRowChunkPairs * kBlock, m - r0), block, scratch, apack);
+      const int64_t rows = std::min(kRowChunkPairs * kBlock, m - r0);
+      group_chunk(items, r0, rows, block, scratch, apack);
+      if (after) after->fn(after->ctx, r0, rows, omp_get_thread_num());
     }
     if (hw) tiles_release();
   }

@@ -91,8 +91,16 @@ struct AmxGroupItem {
 // (row-local chains fuse: LoRA's u = x·Aᵀ, then y += u·Bᵀ), and items on
 // the same A (pointer, lda and k) pack it once. Each item's results are
 // those of gemm_bf16_amx_packed on it, bit for bit.
+// after, when given, runs on each chunk of rows once its items are done, on
+// the thread that ran them (thread: omp_get_thread_num() in the region, 0
+// outside one): row-local work that reads what the items just wrote (LoRA's
+// weight gradients from dy and du).
+struct AmxGroupAfter {
+  void (*fn)(void* ctx, int64_t r0, int64_t rows, int thread);
+  void* ctx;
+};
 void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items,
-                                AmxTiles tiles = AmxTiles::kHardware);
+                                AmxTiles tiles = AmxTiles::kHardware, const AmxGroupAfter* after = nullptr);
 
 // For benchmarks: the micro-kernel alone on operands that stay in L1, on the
 // calling thread, `calls` times; returns GFLOP/s (the tiles' practical peak

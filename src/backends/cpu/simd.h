@@ -80,6 +80,7 @@ inline float to_f32(const void* p, DType dt, int64_t i) {
 // unmasked AVX-512 intrinsics, which a full mask never reads.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 // exp(x) for x <= 0 in 16 lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by
 // its Taylor series to r⁶ (truncation below 2⁻²³ there), times 2ⁿ by scalef
 // (which flushes very negative x to 0).
