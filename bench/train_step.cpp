@@ -7,7 +7,9 @@
 // Usage: bench_train_step [threads] [hidden] [layers] [ffn] [vocab] [batch] [seq] [lora_r|full] [32|bf16-mixed]
 //                         [amx-prefetch: the AMX kernel prefetches its A operand | amx-cols: packed GEMMs split
 //                          columns over the threads, not rows (set_amx_rows_split) |
-//                          amx-emulated: the AMX code with its tile instructions in scalar code (checks, slow) | ce-rows=N: LM head chunk rows]
+//                          amx-emulated: the AMX code with its tile instructions in scalar code (checks, slow) |
+//                          group=N[,items]: fused tile groups in chunks of N row pairs [, each item over a
+//                          thread's fixed rows before the next] (set_amx_group_schedule) | ce-rows=N: LM head chunk rows]
 // Defaults: 2 threads, the 58M-parameter shape (512, 8, 1376, 32000), batch 4 x 256, r 16, precision 32
 // (bf16-mixed: the frozen base in bf16, trainer.precision's other value).
 // The bf16 GEMM path (amx, avx512bf16 or f32; LATHE_CPU_GEMM forces one) is
@@ -93,6 +95,9 @@ int main(int argc, char** argv) {
   const int64_t ce_rows = argc > 10 && std::string(argv[10]).rfind("ce-rows=", 0) == 0 ? std::atol(argv[10] + 8) : 0;
   if (prefetch && cpu::amx_bf16_available()) cpu::set_amx_prefetch(true);
   if (argc > 10 && std::string(argv[10]) == "amx-emulated") cpu::set_amx_emulation(true);
+  const std::string group_opt = argc > 10 && std::string(argv[10]).rfind("group=", 0) == 0 ? argv[10] + 6 : "";
+  if (!group_opt.empty())  // group=N[,items]: fused groups in chunks of N row pairs [, items outermost]
+    cpu::set_amx_group_schedule(std::atoi(group_opt.c_str()), group_opt.find("items") != std::string::npos);
   const std::string dir = (std::filesystem::temp_directory_path() / "lathe_bench_train_model").string();
   write_model(dir, H, L, F, V);
   TrainableModelOptions opts;
@@ -138,7 +143,8 @@ int main(int argc, char** argv) {
   const char* kPathNames[] = {"f32", "avx512bf16", "amx"};
   const std::string precision =
       bf16 ? std::string("bf16-mixed (") + kPathNames[int(cpu::bf16_gemm_path())] +
-                 (prefetch ? "+prefetch" : "") + (rows_split ? "" : ", columns split") + " GEMM" +
+                 (prefetch ? "+prefetch" : "") + (rows_split ? "" : ", columns split") +
+                 (group_opt.empty() ? "" : ", group=" + group_opt) + " GEMM" +
                  (ce_rows > 0 ? ", LM head chunks of " + std::to_string(ce_rows) : std::string()) + ")"
            : "32";
   std::printf("| lathe %s %s | %d threads | %dx%d tokens | best %.3f s | median %.3f s | %.0f tokens/s | act %.0f MiB |\n",

@@ -77,6 +77,8 @@ inline void compiler_barrier() { asm volatile("" ::: "memory"); }
 std::atomic<bool> g_prefetch{false};
 std::atomic<bool> g_rows_split{true};
 std::atomic<bool> g_emulate{false};
+std::atomic<int> g_group_chunk_pairs{4};
+std::atomic<bool> g_group_items_outer{false};
 
 // The tiles a kHardware call runs: the emulated ones while set_amx_emulation is on.
 AmxTiles resolve(AmxTiles tiles) {
@@ -482,21 +484,38 @@ void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, 
   const bool hw = tiles == AmxTiles::kHardware;
   const BlockFn block = hw ? block_hardware<false> : block_emulated;
   const int64_t threads = omp_in_parallel() ? 1 : num_threads();
-  const int64_t pairs = (m + kBlock - 1) / kBlock, chunks = (pairs + kRowChunkPairs - 1) / kRowChunkPairs;
-#pragma omp parallel num_threads(int(std::min(threads, chunks))) if (threads > 1 && chunks > 1)
+  const int64_t chunk_rows = int64_t{g_group_chunk_pairs.load(std::memory_order_relaxed)} * kBlock;
+  const int64_t chunks = (m + chunk_rows - 1) / chunk_rows;
+  const int team = int(std::min(threads, chunks));
+  const bool items_outer = g_group_items_outer.load(std::memory_order_relaxed);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
     thread_local Scratch scratch;
     thread_local std::vector<uint16_t> apack;
     if (hw) tiles_configure();
+    const int me = omp_get_thread_num();
+    if (items_outer) {  // static rows per thread, every item over them before the next: each B once per thread
+      const int64_t c0 = chunks * me / team, c1 = chunks * (me + 1) / team;
+      for (const AmxGroupItem& it : items)
+        for (int64_t t = c0; t < c1; ++t)
+          group_chunk({&it, 1}, t * chunk_rows, std::min(chunk_rows, m - t * chunk_rows), block, scratch, apack);
+      for (int64_t t = c0; t < c1 && after; ++t)
+        after->fn(after->ctx, t * chunk_rows, std::min(chunk_rows, m - t * chunk_rows), me);
+    } else {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < chunks; ++t) {
-      const int64_t r0 = t * kRowChunkPairs * kBlock;
-      const int64_t rows = std::min(kRowChunkPairs * kBlock, m - r0);
-      group_chunk(items, r0, rows, block, scratch, apack);
-      if (after) after->fn(after->ctx, r0, rows, omp_get_thread_num());
+      for (int64_t t = 0; t < chunks; ++t) {
+        const int64_t r0 = t * chunk_rows, rows = std::min(chunk_rows, m - r0);
+        group_chunk(items, r0, rows, block, scratch, apack);
+        if (after) after->fn(after->ctx, r0, rows, me);
+      }
     }
     if (hw) tiles_release();
   }
+}
+
+void set_amx_group_schedule(int chunk_pairs, bool items_outer) {
+  g_group_chunk_pairs.store(std::max(1, chunk_pairs), std::memory_order_relaxed);
+  g_group_items_outer.store(items_outer, std::memory_order_relaxed);
 }
 
 void amx_pack_a(const float* a, int64_t lda, int64_t m, int64_t k, uint16_t* dst) {

@@ -102,6 +102,13 @@ struct AmxGroupAfter {
 void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items,
                                 AmxTiles tiles = AmxTiles::kHardware, const AmxGroupAfter* after = nullptr);
 
+// How gemm_bf16_amx_packed_group hands out rows (benchmarks compare): in
+// chunks of chunk_pairs row pairs (default 4), dynamically, each chunk
+// through every item (default); or with items_outer, each thread a fixed
+// share of the chunks and every item over all of its share before the next
+// item (each B read once per thread; no dynamic balance).
+void set_amx_group_schedule(int chunk_pairs, bool items_outer);
+
 // For benchmarks: the micro-kernel alone on operands that stay in L1, on the
 // calling thread, `calls` times; returns GFLOP/s (the tiles' practical peak
 // on one core). Requires amx_bf16_available().
