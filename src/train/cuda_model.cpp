@@ -2,8 +2,10 @@
 // arena (the same carve runs twice: once to size the arena, once to hand out
 // its pointers), the LoRA table (TrainableModel's layout: per layer, per
 // targeted projection, A then B, 16-float aligned), the fused projections
-// (a member's weight is a row block of its group's: uploads by transformers'
-// name land there), random init for benchmarks, and the optimizer. The
+// (a member's weight is a row block of its group's extended weight, rows
+// ldw apart: uploads by transformers' name land there; the LoRA factors'
+// 4-term copies are written beside them, cuda_model_impl.h), random init
+// for benchmarks, and the optimizer. The
 // recompute mode decides which activations are per layer and which are one
 // shared copy that the backward recomputes.
 #include "train/cuda_model.h"
@@ -93,16 +95,15 @@ Status carve_weights(CudaModelImpl& m, C& c) {
     }
     for (int g = 0; g < kGnum; ++g) {
       CGroup& G = b.g[size_t(g)];
-      LATHE_ASSIGN_OR_RETURN(G.w, bf(G.out * G.in, "projection"));
+      LATHE_ASSIGN_OR_RETURN(G.w, bf((G.out + G.lw) * G.ldw, "projection (with its LoRA copies)"));
       if (s.qkv_bias && g == kGqkv) {
-        LATHE_ASSIGN_OR_RETURN(G.bias8, bf(8 * G.out, "bias"));
+        LATHE_ASSIGN_OR_RETURN(G.bias, bf(G.out, "bias"));
       }
     }
   }
-  // LoRA: fp32 masters and grads, 4-term bf16 copies laid out by group.
+  // LoRA: fp32 masters and grads (the 4-term copies live in the groups' w).
   LATHE_ASSIGN_OR_RETURN(m.params, f32(std::max<int64_t>(m.n_flat, 1), "LoRA params"));
   LATHE_ASSIGN_OR_RETURN(m.grads, f32(std::max<int64_t>(m.n_flat, 1), "LoRA grads"));
-  LATHE_ASSIGN_OR_RETURN(m.split, bf(std::max<int64_t>(m.n_split, 1), "LoRA 4-term copies"));
   LATHE_ASSIGN_OR_RETURN(void* table, c.alloc(std::max<size_t>(m.table.size(), 1) * sizeof(cuda::LoraSplitFactor),
                                               "LoRA split table"));
   m.split_table = static_cast<cuda::LoraSplitFactor*>(table);
@@ -110,19 +111,22 @@ Status carve_weights(CudaModelImpl& m, C& c) {
 }
 
 // Layer inputs and what the backward reads of each layer: a buffer kept per
-// layer, or (recomputed in the backward) one copy all layers share.
+// layer, or (recomputed in the backward) one copy all layers share. The
+// LoRA u of a group lives in its input's row (x_ext), so it is kept or
+// recomputed with that input.
 //   none:      everything per layer (silu(gate)·up too);
-//   selective: per layer the attention output and lse, [gate | up] and the
-//              LoRA u of gate|up and down; shared the norms' outputs, q/k/v,
-//              h_mid and the LoRA u of q|k|v and o (those GEMMs rerun) —
-//              except in the first keep_layers layers, which keep q/k/v,
-//              h_mid and those u as well and rerun only the two norms;
+//   selective: per layer the attention output (with o's u) and lse and
+//              [gate | up]; shared the norms' outputs (with the u of q|k|v
+//              and gate|up), q/k/v and h_mid (the q|k|v and o GEMMs rerun)
+//              and silu(gate)·up (the scratch's, with down's u) — except in
+//              the first keep_layers layers, which keep q/k/v and h_mid as
+//              well and rerun only the two norms and the u in their rows;
 //   full:      everything shared (each layer's forward reruns).
 template <class C>
 Status carve_acts(CudaModelImpl& m, C& c) {
   const CudaModelShape& s = m.s;
-  const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
-  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
+  const int64_t T = m.o.max_tokens, H = s.hidden, hd = s.head_dim;
+  const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd;
   const bool all = m.o.recompute == CudaRecompute::kNone;
   const bool mid = all || m.o.recompute == CudaRecompute::kSelective;
   for (bf16p& h : m.hs) {
@@ -151,7 +155,7 @@ Status carve_acts(CudaModelImpl& m, C& c) {
       if (!keep) shared.*field = a.*field;
       return Status::ok();
     };
-    LATHE_TRY(bf(&CActs::xn1, all, T * H, "xn1"));
+    LATHE_TRY(bf(&CActs::xn1, all, T * m.group(kGqkv).ldw, "xn1"));
     LATHE_TRY(f32(&CActs::rstd1, all, T, "rstd1"));
     if (s.qk_norm) {
       LATHE_TRY(bf(&CActs::q_raw, layer, T * qd, "q_raw"));
@@ -162,27 +166,15 @@ Status carve_acts(CudaModelImpl& m, C& c) {
     LATHE_TRY(bf(&CActs::q, layer, T * qd, "q"));
     LATHE_TRY(bf(&CActs::k, layer, T * kvd, "k"));
     LATHE_TRY(bf(&CActs::v, layer, T * kvd, "v"));
-    LATHE_TRY(bf(&CActs::attn, mid, T * qd, "attention out"));
+    LATHE_TRY(bf(&CActs::attn, mid, T * m.group(kGo).ldw, "attention out"));
     LATHE_TRY(f32(&CActs::lse, mid, T * s.n_head, "lse"));
     LATHE_TRY(bf(&CActs::h_mid, layer, T * H, "h_mid"));
-    LATHE_TRY(bf(&CActs::xn2, all, T * H, "xn2"));
+    LATHE_TRY(bf(&CActs::xn2, all, T * m.group(kGgu).ldw, "xn2"));
     LATHE_TRY(f32(&CActs::rstd2, all, T, "rstd2"));
-    LATHE_TRY(bf(&CActs::gu, mid, T * 2 * F, "gate|up"));
+    LATHE_TRY(bf(&CActs::gu, mid, T * m.ld_gu, "gate|up"));
     a.act = nullptr;  // per layer with none; else the scratch's (carve_scratch)
     if (all) {
-      LATHE_ASSIGN_OR_RETURN(a.act, c.bf(T * F, "silu(gate)·up"));
-    }
-    for (int g = 0; g < kGnum; ++g) {
-      const int64_t n_lora = int64_t(m.blocks[l].g[size_t(g)].loras.size());
-      if (n_lora == 0) continue;
-      const bool keep = g == kGqkv || g == kGo ? layer : mid;
-      const std::string key = "LoRA u " + std::to_string(g);
-      if (!keep && !made.insert(key).second) {
-        a.u[size_t(g)] = shared.u[size_t(g)];
-        continue;
-      }
-      LATHE_ASSIGN_OR_RETURN(a.u[size_t(g)], c.bf(T * n_lora * 4 * r, "LoRA u"));
-      if (!keep) shared.u[size_t(g)] = a.u[size_t(g)];
+      LATHE_ASSIGN_OR_RETURN(a.act, c.bf(T * m.group(kGdown).ldw, "silu(gate)·up"));
     }
   }
   return Status::ok();
@@ -215,16 +207,15 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   const int64_t T = m.o.max_tokens, H = s.hidden, F = s.inter, hd = s.head_dim;
   const int64_t qd = s.n_head * hd, kvd = s.n_kv * hd, r = m.o.lora_r;
   CScratch& x = m.x;
-  x.qkv = c.take<cuda::bf16_bits>(T * (qd + 2 * kvd));
+  x.qkv = c.take<cuda::bf16_bits>(T * m.ld_qkv);
   x.tmp_h = c.take<cuda::bf16_bits>(T * H);
-  x.act = c.take<cuda::bf16_bits>(T * std::max(F, 2 * qd + 2 * kvd + H));
+  x.act = c.take<cuda::bf16_bits>(T * std::max(m.group(kGdown).ldw, 2 * qd + 2 * kvd + H));
   x.d_attn = x.act;
   x.dq = x.act ? x.d_attn + T * qd : nullptr;
   x.dk = x.act ? x.dq + T * qd : nullptr;
   x.dv = x.act ? x.dk + T * kvd : nullptr;
   x.d_xn = x.act ? x.dv + T * kvd : nullptr;
-  x.dh_bf = c.take<cuda::bf16_bits>(T * H);
-  x.du = c.take<cuda::bf16_bits>(T * 3 * 4 * r);
+  x.dh_bf = c.take<cuda::bf16_bits>(T * m.ld_dh_bf);
   x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));
   x.dh = c.take<float>(T * H);
 }
@@ -249,7 +240,6 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
     if (!a.act) a.act = x.act;  // not kept: the backward recomputes it into the scratch
   LATHE_ASSIGN_OR_RETURN(x.xf, bf(T * H, "final norm out"));
   LATHE_ASSIGN_OR_RETURN(x.d_xf, bf(T * H, "d final norm out"));
-  LATHE_ASSIGN_OR_RETURN(x.ones8, bf(T * 8, "bias ones"));
   LATHE_ASSIGN_OR_RETURN(x.rstd_f, f32(T, "final rstd"));
   LATHE_ASSIGN_OR_RETURN(x.cos, f32(T * hd / 2, "rope cos"));
   LATHE_ASSIGN_OR_RETURN(x.sin, f32(T * hd / 2, "rope sin"));
@@ -272,21 +262,17 @@ Status carve(CudaModelImpl& m, Alloc&& alloc) {
   return carve_scratch(m, c, alloc);
 }
 
-// Shapes of the fused projections, the LoRA table, the 4-term copies'
-// layout (per layer and group: the members' A copies stacked, then their B
-// copies) and the name map (no memory yet).
+// Shapes of the fused projections and their LoRA extension (lw, ldw), the
+// LoRA table and the dy_ext strides (no memory yet; the 4-term copies'
+// places in the groups' w are known once the arena is carved:
+// place_split_copies).
 void lay_out(CudaModelImpl& m) {
   const CudaModelShape& s = m.s;
   const int64_t H = s.hidden, hd = s.head_dim, F = s.inter, r = m.o.lora_r;
   const int64_t out[kCnumProj] = {s.n_head * hd, s.n_kv * hd, s.n_kv * hd, H, F, F, H};
   const int64_t in[kCnumProj] = {H, H, H, s.n_head * hd, H, H, F};
   m.blocks.assign(size_t(s.n_layer), {});
-  int64_t total = 0, n_split = 0;
-  auto split_at = [&](int64_t n) {
-    const int64_t at = n_split;
-    n_split += (n + 63) / 64 * 64;
-    return at;
-  };
+  int64_t total = 0;
   for (int64_t l = 0; l < s.n_layer; ++l) {
     CBlock& b = m.blocks[size_t(l)];
     for (int j = 0; j < kCnumProj; ++j) {
@@ -306,55 +292,91 @@ void lay_out(CudaModelImpl& m) {
       total += aligned(out[j] * r);
       m.max_factor_numel = std::max({m.max_factor_numel, r * in[j], out[j] * r});
     }
-    for (const CGroup& G : b.g) {
-      const int64_t a4 = split_at(4 * r * G.in * int64_t(G.loras.size()));  // the A copies back to back
-      for (int k : G.loras) m.factors[2 * size_t(k)].dst = a4 + m.loras[size_t(k)].slot * 4 * r * G.in;
-      for (int k : G.loras) m.factors[2 * size_t(k) + 1].dst = split_at(4 * r * m.loras[size_t(k)].out);
+    for (CGroup& G : b.g) {
+      G.lw = int64_t(G.loras.size()) * 4 * r;
+      G.ldw = G.in + G.lw;
     }
   }
+  m.ld_qkv = m.group(kGqkv).out + m.group(kGqkv).lw;
+  m.ld_gu = m.group(kGgu).out + m.group(kGgu).lw;
+  m.ld_dh_bf = H + std::max(m.group(kGo).lw, m.group(kGdown).lw);
   m.n_flat = total;
-  m.n_split = n_split;
   m.hs.assign(size_t(s.n_layer + 1), nullptr);
   m.acts.assign(size_t(s.n_layer), {});
   m.last_shared = m.o.recompute == CudaRecompute::kNone ? -1 : s.n_layer - 1;
 }
 
+// Where each factor's 4-term copy goes inside its group's w (offsets from
+// the arena's base, row stride ldw), once the arena is carved.
+void place_split_copies(CudaModelImpl& m) {
+  const bf16p base = static_cast<bf16p>(m.arena.base());
+  for (size_t k = 0; k < m.loras.size(); ++k) {
+    CLora& a = m.loras[k];
+    a.a = m.params + m.table[2 * k].offset, a.da = m.grads + m.table[2 * k].offset;
+    a.b = m.params + m.table[2 * k + 1].offset, a.db = m.grads + m.table[2 * k + 1].offset;
+  }
+  for (CBlock& b : m.blocks)
+    for (CGroup& G : b.g)
+      for (int k : G.loras) {
+        CLora& a = m.loras[size_t(k)];
+        a.a4 = G.a4() + a.slot * 4 * a.r * G.ldw;         // rows [out + slot·4r, +4r), columns [0, in)
+        a.b4 = G.w + a.col * G.ldw + G.in + a.slot * 4 * a.r;  // rows [col, col + out), the slot's 4r columns
+        m.factors[2 * size_t(k)].dst = a.a4 - base;
+        m.factors[2 * size_t(k) + 1].dst = a.b4 - base;
+        m.factors[2 * size_t(k)].ld = m.factors[2 * size_t(k) + 1].ld = G.ldw;
+      }
+}
+
 void name_base(CudaModelImpl& m) {
   const CudaModelShape& s = m.s;
-  m.base["model.embed_tokens.weight"] = {m.embed, s.vocab * s.hidden};
-  if (!s.tied) m.base["lm_head.weight"] = {m.lm_head, s.vocab * s.hidden};
-  m.base["model.norm.weight"] = {m.final_norm, s.hidden};
+  using BT = CudaModelImpl::BaseTensor;
+  const int64_t H = s.hidden;
+  m.base["model.embed_tokens.weight"] = BT{m.embed, s.vocab, H, H};
+  if (!s.tied) m.base["lm_head.weight"] = BT{m.lm_head, s.vocab, H, H};
+  m.base["model.norm.weight"] = BT{m.final_norm, 1, H, H};
   const int64_t hd = s.head_dim, F = s.inter;
-  const int64_t out[kCnumProj] = {s.n_head * hd, s.n_kv * hd, s.n_kv * hd, s.hidden, F, F, s.hidden};
+  const int64_t out[kCnumProj] = {s.n_head * hd, s.n_kv * hd, s.n_kv * hd, H, F, F, H};
   for (int64_t l = 0; l < s.n_layer; ++l) {
     CBlock& b = m.blocks[size_t(l)];
-    m.base[layer_name(l, "input_layernorm.weight")] = {b.attn_norm, s.hidden};
-    m.base[layer_name(l, "post_attention_layernorm.weight")] = {b.mlp_norm, s.hidden};
+    m.base[layer_name(l, "input_layernorm.weight")] = BT{b.attn_norm, 1, H, H};
+    m.base[layer_name(l, "post_attention_layernorm.weight")] = BT{b.mlp_norm, 1, H, H};
     if (s.qk_norm) {
-      m.base[layer_name(l, "self_attn.q_norm.weight")] = {b.q_norm, s.head_dim};
-      m.base[layer_name(l, "self_attn.k_norm.weight")] = {b.k_norm, s.head_dim};
+      m.base[layer_name(l, "self_attn.q_norm.weight")] = BT{b.q_norm, 1, hd, hd};
+      m.base[layer_name(l, "self_attn.k_norm.weight")] = BT{b.k_norm, 1, hd, hd};
     }
     std::array<int64_t, kGnum> col{};  // a member's first row in its group's weight
     for (int j = 0; j < kCnumProj; ++j) {
       const CGroup& G = b.g[size_t(kGroupOf[j])];
       int64_t& c = col[size_t(kGroupOf[j])];
-      m.base[layer_name(l, std::string(kProjPath[j]) + ".weight")] = {G.w + c * G.in, out[j] * G.in};
-      if (G.bias8) m.base[layer_name(l, std::string(kProjPath[j]) + ".bias")] = {G.bias8 + c, out[j]};
+      m.base[layer_name(l, std::string(kProjPath[j]) + ".weight")] = BT{G.w + c * G.ldw, out[j], G.in, G.ldw};
+      if (G.bias) m.base[layer_name(l, std::string(kProjPath[j]) + ".bias")] = BT{G.bias + c, 1, out[j], out[j]};
       c += out[j];
     }
   }
 }
 
-// bf16 copies of host f32 values, converted and sent a chunk at a time.
-Status upload_bf16(cuda::CudaContext& ctx, bf16p dst, const float* src, int64_t n) {
+// Host bf16 rows [rows, cols] (packed) into t, rows t.ld apart.
+Status upload_rows(cuda::CudaContext& ctx, const CudaModelImpl::BaseTensor& t, const uint16_t* src, int64_t rows,
+                   int64_t row0) {
+  if (t.ld == t.cols)
+    return cuda::copy_to_device(ctx, t.p + row0 * t.ld, src, size_t(rows * t.cols) * 2);
+  return cuda::copy_to_device_2d(ctx, t.p + row0 * t.ld, size_t(t.ld) * 2, src, size_t(t.cols) * 2,
+                                 size_t(t.cols) * 2, size_t(rows));
+}
+
+// bf16 copies of host f32 values, converted and sent some rows at a time.
+Status upload_bf16(cuda::CudaContext& ctx, const CudaModelImpl::BaseTensor& t, const float* src) {
   constexpr int64_t kChunk = int64_t{1} << 24;
-  std::vector<uint16_t> buf(size_t(std::min(n, kChunk)));
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t len = std::min(kChunk, n - i);
+  const int64_t step = std::max<int64_t>(1, kChunk / t.cols);  // rows per chunk
+  std::vector<uint16_t> buf(size_t(std::min(t.rows, step) * t.cols));
+  for (int64_t r0 = 0; r0 < t.rows; r0 += step) {
+    const int64_t rows = std::min(step, t.rows - r0), len = rows * t.cols;
+    const float* from = src + r0 * t.cols;
     parallel_for(len, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) buf[size_t(k)] = f32_to_bf16(src[i + k]);
+      for (int64_t k = b; k < e; ++k) buf[size_t(k)] = f32_to_bf16(from[k]);
     });
-    LATHE_TRY(cuda::copy_to_device(ctx, dst + i, buf.data(), size_t(len) * 2));
+    // A copy from pageable memory has left buf when it returns.
+    LATHE_TRY(upload_rows(ctx, t, buf.data(), rows, r0));
   }
   return Status::ok();
 }
@@ -419,22 +441,13 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_ASSIGN_OR_RETURN(m->ctx, cuda::CudaContext::create(options.device));
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
+  // Zeros everywhere, which the extended weights' off-diagonal LoRA slots
+  // and unread corner keep.
   LATHE_TRY(cuda::fill_zero(m->ctx, m->arena.base(), total));
   name_base(*m);
-  for (size_t k = 0; k < m->loras.size(); ++k) {
-    CLora& a = m->loras[k];
-    const int64_t oa = m->table[2 * k].offset, ob = m->table[2 * k + 1].offset;
-    a.a = m->params + oa, a.da = m->grads + oa, a.a4 = m->split + m->factors[2 * k].dst;
-    a.b = m->params + ob, a.db = m->grads + ob, a.b4 = m->split + m->factors[2 * k + 1].dst;
-  }
-  for (CBlock& b : m->blocks)
-    for (CGroup& G : b.g)
-      if (!G.loras.empty()) G.a4 = m->loras[size_t(G.loras[0])].a4;
+  place_split_copies(*m);
   LATHE_TRY(cuda::copy_to_device(m->ctx, m->split_table, m->factors.data(),
                                  m->factors.size() * sizeof(cuda::LoraSplitFactor)));
-  std::vector<uint16_t> ones(size_t(options.max_tokens * 8), 0);
-  for (int64_t t = 0; t < options.max_tokens; ++t) ones[size_t(t * 8)] = f32_to_bf16(1.0f);
-  LATHE_TRY(cuda::copy_to_device(m->ctx, m->x.ones8, ones.data(), ones.size() * 2));
   LATHE_TRY(cuda::copy_to_device(m->ctx, m->x.inv_freq, shape.inv_freq.data(), shape.inv_freq.size() * 4));
   std::vector<cuda::CudaAdamWParam> ps;
   for (const ParamInfo& p : m->table)
@@ -449,19 +462,19 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
 Status CudaTrainableModel::upload_base(const std::string& name, std::span<const float> values) {
   auto it = impl_->base.find(name);
   if (it == impl_->base.end()) return not_found("cuda trainer: no base tensor '", name, "'");
-  if (int64_t(values.size()) != it->second.second)
+  if (int64_t(values.size()) != it->second.numel())
     return invalid_argument("cuda trainer: tensor '", name, "' has ", values.size(), " values, expected ",
-                            it->second.second);
-  return upload_bf16(impl_->ctx, it->second.first, values.data(), int64_t(values.size()));
+                            it->second.numel());
+  return upload_bf16(impl_->ctx, it->second, values.data());
 }
 
 Status CudaTrainableModel::upload_base_bf16(const std::string& name, std::span<const uint16_t> values) {
   auto it = impl_->base.find(name);
   if (it == impl_->base.end()) return not_found("cuda trainer: no base tensor '", name, "'");
-  if (int64_t(values.size()) != it->second.second)
+  if (int64_t(values.size()) != it->second.numel())
     return invalid_argument("cuda trainer: tensor '", name, "' has ", values.size(), " values, expected ",
-                            it->second.second);
-  return cuda::copy_to_device(impl_->ctx, it->second.first, values.data(), values.size_bytes());
+                            it->second.numel());
+  return upload_rows(impl_->ctx, it->second, values.data(), it->second.rows, 0);
 }
 
 std::vector<std::string> CudaTrainableModel::base_names() const {
@@ -483,13 +496,13 @@ Status CudaTrainableModel::fill_random(uint64_t seed, float std) {
     const bool is_norm = name.find("norm") != std::string::npos;
     if (name.ends_with(".bias")) continue;  // stays zero
     if (is_norm) {
-      LATHE_TRY(cuda::copy_to_device(m.ctx, t.first, ones.data(), size_t(t.second) * 2));
+      LATHE_TRY(cuda::copy_to_device(m.ctx, t.p, ones.data(), size_t(t.numel()) * 2));
       continue;
     }
-    for (int64_t i = 0; i < t.second; i += kPool) {
-      const int64_t len = std::min(kPool, t.second - i);
+    const int64_t step = std::max<int64_t>(1, kPool / t.cols);  // rows per draw
+    for (int64_t r0 = 0; r0 < t.rows; r0 += step) {
       const size_t start = size_t(rng() % uint64_t(kPool));
-      LATHE_TRY(cuda::copy_to_device(m.ctx, t.first + i, pool.data() + start, size_t(len) * 2));
+      LATHE_TRY(upload_rows(m.ctx, t, pool.data() + start, std::min(step, t.rows - r0), r0));
     }
   }
   std::vector<float> host(size_t(m.n_flat), 0.0f);
@@ -512,7 +525,8 @@ Status CudaTrainableModel::upload_params(std::span<const float> host) {
 
 Status CudaModelImpl::refresh_split() {
   return cuda::lora_split_weights(ctx, {.factors = split_table, .n_factors = int(loras.size() * 2),
-                                        .max_numel = max_factor_numel, .src = params, .dst = split});
+                                        .max_numel = max_factor_numel, .src = params,
+                                        .dst = static_cast<bf16p>(arena.base())});
 }
 
 Status CudaTrainableModel::download_params(std::span<float> host) {
@@ -569,41 +583,50 @@ Result<std::vector<float>> CudaTrainableModel::read_buffer(const std::string& na
   const CudaModelShape& s = m.s;
   if (n_tokens <= 0 || n_tokens > m.o.max_tokens)
     return invalid_argument("cuda trainer: read_buffer of ", n_tokens, " tokens (planned for ", m.o.max_tokens, ")");
-  const int64_t H = s.hidden, qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
-  // name -> (bf16 buffer or f32 buffer, values per token)
-  std::map<std::string, std::tuple<const cuda::bf16_bits*, const float*, int64_t>> at = {
-      {"xf", {m.x.xf, nullptr, H}},          {"d_xf", {m.x.d_xf, nullptr, H}}, {"dh", {nullptr, m.x.dh, H}},
-      {"dh_bf", {m.x.dh_bf, nullptr, H}},    {"d_xn", {m.x.d_xn, nullptr, H}}, {"qkv", {m.x.qkv, nullptr, qd + 2 * kvd}},
-      {"dq", {m.x.dq, nullptr, qd}},         {"dk", {m.x.dk, nullptr, kvd}},   {"dv", {m.x.dv, nullptr, kvd}},
-      {"d_attn", {m.x.d_attn, nullptr, qd}}, {"act", {m.x.act, nullptr, s.inter}}};
-  for (int64_t l = 0; l <= s.n_layer; ++l) at["hs." + std::to_string(l)] = {m.hs[size_t(l)], nullptr, H};
+  const int64_t H = s.hidden, F = s.inter, qd = s.n_head * s.head_dim, kvd = s.n_kv * s.head_dim;
+  // name -> (bf16 buffer or f32 buffer, values per token, row stride: the
+  // x_ext and dy_ext rows carry LoRA columns after their values)
+  std::map<std::string, std::tuple<const cuda::bf16_bits*, const float*, int64_t, int64_t>> at = {
+      {"xf", {m.x.xf, nullptr, H, H}},
+      {"d_xf", {m.x.d_xf, nullptr, H, H}},
+      {"dh", {nullptr, m.x.dh, H, H}},
+      {"dh_bf", {m.x.dh_bf, nullptr, H, m.ld_dh_bf}},
+      {"d_xn", {m.x.d_xn, nullptr, H, H}},
+      {"qkv", {m.x.qkv, nullptr, qd + 2 * kvd, m.ld_qkv}},
+      {"dq", {m.x.dq, nullptr, qd, qd}},
+      {"dk", {m.x.dk, nullptr, kvd, kvd}},
+      {"dv", {m.x.dv, nullptr, kvd, kvd}},
+      {"d_attn", {m.x.d_attn, nullptr, qd, qd}},
+      {"act", {m.x.act, nullptr, F, m.group(kGdown).ldw}}};
+  for (int64_t l = 0; l <= s.n_layer; ++l) at["hs." + std::to_string(l)] = {m.hs[size_t(l)], nullptr, H, H};
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const CActs& a = m.acts[size_t(l)];
     const std::string k = "." + std::to_string(l);
-    at["xn1" + k] = {a.xn1, nullptr, H};
-    at["rstd1" + k] = {nullptr, a.rstd1, 1};
-    at["q" + k] = {a.q, nullptr, qd};
-    at["k" + k] = {a.k, nullptr, kvd};
-    at["v" + k] = {a.v, nullptr, kvd};
-    at["attn" + k] = {a.attn, nullptr, qd};
-    at["lse" + k] = {nullptr, a.lse, s.n_head};
-    at["h_mid" + k] = {a.h_mid, nullptr, H};
-    at["xn2" + k] = {a.xn2, nullptr, H};
-    at["rstd2" + k] = {nullptr, a.rstd2, 1};
-    at["gu" + k] = {a.gu, nullptr, 2 * s.inter};
+    at["xn1" + k] = {a.xn1, nullptr, H, m.group(kGqkv).ldw};
+    at["rstd1" + k] = {nullptr, a.rstd1, 1, 1};
+    at["q" + k] = {a.q, nullptr, qd, qd};
+    at["k" + k] = {a.k, nullptr, kvd, kvd};
+    at["v" + k] = {a.v, nullptr, kvd, kvd};
+    at["attn" + k] = {a.attn, nullptr, qd, m.group(kGo).ldw};
+    at["lse" + k] = {nullptr, a.lse, s.n_head, s.n_head};
+    at["h_mid" + k] = {a.h_mid, nullptr, H, H};
+    at["xn2" + k] = {a.xn2, nullptr, H, m.group(kGgu).ldw};
+    at["rstd2" + k] = {nullptr, a.rstd2, 1, 1};
+    at["gu" + k] = {a.gu, nullptr, 2 * F, m.ld_gu};
   }
   auto it = at.find(name);
   if (it == at.end()) return not_found("cuda trainer: no buffer '", name, "'");
-  const auto [b16, f32, per] = it->second;
-  const size_t n = size_t(n_tokens * per);
+  const auto [b16, f32, per, ld] = it->second;
+  const size_t n = size_t(n_tokens * per), span = size_t((n_tokens - 1) * ld + per);
   std::vector<float> out(n);
   if (f32) {
     LATHE_TRY(cuda::copy_to_host(m.ctx, out.data(), f32, n * 4));
     return out;
   }
-  std::vector<uint16_t> bits(n);
-  LATHE_TRY(cuda::copy_to_host(m.ctx, bits.data(), b16, n * 2));
-  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(bits[i]);
+  std::vector<uint16_t> bits(span);
+  LATHE_TRY(cuda::copy_to_host(m.ctx, bits.data(), b16, span * 2));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t i = 0; i < per; ++i) out[size_t(t * per + i)] = bf16_to_f32(bits[size_t(t * ld + i)]);
   return out;
 }
 

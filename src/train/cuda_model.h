@@ -9,29 +9,33 @@
 // copies of them (backends/cuda/lora_ops.h, rewritten after each update),
 // which makes every LoRA product an f32 one on the tensor cores. Per
 // projection y = x·Wᵀ [+ b] + s·(x·Aᵀ)·Bᵀ, what is rounded to bf16 where:
-//   forward:  x·Wᵀ once (as HF's bf16 base layer); u = x·Aᵀ stays f32 (kept
-//             for the backward as hi + lo terms, 2⁻¹⁶ relative); s·u·Bᵀ is
-//             added to the bf16 base output in f32 and the sum rounded once.
-//   backward: du = s·dy·B, dA = duᵀ·x and dB = s·dyᵀ·u in f32 (summed into
-//             the f32 gradients); dx = dy·W rounded once, then du·A added to
-//             it in f32 and rounded once (HF rounds both parts, then the sum).
-// A bias goes in as a GEMM with k = 8 against a ones column (exact), which
-// the projection's GEMM then accumulates onto: x·Wᵀ + b rounded once, as
-// HF's addmm does.
+//   forward:  u = x·Aᵀ in f32; s·u kept as 4 bf16 terms (hi + lo, 2⁻¹⁶
+//             relative) in the GEMM input's row; then ONE GEMM over
+//             [x | s·u terms]·[W | B terms]ᵀ (the LoRA terms in its K
+//             dimension, the bias in its epilogue) rounds x·Wᵀ + b + s·u·Bᵀ
+//             to bf16 once: the f32 sum of the f32 base product and the f32
+//             LoRA branch (HF rounds x·Wᵀ + b first, then the sum).
+//   backward: du = s·dy·B, dA = duᵀ·x and dB = dyᵀ·(s·u) in f32 (summed into
+//             the f32 gradients); dx = [dy | du terms]·[W ; A terms], one GEMM
+//             rounding dy·W + du·A once.
+// (train/cuda_model_impl.h has the extended weights' layout.)
 //
 // Speed: q|k|v and gate|up are one GEMM each (weights stored stacked), and
-// so are the LoRA x·Aᵀ of their members; small kernels split q|k|v into the
-// attention's q, k, v (RoPE on the way) and merge their gradients back.
+// so are the LoRA x·Aᵀ of their members; the LoRA B product rides in the
+// base GEMM (no separate pass over the output); small kernels split q|k|v
+// into the attention's q, k, v (RoPE on the way) and merge their gradients
+// back.
 //
 // Memory: everything, weights, per-layer activations and scratch, comes from
 // one device arena whose layout is planned at create() for max_tokens tokens
 // per micro batch; a pass only uploads the batch's ids and runs kernels.
 // CudaRecompute picks what the backward recomputes instead of keeping: none;
 // selective (keeps the attention output and gate|up, the expensive ones,
-// and reruns the norms, the q|k|v and o projections and RoPE: ~20% of the
-// forward's GEMM FLOPs, ~8% of a step's, at Llama-8B shapes, for ~1/3 less
-// activation memory than none; with max_arena_bytes, as many layers as fit
-// keep q, k, v and h_mid and rerun only their norms); full (keeps each
+// and reruns the norms, the q|k|v and o projections, RoPE and the LoRA
+// x·Aᵀ of the inputs it reruns: ~20% of the forward's GEMM FLOPs, ~8% of a
+// step's, at Llama-8B shapes, for ~1/3 less activation memory than none;
+// with max_arena_bytes, as many layers as fit keep q, k, v and h_mid and
+// rerun only their norms and those norms' LoRA x·Aᵀ); full (keeps each
 // layer's input only, reruns its forward: ~1/3 more work). The last layer's
 // forward is still in the shared buffers when the backward starts: it reruns
 // nothing. Scratch that is dead while the LM head runs holds the

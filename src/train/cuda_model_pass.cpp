@@ -23,12 +23,6 @@ namespace lathe {
 
 namespace {
 
-Status mm(cuda::CudaContext& ctx, const cuda::bf16_bits* a, const cuda::bf16_bits* b, void* c, int64_t m, int64_t n,
-          int64_t k, bool ta, bool tb, DType ct, float alpha, float beta) {
-  return cuda::gemm(ctx, {.a = a, .b = b, .c = c, .m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb,
-                          .c_dtype = ct, .alpha = alpha, .beta = beta});
-}
-
 Status check_micro_batch(const MicroBatch& mb, int64_t max_tokens, int64_t vocab) {
   const size_t n = mb.input_ids.size();
   if (n == 0) return invalid_argument("cuda forward: the micro batch has no tokens");
@@ -56,105 +50,88 @@ Status check_micro_batch(const MicroBatch& mb, int64_t max_tokens, int64_t vocab
 }  // namespace
 
 Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, const bf16p w, bf16p y, float* rstd,
-                           int64_t rows, int64_t dim) {
+                           int64_t rows, int64_t dim, int64_t ld_y) {
   return cuda::rms_norm_residual_forward(ctx, {.x = xin, .residual = residual, .h_out = h_out, .w = w, .y = y,
-                                               .rstd = rstd, .rows = rows, .dim = dim, .eps = s.eps});
+                                               .rstd = rstd, .rows = rows, .dim = dim, .eps = s.eps, .ld_y = ld_y});
 }
 
-// y = x·Wᵀ [+ b] + Σ_members s·(x·Aᵀ)·Bᵀ for one fused group, the LoRA branch
-// in f32 (lora_ops.h): u = x·Aᵀ for all members at once is the sum of x
-// times A's three terms (exact: x is bf16; one GEMM over the stacked terms,
-// then lora_sum_parts), kept as its 4-term copy for the backward. When every
-// member has LoRA, the LoRA GEMMs write y = bf16([b +] s·u·Bᵀ) first and the
-// base GEMM adds x·Wᵀ with beta = 1; otherwise the base output comes first
-// and each member's s·u·Bᵀ is added to its columns. Rounding: cuBLASLt
-// rounds a bf16 GEMM's product to bf16 BEFORE it adds beta·C (the H200 dumps
-// match tools/emulate_cuda_train.py bit for bit only so), so every beta = 1
-// add here rounds twice: y = bf16(bf16(x·Wᵀ) + bf16(s·u·Bᵀ)) in either order.
-// That double rounding of the forward projections is most of the gradients'
-// excess over Hugging Face's; an f32 accumulation target (or the LoRA terms
-// inside the base GEMM's K) would round the sum once.
-Status CudaModelImpl::group_forward(int64_t l, int g, const bf16p xin, bf16p y, int64_t n) {
+// u = x·Aᵀ of group g's LoRA members, into x_ext's columns [in, in + lw):
+// x times A's three terms (exact: x is bf16; one GEMM over the stacked A4
+// inside the group's weight), summed in f32 by lora_sum_parts, which scales
+// by s and writes the 4-term split (hi, hi, hi, lo) of s·u straight into the
+// x_ext row. The same kernels on the same x give bitwise the same u, so a
+// recomputation reruns this.
+Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
-  int members = 0;
-  for (CudaGroup j : kGroupOf) members += j == g;
-  const bool lora_first = int(G.loras.size()) == members;
-  LATHE_TRY(phase(kPhGemmFwd));
-  // With a bias, y = bias first (exact: ones times bf16 values); x·Wᵀ + y in
-  // f32 rounded once, as one addmm.
-  if (G.bias8) LATHE_TRY(mm(ctx, x.ones8, G.bias8, y, n, G.out, 8, false, false, DType::BF16, 1.0f, 0.0f));
-  if (!lora_first)
-    LATHE_TRY(mm(ctx, xin, G.w, y, n, G.out, G.in, false, true, DType::BF16, 1.0f, G.bias8 ? 1.0f : 0.0f));
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
-  const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
-  const bf16p u = act_of(l).u[size_t(g)];
-  LATHE_TRY(mm(ctx, xin, G.a4, x.lora_f32, n, w, G.in, false, true, DType::F32, 1.0f, 0.0f));
-  LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                       .row_stride = w, .group_stride = 4 * r, .part_stride = r, .split = u}));
-  const float beta = !lora_first || G.bias8 ? 1.0f : 0.0f;
-  for (int k : G.loras) {
-    const CLora& a = loras[size_t(k)];
-    LATHE_TRY(cuda::gemm(ctx, {.a = u + a.slot * 4 * r, .b = a.b4, .c = y + a.col, .m = n, .n = a.out, .k = 4 * r,
-                               .trans_b = true, .alpha = o.lora_scale, .beta = beta, .lda = w, .ldc = G.out}));
-  }
-  if (!lora_first) return Status::ok();
-  LATHE_TRY(phase(kPhGemmFwd));
-  return mm(ctx, xin, G.w, y, n, G.out, G.in, false, true, DType::BF16, 1.0f, 1.0f);
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
+  LATHE_TRY(cuda::gemm(ctx, {.a = xe, .b = G.a4(), .c = x.lora_f32, .m = n, .n = G.lw, .k = G.in, .trans_b = true,
+                             .c_dtype = DType::F32, .lda = G.ldw, .ldb = G.ldw}));
+  return cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                    .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
+                                    .scale = o.lora_scale, .split = xe + G.in, .split_ld = G.ldw});
 }
 
-// dx (= or +=) dy·W + Σ du·A with du = s·dy·B per member; dB += s·dyᵀ·u and
-// dA += duᵀ·x, all LoRA products in f32 (dy and x are bf16, so exact against
-// the split factors). The LoRA gradients read x before dx is written.
-// Without accumulate the LoRA GEMM writes dx = bf16(Σ du·A) and the base
-// GEMM adds dy·W in its epilogue (beta = 1), one pass over dx fewer than the
-// other order; as cuBLASLt rounds its product before adding beta·C, that is
-// dx = bf16(bf16(dy·W) + bf16(Σ du·A)), the rounding PEFT's backward does.
-// With accumulate, dx += dy·W first, then the LoRA term.
-Status CudaModelImpl::group_backward(int64_t l, int g, const bf16p xin, const bf16p dy, bf16p dx, int64_t n,
-                                     bool accumulate) {
+// y = bf16(x·Wᵀ [+ b] + Σ_members s·u·Bᵀ) for one fused group as ONE GEMM
+// rounding once: y = x_ext·W_ext[0:out]ᵀ with K = in + lw, the LoRA terms
+// [s·u4]·B4ᵀ (block-diagonal over the members) in the same f32 accumulator
+// as the base product, the bias added by the GEMM's epilogue in f32 before
+// the rounding (cuda_model_impl.h has the layout). s·u's 4-term split makes
+// its product with B's 4-term copy f32-accurate (lora_ops.h), so the only
+// rounding of the projection is the final one, as an f32 LoRA branch added
+// to an f32 base product would give. y's rows are ld_y apart (0: packed).
+Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t ld_y, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
-  const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), w = nl * 4 * r;
+  LATHE_TRY(lora_u(l, g, xe, n));
+  LATHE_TRY(phase(kPhGemmFwd));
+  return cuda::gemm(ctx, {.a = xe, .b = G.w, .c = y, .m = n, .n = G.out, .k = G.ldw, .trans_b = true,
+                          .lda = G.ldw, .ldb = G.ldw, .ldc = ld_y, .bias = G.bias});
+}
+
+// The backward of group_forward from dy_ext (dy in columns [0, out), rows
+// ld_dy apart, room for du in [out, out + lw)). In f32 per member: dB =
+// dyᵀ·(s·u) from x_ext's hi and lo terms, du = s·dy·B (dy times B4 inside
+// W_ext, split into dy_ext's columns by lora_sum_parts), dA = duᵀ·x from its
+// hi and lo terms; all exact against the split factors (dy and x are bf16),
+// summed into the f32 gradients. Then dx = dy_ext·W_ext[:, 0:in] = dy·W +
+// du·A, K = out + lw, in ONE GEMM rounded once (dx packed). The LoRA
+// gradients read x_ext before dx is written, so dx may overlay x_ext.
+Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
+  const CGroup& G = blocks[size_t(l)].g[size_t(g)];
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
   float* part = x.lora_f32;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    const bf16p u = act_of(l).u[size_t(g)];
-    for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed
+    for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed (u carries s)
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = u + a.slot * 4 * r + 2 * r, .c = part, .m = a.out,
-                                 .n = 2 * r, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = G.out,
-                                 .ldb = w}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = xe + G.in + a.slot * 4 * r + 2 * r, .c = part, .m = a.out,
+                                 .n = 2 * r, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
+                                 .ldb = G.ldw}));
       LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a.out, .cols = r, .n_parts = 2,
-                                           .row_stride = 2 * r, .part_stride = r, .scale = o.lora_scale,
-                                           .sum = a.db, .accumulate = true}));
+                                           .row_stride = 2 * r, .part_stride = r, .sum = a.db, .accumulate = true}));
     }
     for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dy + a.col, .b = a.b4, .c = part + a.slot * 4 * r, .m = n, .n = 4 * r,
-                                 .k = a.out, .c_dtype = DType::F32, .lda = G.out, .ldc = w}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = part + a.slot * 4 * r, .m = n, .n = 4 * r,
+                                 .k = a.out, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw, .ldc = G.lw}));
     }
     LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                         .row_stride = w, .group_stride = 4 * r, .part_stride = r,
-                                         .scale = o.lora_scale, .split = x.du}));
+                                         .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
+                                         .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy}));
     for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = x.du + a.slot * 4 * r + 2 * r, .b = xin, .c = part, .m = 2 * r, .n = G.in,
-                                 .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = w}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe, .c = part, .m = 2 * r,
+                                 .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
+                                 .ldb = G.ldw}));
       LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = G.in, .n_parts = 2,
                                            .row_stride = G.in, .part_stride = r * G.in, .sum = a.da,
                                            .accumulate = true}));
     }
   }
-  if (nl > 0 && !accumulate) {
-    LATHE_TRY(mm(ctx, x.du, G.a4, dx, n, G.in, w, false, false, DType::BF16, 1.0f, 0.0f));
-    LATHE_TRY(phase(kPhGemmBwd));
-    return mm(ctx, dy, G.w, dx, n, G.in, G.out, false, false, DType::BF16, 1.0f, 1.0f);
-  }
   LATHE_TRY(phase(kPhGemmBwd));
-  LATHE_TRY(mm(ctx, dy, G.w, dx, n, G.in, G.out, false, false, DType::BF16, 1.0f, accumulate ? 1.0f : 0.0f));
-  if (nl == 0) return Status::ok();
-  LATHE_TRY(phase(kPhLora));
-  return mm(ctx, x.du, G.a4, dx, n, G.in, w, false, false, DType::BF16, 1.0f, 1.0f);
+  return cuda::gemm(ctx, {.a = dye, .b = G.w, .c = dx, .m = n, .n = G.in, .k = G.out + G.lw, .lda = ld_dy,
+                          .ldb = G.ldw});
 }
 
 // q, k, v of layer l (RoPE applied) from its xn1.
@@ -162,13 +139,13 @@ Status CudaModelImpl::attention_inputs(int64_t l, int64_t n) {
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
   const int64_t hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
-  LATHE_TRY(group_forward(l, kGqkv, a.xn1, x.qkv, n));
+  LATHE_TRY(group_forward(l, kGqkv, a.xn1, x.qkv, ld_qkv, n));
   LATHE_TRY(phase(kPhElementwise));
   if (!s.qk_norm)
     return cuda::qkv_split(ctx, {.qkv = x.qkv, .q = a.q, .k = a.k, .v = a.v, .cos = x.cos, .sin = x.sin,
-                                 .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd});
+                                 .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .ld_qkv = ld_qkv});
   LATHE_TRY(cuda::qkv_split(ctx, {.qkv = x.qkv, .q = a.q_raw, .k = a.k_raw, .v = a.v, .n_tokens = n, .n_head = nh,
-                                  .n_head_kv = nkv, .head_dim = hd}));
+                                  .n_head_kv = nkv, .head_dim = hd, .ld_qkv = ld_qkv}));
   LATHE_TRY(norm(a.q_raw, nullptr, nullptr, b.q_norm, a.q, a.q_rstd, n * nh, hd));
   LATHE_TRY(norm(a.k_raw, nullptr, nullptr, b.k_norm, a.k, a.k_rstd, n * nkv, hd));
   LATHE_TRY(cuda::rope_apply(ctx, {.x = a.q, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh, .half = hd / 2}));
@@ -187,33 +164,43 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
                                             .cu_seqlens = x.cu_seqlens, .n_docs = n_docs, .max_seqlen = max_seqlen,
                                             .n_tokens = int(n), .n_head = int(s.n_head), .n_head_kv = int(s.n_kv),
                                             .head_dim = int(hd), .window = s.window,
-                                            .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
-  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, n));
+                                            .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream(),
+                                            .ld_out = group(kGo).ldw}));
+  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden));
-  LATHE_TRY(group_forward(l, kGgu, a.xn2, a.gu, n));
+  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden, group(kGgu).ldw));
+  LATHE_TRY(group_forward(l, kGgu, a.xn2, a.gu, ld_gu, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = a.act, .n_tokens = n, .inter = s.inter}));
-  return group_forward(l, kGdown, a.act, x.tmp_h, n);
+  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = a.act, .n_tokens = n, .inter = s.inter,
+                                            .ld_gu = ld_gu, .ld_out = group(kGdown).ldw}));
+  return group_forward(l, kGdown, a.act, x.tmp_h, 0, n);
 }
 
 // What layer l's backward reads and its recompute mode did not keep: with
 // "full" the whole forward from hs[l]; with "selective" xn1, q|k|v and o
-// (GEMMs and LoRA), q, k, v, h_mid and xn2, or in a layer that keeps
-// q, k, v and h_mid only the norms' outputs xn1 and xn2. The last layer to
-// write the shared buffers finds its own values there.
+// (GEMMs and LoRA), q, k, v, h_mid and xn2 with gate|up's LoRA u, or in a
+// layer that keeps q, k, v and h_mid only the norms' outputs xn1 and xn2
+// and the LoRA u of q|k|v and gate|up that live in their rows (x_ext). The
+// last layer to write the shared buffers finds its own values there.
 Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen) {
   if (o.recompute == CudaRecompute::kNone || l == last_shared) return Status::ok();
   CActs& a = act_of(l);
   const CBlock& b = blocks[size_t(l)];
+  const int64_t H = s.hidden;
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, b.attn_norm, a.xn1, a.rstd1, n, s.hidden));
+  LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, b.attn_norm, a.xn1, a.rstd1, n, H, group(kGqkv).ldw));
   if (o.recompute == CudaRecompute::kFull) return layer_forward(l, n, n_docs, max_seqlen);
-  if (l < keep_layers) return norm(a.h_mid, nullptr, nullptr, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden);
+  if (l < keep_layers) {
+    LATHE_TRY(lora_u(l, kGqkv, a.xn1, n));
+    LATHE_TRY(phase(kPhElementwise));
+    LATHE_TRY(norm(a.h_mid, nullptr, nullptr, b.mlp_norm, a.xn2, a.rstd2, n, H, group(kGgu).ldw));
+    return lora_u(l, kGgu, a.xn2, n);
+  }
   LATHE_TRY(attention_inputs(l, n));
-  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, n));
+  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n));
   LATHE_TRY(phase(kPhElementwise));
-  return norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden);
+  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, H, group(kGgu).ldw));
+  return lora_u(l, kGgu, a.xn2, n);
 }
 
 // Layer l's backward; x.dh holds the gradient of hs[l + 1] and x.dh_bf its
@@ -224,20 +211,26 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   CActs& a = act_of(l);
   const int64_t H = s.hidden, F = s.inter;
   LATHE_TRY(phase(kPhElementwise));
-  // act is kept (none), still in the scratch (full's rerun just made it), or
-  // rerun here (the head's workspace overlaid the scratch since).
+  // act (with down's LoRA u in its row) is kept (none), still in the
+  // scratch (full's rerun just made it), or rerun here (the head's
+  // workspace overlaid the scratch since).
   const bool act_ready = a.act != x.act || (o.recompute == CudaRecompute::kFull && l != last_shared);
-  if (!act_ready) LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F}));
-  // x.act becomes act's gradient (down's LoRA reads act before), and
-  // [gate | up] its own.
-  LATHE_TRY(group_backward(l, kGdown, a.act, x.dh_bf, x.act, n, false));
+  if (!act_ready) {
+    LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F, .ld_gu = ld_gu,
+                                              .ld_out = group(kGdown).ldw}));
+    LATHE_TRY(lora_u(l, kGdown, x.act, n));
+  }
+  // x.act becomes act's gradient (packed; down's LoRA reads act before),
+  // and [gate | up] its own (in place, gate|up's dy_ext).
+  LATHE_TRY(group_backward(l, kGdown, a.act, x.dh_bf, ld_dh_bf, x.act, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_rows_backward(ctx, {.gu = a.gu, .d_out = x.act, .d_gu = a.gu, .n_tokens = n, .inter = F}));
-  LATHE_TRY(group_backward(l, kGgu, a.xn2, a.gu, x.d_xn, n, false));
+  LATHE_TRY(cuda::swiglu_rows_backward(ctx, {.gu = a.gu, .d_out = x.act, .d_gu = a.gu, .n_tokens = n, .inter = F,
+                                             .ld_gu = ld_gu, .ld_d_gu = ld_gu}));
+  LATHE_TRY(group_backward(l, kGgu, a.xn2, a.gu, ld_gu, x.d_xn, n));
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.h_mid, .w = b.mlp_norm, .rstd = a.rstd2, .dy = x.d_xn,
                                                    .dh = x.dh, .dh_bf = x.dh_bf, .rows = n, .dim = H,
-                                                   .accumulate = true}));
+                                                   .accumulate = true, .ld_dh_bf = ld_dh_bf}));
   return attention_backward(l, n, n_docs, max_seqlen);
 }
 
@@ -246,16 +239,16 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
   const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
-  LATHE_TRY(group_backward(l, kGo, a.attn, x.dh_bf, x.d_attn, n, false));
+  LATHE_TRY(group_backward(l, kGo, a.attn, x.dh_bf, ld_dh_bf, x.d_attn, n));
   LATHE_TRY(phase(kPhAttnBwd));
   LATHE_TRY(cuda::attention_varlen_backward(
       {.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
        .d_v = x.dv, .cu_seqlens = x.cu_seqlens, .workspace = x.attn_ws, .n_docs = n_docs, .max_seqlen = max_seqlen,
        .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv), .head_dim = int(hd), .window = s.window,
-       .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream()}));
+       .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream(), .ld_out = group(kGo).ldw}));
   LATHE_TRY(phase(kPhElementwise));
   cuda::QkvSplitArgs merge{.qkv = x.qkv, .q = x.dq, .k = x.dk, .v = x.dv, .cos = x.cos, .sin = x.sin,
-                           .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd};
+                           .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .ld_qkv = ld_qkv};
   if (s.qk_norm) {  // RoPE's inverse, then the q/k norms' backward (bf16 in place), before merging
     LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dq, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nh,
                                      .half = hd / 2, .inverse = true}));
@@ -268,12 +261,12 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
     merge.cos = merge.sin = nullptr;
   }
   LATHE_TRY(cuda::qkv_merge(ctx, merge));
-  LATHE_TRY(group_backward(l, kGqkv, a.xn1, x.qkv, x.d_xn, n, false));
+  LATHE_TRY(group_backward(l, kGqkv, a.xn1, x.qkv, ld_qkv, x.d_xn, n));
   LATHE_TRY(phase(kPhElementwise));
   // Layer 0's input gradient is not read as bf16.
   return cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(l)], .w = b.attn_norm, .rstd = a.rstd1,
                                                 .dy = x.d_xn, .dh = x.dh, .dh_bf = l > 0 ? x.dh_bf : nullptr,
-                                                .rows = n, .dim = H, .accumulate = true});
+                                                .rows = n, .dim = H, .accumulate = true, .ld_dh_bf = ld_dh_bf});
 }
 
 Status CudaModelImpl::upload_batch(const MicroBatch& mb, int* n_docs, int* max_seqlen) {
@@ -299,13 +292,14 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
                                     .n_tokens = n, .half = s.head_dim / 2}));
   LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = x.tokens, .table = embed, .out = hs[0], .n = n,
                                           .vocab = s.vocab, .dim = H}));
-  LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, act_of(0).xn1, act_of(0).rstd1, n, H));
+  const int64_t ld_xn1 = group(kGqkv).ldw;
+  LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, act_of(0).xn1, act_of(0).rstd1, n, H, ld_xn1));
   for (int64_t l = 0; l < L; ++l) {
     LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
     LATHE_TRY(phase(kPhElementwise));
     const bool last = l + 1 == L;
     LATHE_TRY(norm(x.tmp_h, act_of(l).h_mid, hs[size_t(l + 1)], last ? final_norm : blocks[size_t(l + 1)].attn_norm,
-                   last ? x.xf : act_of(l + 1).xn1, last ? x.rstd_f : act_of(l + 1).rstd1, n, H));
+                   last ? x.xf : act_of(l + 1).xn1, last ? x.rstd_f : act_of(l + 1).rstd1, n, H, last ? 0 : ld_xn1));
   }
   LATHE_TRY(phase(kPhHead));
   auto ce = cuda::cross_entropy(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
@@ -319,7 +313,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
 
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
                                                    .dy = x.d_xf, .dh = x.dh, .dh_bf = x.dh_bf, .rows = n,
-                                                   .dim = H}));
+                                                   .dim = H, .ld_dh_bf = ld_dh_bf}));
   for (int64_t l = L - 1; l >= 0; --l) {
     LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
     LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));

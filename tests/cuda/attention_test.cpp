@@ -8,7 +8,7 @@
 // throughout), gradients 2e-2 (P and dS rounded to bf16 before their
 // products). Forward and backward each run both kernels (fast and simple);
 // the backward's fast kernels also in their Hopper (wgmma) build where the
-// device runs it.
+// device runs it. A strided output is checked bitwise against the packed one.
 // Without a GPU the kernel tests skip themselves.
 #include <gtest/gtest.h>
 
@@ -270,6 +270,71 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
       EXPECT_EQ(testing::rel_error(again.dq, fast.dq), 0.0);
       EXPECT_EQ(testing::rel_error(again.dk, fast.dk), 0.0);
       EXPECT_EQ(testing::rel_error(again.dv, fast.dv), 0.0);
+    }
+  }
+}
+
+// `out` with a row stride (the trainer keeps the attention output in a wider
+// row, LoRA columns after it): every forward kernel writes bitwise the
+// packed call's values into the first n_head·head_dim columns and leaves
+// the rest alone; the backward reads it back with the stride (for
+// D = rowsum(dO ⊙ O)) and gives bitwise the packed call's gradients.
+TEST(CudaAttention, StridedOutputIsThePackedOne) {
+  SKIP_WITHOUT_GPU();
+  for (const VarlenCase& c : {VarlenCase{{100, 1, 37}, 8, 2, 128, 0}, VarlenCase{{90, 33}, 4, 2, 64, 20}}) {
+    SCOPED_TRACE(::testing::Message() << "d=" << c.head_dim);
+    VarlenData d = make_varlen(c, 7100 + c.head_dim);
+    Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 7177);
+    const int64_t row = int64_t(c.n_head) * c.head_dim, ld = row + 136;
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const auto* cu = static_cast<const int32_t*>(d.cu.data());
+    for (int warp_rows : {0, 16, 32, 64, 128}) {
+      if (warp_rows >= 64 && !wgmma_runs(c.head_dim)) continue;
+      SCOPED_TRACE(::testing::Message() << "warp rows " << warp_rows);
+      cuda::DeviceBuffer packed = device_zeros(size_t(d.n * row * 2));
+      std::vector<uint16_t> pad(size_t(d.n * ld), f32_to_bf16(5.0f));
+      cuda::DeviceBuffer wide = device_zeros(pad.size() * 2);
+      ASSERT_TRUE(wide.copy_from_host(pad.data(), pad.size() * 2).is_ok());
+      cuda::DeviceBuffer lse1 = device_zeros(size_t(d.n * c.n_head * 4)), lse2 = device_zeros(size_t(d.n * c.n_head * 4));
+      cuda::AttentionVarlenFwdArgs f{.q = d.q.dev.data(), .k = d.k.dev.data(), .v = d.v.dev.data(),
+                                     .out = packed.data(), .lse = static_cast<float*>(lse1.data()), .cu_seqlens = cu,
+                                     .n_docs = int(c.lengths.size()), .max_seqlen = max_len(c), .n_tokens = int(d.n),
+                                     .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = c.head_dim,
+                                     .window = c.window, .scale = scale, .simple = warp_rows == 0,
+                                     .warp_rows = warp_rows >= 64 ? 0 : warp_rows, .wgmma = warp_rows >= 64,
+                                     .wgmma_rows = warp_rows >= 64 ? warp_rows : 0};
+      ASSERT_TRUE(cuda::attention_varlen_forward(f).is_ok());
+      f.out = wide.data(), f.lse = static_cast<float*>(lse2.data()), f.ld_out = ld;
+      ASSERT_TRUE(cuda::attention_varlen_forward(f).is_ok());
+      std::vector<uint16_t> p(size_t(d.n * row)), w(pad.size());
+      ASSERT_TRUE(packed.copy_to_host(p.data(), p.size() * 2).is_ok());
+      ASSERT_TRUE(wide.copy_to_host(w.data(), w.size() * 2).is_ok());
+      for (int64_t t = 0; t < d.n; ++t)
+        for (int64_t j = 0; j < ld; ++j)
+          ASSERT_EQ(w[size_t(t * ld + j)], j < row ? p[size_t(t * row + j)] : f32_to_bf16(5.0f)) << t << "," << j;
+      EXPECT_EQ(testing::rel_error(download(lse2, DType::F32, {d.n, c.n_head}), download(lse1, DType::F32, {d.n, c.n_head})),
+                0.0);
+      // The backward from each.
+      Tensor grads[2][3];
+      for (int k = 0; k < 2; ++k) {
+        const size_t q_bytes = size_t(d.n * row * 2), kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
+        cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);
+        cuda::DeviceBuffer ws = device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head));
+        cuda::AttentionVarlenBwdArgs b{.q = d.q.dev.data(), .k = d.k.dev.data(), .v = d.v.dev.data(),
+                                       .out = k ? wide.data() : packed.data(),
+                                       .lse = static_cast<const float*>(lse1.data()), .d_out = d_out.dev.data(),
+                                       .d_q = dq.data(), .d_k = dk.data(), .d_v = dv.data(), .cu_seqlens = cu,
+                                       .workspace = ws.data(), .n_docs = int(c.lengths.size()),
+                                       .max_seqlen = max_len(c), .n_tokens = int(d.n), .n_head = c.n_head,
+                                       .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .window = c.window,
+                                       .scale = scale, .ld_out = k ? ld : 0};
+        Status st = cuda::attention_varlen_backward(b);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        grads[k][0] = download(dq, DType::BF16, {d.n, c.n_head, c.head_dim});
+        grads[k][1] = download(dk, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
+        grads[k][2] = download(dv, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
+      }
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(testing::rel_error(grads[1][i], grads[0][i]), 0.0) << "gradient " << i;
     }
   }
 }

@@ -3,8 +3,11 @@
 // odd ones included, with bf16 and f32 outputs; plus the arena and plan.
 // Tolerances: inputs are exact bf16 values and accumulation is f32, so an f32
 // output is within ~k·2⁻²⁴ of the reference (1e-4 of max|C| allowed); a bf16
-// output adds one rounding (2⁻⁹ relative: 4e-3 of max|C| allowed).
+// output adds one rounding (2⁻⁹ relative: 4e-3 of max|C| allowed). The bias
+// epilogue is checked to round once.
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "cuda/cuda_test_util.h"
 
@@ -86,6 +89,56 @@ TEST(CudaGemm, SecondCallOfAShapeReusesItsPlan) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
   for (int rep = 0; rep < 3; ++rep) run_case(ctx, {37, 19, 41}, false, true, DType::F32, 0.0f, 7 + rep);
+}
+
+// The bias epilogue: C = bf16(x·Wᵀ + b) rounded once, into column blocks
+// of a wider C (ldc). With a bias as large as the product, rounding the
+// product first (what beta = 1 onto a bf16 C does) changes a large share of
+// the outputs; rounded once, only near-ties of the f32 sum may differ from
+// the exact sum rounded. The same shape without the bias (another plan)
+// adds none.
+TEST(CudaGemm, BiasEpilogueRoundsOnce) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t m = 96, n = 80, k = 200, ldc = 136;
+  std::vector<float> a = random_bf16(m * k, 31), w = random_bf16(n * k, 32), bias = random_bf16(n, 33, 4.0f);
+  DeviceBuffer da = upload_bf16(ctx, a), dw = upload_bf16(ctx, w), db = upload_bf16(ctx, bias);
+  DeviceBuffer dc = upload_bf16(ctx, std::vector<float>(size_t(m * ldc), 7.0f));
+  GemmArgs g{.a = dptr<bf16_bits>(da), .b = dptr<bf16_bits>(dw), .c = dptr<bf16_bits>(dc) + 8, .m = m, .n = n,
+             .k = k, .trans_b = true, .ldc = ldc, .bias = dptr<bf16_bits>(db)};
+  Status st = gemm(ctx, g);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::vector<float> got = download_bf16(ctx, dc, m * ldc);
+  const std::vector<float> prod = reference(a, w, {}, {.m = m, .n = n, .k = k, .trans_b = true});
+  int64_t once = 0, twice = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float v = got[size_t(i * ldc + j)];
+      if (j < 8 || j >= 8 + n) {
+        ASSERT_EQ(v, 7.0f) << "outside the block at " << i << "," << j;
+        continue;
+      }
+      const float p = prod[size_t(i * n + j - 8)], b = bias[size_t(j - 8)];
+      ASSERT_NEAR(v, p + b, 1e-2 * (std::fabs(p + b) + 1.0f)) << i << "," << j;
+      once += v == round_bf16(p + b);
+      twice += v == round_bf16(round_bf16(p) + b);
+    }
+  }
+  EXPECT_GE(once, m * n * 99 / 100) << "rounded once: " << once << " of " << m * n << ", twice: " << twice;
+  EXPECT_LT(twice, m * n * 95 / 100) << "the case does not tell one rounding from two";
+  g.bias = nullptr;
+  ASSERT_TRUE(gemm(ctx, g).is_ok());
+  got = download_bf16(ctx, dc, m * ldc);
+  int64_t plain = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) plain += got[size_t(i * ldc + 8 + j)] == round_bf16(prod[size_t(i * n + j)]);
+  EXPECT_GE(plain, m * n * 99 / 100);
+  g.bias = dptr<bf16_bits>(db);
+  g.beta = 1.0f;  // a bias only with beta = 0 and a bf16 output
+  EXPECT_FALSE(gemm(ctx, g).is_ok());
+  g.beta = 0.0f;
+  g.c_dtype = DType::F32;
+  EXPECT_FALSE(gemm(ctx, g).is_ok());
 }
 
 TEST(CudaGemm, BadArgumentsAreErrors) {

@@ -180,6 +180,62 @@ TEST(CudaRmsNorm, BackwardWritesTheBf16CopyOfDh) {
   for (int64_t dim : {32, 64, 128, 200, 333, 2048, 4096, 8192}) check_rms_norm_backward_bf16(dim >= 4096 ? 5 : 29, dim);
 }
 
+// Rows written with a stride (the first dim columns of wider rows, as the
+// trainer's GEMM inputs carry LoRA columns after them): the forward's y and
+// the backward's dh_bf are bitwise the packed results, and the columns past
+// dim are left as they were. Strides that keep rows 16-byte aligned take
+// the register path as the packed call does; 333 takes the scalar kernels.
+TEST(CudaRmsNorm, StridedOutputsAreThePackedOnes) {
+  LATHE_SKIP_WITHOUT_GPU();
+  const std::pair<int64_t, int64_t> cases[] = {{64, 64 + 16}, {2048, 2048 + 384}, {4096, 4096 + 128}, {333, 333 + 5}};
+  for (const auto& [dim, ld] : cases) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim << " ld " << ld);
+    CudaContext ctx = make_context();
+    const int64_t rows = 19;
+    std::vector<float> x = random_bf16(rows * dim, 91), r = random_bf16(rows * dim, 92), w = norm_weight(dim, 93);
+    std::vector<float> dy = random_bf16(rows * dim, 94), dh0 = random_bf16(rows * dim, 95);
+    DeviceBuffer dx = upload_bf16(ctx, x), dr = upload_bf16(ctx, r), dw = upload_bf16(ctx, w);
+    DeviceBuffer y1 = upload_bf16(ctx, std::vector<float>(size_t(rows * dim)));
+    DeviceBuffer y2 = upload_bf16(ctx, std::vector<float>(size_t(rows * ld), -3.0f));
+    DeviceBuffer rstd = upload(ctx, std::vector<float>(size_t(rows)));
+    RmsNormResidualArgs a{.x = dptr<bf16_bits>(dx), .residual = dptr<bf16_bits>(dr), .w = dptr<bf16_bits>(dw),
+                          .y = dptr<bf16_bits>(y1), .rstd = dptr<float>(rstd), .rows = rows, .dim = dim};
+    ASSERT_TRUE(rms_norm_residual_forward(ctx, a).is_ok());
+    a.y = dptr<bf16_bits>(y2);
+    a.ld_y = ld;
+    ASSERT_TRUE(rms_norm_residual_forward(ctx, a).is_ok());
+    const std::vector<uint16_t> packed = download<uint16_t>(ctx, y1, rows * dim);
+    const std::vector<uint16_t> strided = download<uint16_t>(ctx, y2, rows * ld);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < ld; ++j) {
+        const uint16_t want = j < dim ? packed[size_t(i * dim + j)] : lathe::f32_to_bf16(-3.0f);
+        ASSERT_EQ(strided[size_t(i * ld + j)], want) << "y at " << i << "," << j;
+      }
+    // Backward: the bf16 copy of dh with a stride.
+    std::vector<float> h = x;
+    DeviceBuffer d_dy = upload_bf16(ctx, dy), d_h = upload_bf16(ctx, h);
+    DeviceBuffer dh1 = upload(ctx, dh0), dh2 = upload(ctx, dh0);
+    DeviceBuffer bf1 = upload_bf16(ctx, std::vector<float>(size_t(rows * dim)));
+    DeviceBuffer bf2 = upload_bf16(ctx, std::vector<float>(size_t(rows * ld), -3.0f));
+    RmsNormResidualBackwardArgs b{.h = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(dw), .rstd = dptr<float>(rstd),
+                                  .dy = dptr<bf16_bits>(d_dy), .dh = dptr<float>(dh1), .dh_bf = dptr<bf16_bits>(bf1),
+                                  .rows = rows, .dim = dim, .accumulate = true};
+    ASSERT_TRUE(rms_norm_residual_backward(ctx, b).is_ok());
+    b.dh = dptr<float>(dh2);
+    b.dh_bf = dptr<bf16_bits>(bf2);
+    b.ld_dh_bf = ld;
+    ASSERT_TRUE(rms_norm_residual_backward(ctx, b).is_ok());
+    EXPECT_EQ(download<float>(ctx, dh1, rows * dim), download<float>(ctx, dh2, rows * dim));
+    const std::vector<uint16_t> bp = download<uint16_t>(ctx, bf1, rows * dim);
+    const std::vector<uint16_t> bs = download<uint16_t>(ctx, bf2, rows * ld);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < ld; ++j) {
+        const uint16_t want = j < dim ? bp[size_t(i * dim + j)] : lathe::f32_to_bf16(-3.0f);
+        ASSERT_EQ(bs[size_t(i * ld + j)], want) << "dh_bf at " << i << "," << j;
+      }
+  }
+}
+
 TEST(CudaRmsNorm, BackwardRejectsAMissingDh) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();

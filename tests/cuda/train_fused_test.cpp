@@ -4,6 +4,7 @@
 // 16-byte paths (head_dim a multiple of 16, inter a multiple of 8) and the
 // scalar ones. Moves without rotation are exact; rotated and SwiGLU values
 // are one bf16 rounding off the double reference (8e-3, as pointwise_test).
+// Strided rows are checked bitwise against the packed calls.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -160,6 +161,85 @@ TEST(CudaTrainFused, SwigluRowsMatchReference) {
   LATHE_SKIP_WITHOUT_GPU();
   check_swiglu_rows(5, 136);  // 16-byte path
   check_swiglu_rows(3, 101);  // scalar
+}
+
+// Rows of `cols` values placed `ld` apart, the gaps holding `pad`.
+std::vector<float> widen(const std::vector<float>& v, int64_t rows, int64_t cols, int64_t ld, float pad) {
+  std::vector<float> out(size_t(rows * ld), pad);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[size_t(i * ld + j)] = v[size_t(i * cols + j)];
+  return out;
+}
+
+// Strided rows (the trainer's x_ext and dy_ext rows carry LoRA columns after
+// the fused values): the q|k|v split reads and the merge writes rows ld_qkv
+// apart, SwiGLU reads gate|up and writes its output and the in-place
+// gradient with strides; each bitwise the packed call, the gaps untouched.
+void check_strided(const QkvCase& k, int64_t pad_qkv, int64_t inter, int64_t pad_gu, int64_t pad_out) {
+  SCOPED_TRACE(::testing::Message() << "head_dim " << k.head_dim << " pad " << pad_qkv << ", inter " << inter
+                                    << " pads " << pad_gu << "/" << pad_out);
+  CudaContext ctx = make_context();
+  const int64_t n = k.n_tokens, hd = k.head_dim, row = (k.n_head + 2 * k.n_head_kv) * hd, ld = row + pad_qkv;
+  std::vector<float> qkv = random_bf16(n * row, 21), c, s;
+  angles(n, hd / 2, &c, &s);
+  DeviceBuffer d_c = upload(ctx, c), d_s = upload(ctx, s);
+  DeviceBuffer packed = upload_bf16(ctx, qkv), wide = upload_bf16(ctx, widen(qkv, n, row, ld, 5.0f));
+  std::vector<DeviceBuffer> dense;
+  for (int64_t part : {k.n_head, k.n_head_kv, k.n_head_kv, k.n_head, k.n_head_kv, k.n_head_kv})
+    dense.push_back(upload_bf16(ctx, std::vector<float>(size_t(n * part * hd))));
+  QkvSplitArgs a{.qkv = dptr<bf16_bits>(packed), .q = dptr<bf16_bits>(dense[0]), .k = dptr<bf16_bits>(dense[1]),
+                 .v = dptr<bf16_bits>(dense[2]), .cos = dptr<float>(d_c), .sin = dptr<float>(d_s), .n_tokens = n,
+                 .n_head = k.n_head, .n_head_kv = k.n_head_kv, .head_dim = hd};
+  ASSERT_TRUE(qkv_split(ctx, a).is_ok());
+  QkvSplitArgs b = a;
+  b.qkv = dptr<bf16_bits>(wide), b.ld_qkv = ld;
+  b.q = dptr<bf16_bits>(dense[3]), b.k = dptr<bf16_bits>(dense[4]), b.v = dptr<bf16_bits>(dense[5]);
+  ASSERT_TRUE(qkv_split(ctx, b).is_ok());
+  const int64_t sizes[3] = {n * k.n_head * hd, n * k.n_head_kv * hd, n * k.n_head_kv * hd};
+  for (int w = 0; w < 3; ++w)
+    EXPECT_EQ(download<uint16_t>(ctx, dense[size_t(w)], sizes[w]), download<uint16_t>(ctx, dense[size_t(w + 3)], sizes[w]))
+        << "split part " << w;
+  // Merge the split values back (strided from the strided call's parts).
+  ASSERT_TRUE(qkv_merge(ctx, a).is_ok());
+  ASSERT_TRUE(qkv_merge(ctx, b).is_ok());
+  std::vector<float> want = widen(download_bf16(ctx, packed, n * row), n, row, ld, 5.0f);
+  EXPECT_EQ(download_bf16(ctx, wide, n * ld), want) << "merge";
+
+  const int64_t ld_gu = 2 * inter + pad_gu, ld_out = inter + pad_out;
+  std::vector<float> gu = random_bf16(n * 2 * inter, 22, 2.0f), d = random_bf16(n * inter, 23);
+  DeviceBuffer gu1 = upload_bf16(ctx, gu), gu2 = upload_bf16(ctx, widen(gu, n, 2 * inter, ld_gu, 5.0f));
+  DeviceBuffer o1 = upload_bf16(ctx, std::vector<float>(size_t(n * inter)));
+  DeviceBuffer o2 = upload_bf16(ctx, std::vector<float>(size_t(n * ld_out), 5.0f));
+  DeviceBuffer dd = upload_bf16(ctx, d);
+  ASSERT_TRUE(swiglu_rows_forward(ctx, {.gu = dptr<bf16_bits>(gu1), .out = dptr<bf16_bits>(o1), .n_tokens = n,
+                                        .inter = inter})
+                  .is_ok());
+  ASSERT_TRUE(swiglu_rows_forward(ctx, {.gu = dptr<bf16_bits>(gu2), .out = dptr<bf16_bits>(o2), .n_tokens = n,
+                                        .inter = inter, .ld_gu = ld_gu, .ld_out = ld_out})
+                  .is_ok());
+  EXPECT_EQ(download_bf16(ctx, o2, n * ld_out), widen(download_bf16(ctx, o1, n * inter), n, inter, ld_out, 5.0f))
+      << "swiglu forward";
+  ASSERT_TRUE(swiglu_rows_backward(ctx, {.gu = dptr<bf16_bits>(gu1), .d_out = dptr<bf16_bits>(dd),
+                                         .d_gu = dptr<bf16_bits>(gu1), .n_tokens = n, .inter = inter})
+                  .is_ok());
+  ASSERT_TRUE(swiglu_rows_backward(ctx, {.gu = dptr<bf16_bits>(gu2), .d_out = dptr<bf16_bits>(dd),
+                                         .d_gu = dptr<bf16_bits>(gu2), .n_tokens = n, .inter = inter,
+                                         .ld_gu = ld_gu, .ld_d_gu = ld_gu})
+                  .is_ok());
+  EXPECT_EQ(download_bf16(ctx, gu2, n * ld_gu), widen(download_bf16(ctx, gu1, n * 2 * inter), n, 2 * inter, ld_gu, 5.0f))
+      << "swiglu backward";
+  // In place with two strides is refused.
+  EXPECT_FALSE(swiglu_rows_backward(ctx, {.gu = dptr<bf16_bits>(gu2), .d_out = dptr<bf16_bits>(dd),
+                                          .d_gu = dptr<bf16_bits>(gu2), .n_tokens = n, .inter = inter,
+                                          .ld_gu = ld_gu, .ld_d_gu = 0})
+                   .is_ok());
+}
+
+TEST(CudaTrainFused, StridedRowsAreThePackedOnes) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_strided({.n_tokens = 7, .n_head = 4, .n_head_kv = 2, .head_dim = 64}, 384, 136, 256, 128);  // 16-byte paths
+  check_strided({.n_tokens = 5, .n_head = 3, .n_head_kv = 1, .head_dim = 24}, 12, 101, 12, 4);      // scalar
+  check_strided({.n_tokens = 4, .n_head = 2, .n_head_kv = 1, .head_dim = 32}, 12, 37, 12, 4);       // odd strides: scalar
 }
 
 }  // namespace

@@ -105,6 +105,61 @@ TEST(LoraOps, SumPartsAccumulatesAndSplits) {
       }
 }
 
+// The copies written with a row stride (the trainer keeps them inside its
+// projections' extended weights, row stride ldw: A's planes as rows
+// [0, 4r), B beside W's rows at column `in`): bitwise the packed copies,
+// everything around them untouched; and the parts' split with a row stride
+// (into the GEMM input's LoRA columns) bitwise the packed split.
+TEST(LoraOps, StridedCopiesAreThePackedOnes) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = context();
+  const int64_t r = 4, in = 24, out = 40, ld = in + 4 * r + 8;
+  const SplitCase c = split_case(ctx, r, in, out);
+  const int64_t na = r * in;
+  // A's planes at rows [out, out + 4r) of a [out + 4r, ld] matrix, columns
+  // [0, in); B at rows [0, out), columns [in, in + 4r).
+  const std::vector<LoraSplitFactor> table = {
+      {.src = 0, .dst = out * ld, .rows = r, .cols = in, .by_row = 0, .ld = ld},
+      {.src = r * in, .dst = in, .rows = out, .cols = r, .by_row = 1, .ld = ld}};
+  DeviceBuffer src = upload(ctx, c.flat), tab = upload(ctx, table);
+  DeviceBuffer dst = upload_bf16(ctx, std::vector<float>(size_t((out + 4 * r) * ld), 9.0f));
+  Status st = lora_split_weights(ctx, {.factors = dptr<LoraSplitFactor>(tab), .n_factors = 2,
+                                       .max_numel = std::max(r * in, out * r), .src = dptr<float>(src),
+                                       .dst = dptr<bf16_bits>(dst)});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  const std::vector<float> w = download_bf16(ctx, dst, (out + 4 * r) * ld);
+  for (int64_t i = 0; i < out + 4 * r; ++i)
+    for (int64_t j = 0; j < ld; ++j) {
+      float want = 9.0f;
+      if (i >= out && j < in) want = c.copies[size_t((i - out) * in + j)];         // A plane rows
+      if (i < out && j >= in && j < in + 4 * r) want = c.copies[size_t(4 * na + i * 4 * r + j - in)];  // B rows
+      ASSERT_EQ(w[size_t(i * ld + j)], want) << i << "," << j;
+    }
+  // The parts' split into columns [off, off + groups·4·cols) of wider rows.
+  const int64_t rows = 6, cols = 5, groups = 2, split_ld = 64, off = 16;
+  const std::vector<float> parts = random_f32(rows * groups * 3 * cols, 12);
+  DeviceBuffer dsrc = upload(ctx, parts);
+  DeviceBuffer packed = upload_bf16(ctx, std::vector<float>(size_t(rows * groups * 4 * cols)));
+  DeviceBuffer wide = upload_bf16(ctx, std::vector<float>(size_t(rows * split_ld), 9.0f));
+  LoraPartsArgs pa{.src = dptr<float>(dsrc), .rows = rows, .cols = cols, .n_groups = groups, .n_parts = 3,
+                   .row_stride = groups * 3 * cols, .group_stride = 3 * cols, .part_stride = cols, .scale = 0.25f,
+                   .split = dptr<bf16_bits>(packed)};
+  ASSERT_TRUE(lora_sum_parts(ctx, pa).is_ok());
+  pa.split = dptr<bf16_bits>(wide) + off;
+  pa.split_ld = split_ld;
+  ASSERT_TRUE(lora_sum_parts(ctx, pa).is_ok());
+  const std::vector<float> p = download_bf16(ctx, packed, rows * groups * 4 * cols);
+  const std::vector<float> q = download_bf16(ctx, wide, rows * split_ld);
+  const int64_t per = groups * 4 * cols;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < split_ld; ++j) {
+      const bool in_block = j >= off && j < off + per;
+      ASSERT_EQ(q[size_t(t * split_ld + j)], in_block ? p[size_t(t * per + j - off)] : 9.0f) << t << "," << j;
+    }
+  pa.split_ld = per - 1;  // shorter than a row
+  EXPECT_FALSE(lora_sum_parts(ctx, pa).is_ok());
+}
+
 // u = x·Aᵀ with x bf16 [T, in] and A f32 [r, in] through the stacked GEMM
 // and the parts sum, then y = u·Bᵀ through the 4-term K-concatenation.
 TEST(LoraOps, ProductsOnTensorCoresAreF32Accurate) {

@@ -21,7 +21,9 @@
 namespace lathe::cuda {
 
 // Training forward over packed documents: document d holds token rows
-// [cu_seqlens[d], cu_seqlens[d + 1]) of q, k, v, out and lse.
+// [cu_seqlens[d], cu_seqlens[d + 1]) of q, k, v, out and lse. out's rows may
+// be ld_out elements apart (the first n_head·head_dim columns of a wider
+// matrix; an even stride).
 struct AttentionVarlenFwdArgs {
   const void* q = nullptr;              // bf16 [n_tokens, n_head, head_dim]
   const void* k = nullptr;              // bf16 [n_tokens, n_head_kv, head_dim]
@@ -39,6 +41,7 @@ struct AttentionVarlenFwdArgs {
   int warp_rows = 0;    // query rows per warp of the fast kernel (16 or 32); 0: the compiled default (32)
   bool wgmma = false;   // the Hopper (wgmma) kernel instead: head_dim 64 or 128 on compute capability 9.x
   int wgmma_rows = 0;   // its query rows per thread block (64 or 128); 0: the compiled default
+  int64_t ld_out = 0;   // out's row stride in elements; 0: n_head·head_dim
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 
@@ -56,7 +59,7 @@ struct AttentionVarlenBwdArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  const void* out = nullptr;    // bf16, from the forward
+  const void* out = nullptr;    // bf16, from the forward (rows ld_out apart)
   const float* lse = nullptr;   // f32, from the forward
   const void* d_out = nullptr;  // bf16 [n_tokens, n_head, head_dim]
   void* d_q = nullptr;          // bf16 [n_tokens, n_head, head_dim]
@@ -72,6 +75,7 @@ struct AttentionVarlenBwdArgs {
   bool simple = false;  // the plain kernels, kept as an oracle for the fast ones
   AttnBwdKernels kernels = AttnBwdKernels::kAuto;  // which fast kernels (ignored when simple)
   int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
+  int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
 };
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head);
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);

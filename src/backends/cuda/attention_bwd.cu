@@ -91,8 +91,10 @@ __global__ void delta_kernel(BwdParams p, int d) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= int64_t(p.n_tokens) * p.n_head) return;
   float s = 0.f;
+  const int64_t t = row / p.n_head, h = row % p.n_head;
+  const bf16* o = p.out + t * (p.ld_out ? p.ld_out : int64_t(p.n_head) * d) + h * d;
   for (int i = threadIdx.x % 32; i < d; i += 32)
-    s += __bfloat162float(p.d_out[row * d + i]) * __bfloat162float(p.out[row * d + i]);
+    s += __bfloat162float(p.d_out[row * d + i]) * __bfloat162float(o[i]);
   for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
   if (threadIdx.x % 32 == 0) p.delta[row] = s;
 }
@@ -377,6 +379,8 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
   if (a.max_seqlen == 0) return invalid_argument(kName, "max_seqlen is 0 with ", a.n_tokens, " tokens");
   if (int64_t(a.n_tokens) * a.n_head > INT32_MAX) return invalid_argument(kName, "n_tokens × n_head exceeds 2^31");
+  if (a.ld_out != 0 && a.ld_out < int64_t(a.n_head) * a.head_dim)
+    return invalid_argument(kName, "ld_out ", a.ld_out, " is shorter than a row (", int64_t(a.n_head) * a.head_dim, ")");
   const void* all[] = {a.q, a.k, a.v, a.out, a.lse, a.d_out, a.d_q, a.d_k, a.d_v, a.cu_seqlens, a.workspace};
   for (const void* ptr : all)
     if (!ptr)
@@ -392,7 +396,8 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
                     static_cast<bf16*>(a.d_k),         static_cast<bf16*>(a.d_v),
                     a.cu_seqlens,                      a.n_tokens,
                     a.n_head,                          a.n_head_kv,
-                    a.window,                          a.scale};
+                    a.window,                          a.scale,
+                    a.ld_out};
   bool sm90 = false;
   if (!a.simple && a.kernels == AttnBwdKernels::kWgmma) {
     if (!attn::sm90_supported(a.head_dim))

@@ -296,6 +296,7 @@ struct FwdParams {
   int warp_rows = 0;     // query rows per warp of the fast kernel: 16, 32; 0: the compiled default
   bool wgmma = false;    // the Hopper kernel (sm90_supported(head_dim) must hold)
   int wgmma_rows = 0;    // its query rows per block: 64, 128; 0: the compiled default
+  int64_t ld_out = 0;    // out's row stride in elements; 0: n_head·head_dim
 };
 Status launch_flash_forward(const FwdParams& p, void* stream);
 
@@ -309,6 +310,7 @@ struct BwdParams {
   const int32_t* cu;
   int n_tokens, n_head, n_head_kv, window;
   float scale;
+  int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
 };
 // True when the current device runs the wgmma kernels (the Hopper forward
 // and backward) at head_dim d: compute capability 9.x, d 64 or 128.

@@ -204,7 +204,8 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const float (*o)[
     const float sum = quad_sum(l[r]);
     if (row >= n_q) continue;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    bf16* dst = p.out + ((q_base + row) * p.n_head + h) * D + 2 * c;
+    const int64_t ld = p.ld_out ? p.ld_out : int64_t(p.n_head) * D;
+    bf16* dst = p.out + (q_base + row) * ld + h * D + 2 * c;
 #pragma unroll
     for (int dn = 0; dn < D / 8; ++dn)
       *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
@@ -508,10 +509,13 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
     return invalid_argument("attention_varlen_forward: q, k, v, out and cu_seqlens must be set");
   if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.out))
     return invalid_argument("attention_varlen_forward: q, k, v and out must be 16-byte aligned");
+  if (a.ld_out != 0 && (a.ld_out < int64_t(a.n_head) * a.head_dim || a.ld_out % 2 != 0))
+    return invalid_argument("attention_varlen_forward: ld_out ", a.ld_out, " (even, at least n_head·head_dim = ",
+                            int64_t(a.n_head) * a.head_dim, ")");
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
                     a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple,
-                    a.warp_rows, a.wgmma, a.wgmma_rows};
+                    a.warp_rows, a.wgmma, a.wgmma_rows, a.ld_out};
   return attn::launch_flash_forward(p, a.stream);
 }
 

@@ -58,6 +58,14 @@ Status copy_to_device(CudaContext& ctx, void* dst, const void* src, size_t bytes
   return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)), "copy_to_device");
 }
 
+Status copy_to_device_2d(CudaContext& ctx, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                         size_t width_bytes, size_t rows) {
+  if (width_bytes == 0 || rows == 0) return Status::ok();
+  return cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyHostToDevice,
+                                      stream_of(ctx)),
+                    "copy_to_device_2d");
+}
+
 Status copy_to_host(CudaContext& ctx, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::ok();
   LATHE_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(ctx)));

@@ -33,9 +33,9 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 // m, n, k, trans_a, trans_b, c dtype, accumulate, pointer alignments, row
-// strides of A, B and C.
-using GemmKey =
-    std::tuple<int64_t, int64_t, int64_t, bool, bool, int, bool, int, int, int, int64_t, int64_t, int64_t>;
+// strides of A, B and C, epilogue (0 none, 1 bias) and the bias's alignment.
+using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, bool, int, int, int, int64_t, int64_t, int64_t,
+                           int, int>;
 
 struct CudaContext::Impl {
   int device = 0;

@@ -59,6 +59,10 @@ class CudaContext {
 // for the stream.
 Status copy_to_device(CudaContext& ctx, void* dst, const void* src, size_t bytes);
 Status copy_to_host(CudaContext& ctx, void* dst, const void* src, size_t bytes);
+// rows × width_bytes from host src (rows src_pitch bytes apart) into device
+// dst (rows dst_pitch bytes apart): a block of a wider device matrix.
+Status copy_to_device_2d(CudaContext& ctx, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                         size_t width_bytes, size_t rows);
 Status fill_zero(CudaContext& ctx, void* dst, size_t bytes);
 
 // Offsets for a set of buffers, computed before anything is allocated: each
@@ -109,6 +113,9 @@ class DeviceArena {
 //   forward  y[T, out]  = x·Wᵀ   : A = x,  B = W,  trans_b
 //   dX       dx[T, in]  = dy·W   : A = dy, B = W
 //   dW       dW[out,in] += dyᵀ·x : A = dy, B = x,  trans_a, beta = 1
+// With `bias` (bf16 [n], bf16 output and beta = 0 only): C = bf16(A·B +
+// bias), the bias added in f32 before the one rounding (cuBLASLt's bias
+// epilogue).
 struct GemmArgs {
   const bf16_bits* a = nullptr;
   const bf16_bits* b = nullptr;
@@ -118,6 +125,7 @@ struct GemmArgs {
   DType c_dtype = DType::BF16;  // BF16 or F32
   float alpha = 1.0f, beta = 0.0f;
   int64_t lda = 0, ldb = 0, ldc = 0;  // row strides in elements; 0: packed
+  const bf16_bits* bias = nullptr;    // [n] or null
 };
 Status gemm(CudaContext& ctx, const GemmArgs& a);  // messages start with "cuda gemm: "
 
@@ -125,7 +133,9 @@ Status gemm(CudaContext& ctx, const GemmArgs& a);  // messages start with "cuda 
 
 // h = x + residual (rounded to bf16: the new residual stream), then
 // y = bf16(w · h·rstd) with rstd = rsqrt(mean(h²) + eps) in f32. With no
-// residual, h = x and h_out may be null. rstd is saved when non-null.
+// residual, h = x and h_out may be null. rstd is saved when non-null. y's
+// rows may be ld_y elements apart (the first dim columns of a wider matrix;
+// 0: packed).
 struct RmsNormResidualArgs {
   const bf16_bits* x = nullptr;         // [rows, dim]
   const bf16_bits* residual = nullptr;  // [rows, dim] or null
@@ -135,6 +145,7 @@ struct RmsNormResidualArgs {
   float* rstd = nullptr;                // [rows] or null
   int64_t rows = 0, dim = 0;
   float eps = 1e-6f;
+  int64_t ld_y = 0;                     // y's row stride in elements; 0: dim
 };
 Status rms_norm_residual_forward(CudaContext& ctx, const RmsNormResidualArgs& a);
 
@@ -143,8 +154,9 @@ Status rms_norm_residual_forward(CudaContext& ctx, const RmsNormResidualArgs& a)
 // gradient from later layers is already there). dh is the gradient of both x
 // and residual. dh_bf, when non-null, gets the same new dh rounded once to
 // bf16 (what f32_to_bf16 of dh gives: the copy a GEMM reads); without
-// accumulate dh may be null then. dh_bf may alias dy. dw += Σ_rows dy⊙ĥ
-// when non-null.
+// accumulate dh may be null then. dh_bf may alias dy (then packed). Its rows
+// may be ld_dh_bf elements apart (0: packed). dw += Σ_rows dy⊙ĥ when
+// non-null.
 struct RmsNormResidualBackwardArgs {
   const bf16_bits* h = nullptr;   // [rows, dim], the forward's h
   const bf16_bits* w = nullptr;   // [dim]
@@ -152,9 +164,10 @@ struct RmsNormResidualBackwardArgs {
   const bf16_bits* dy = nullptr;  // [rows, dim]
   float* dh = nullptr;            // [rows, dim] or null (only with dh_bf and no accumulate)
   float* dw = nullptr;            // [dim] or null
-  bf16_bits* dh_bf = nullptr;     // [rows, dim] or null
+  bf16_bits* dh_bf = nullptr;     // [rows, dim] (row stride ld_dh_bf) or null
   int64_t rows = 0, dim = 0;
   bool accumulate = false;
+  int64_t ld_dh_bf = 0;  // dh_bf's row stride in elements; 0: dim
 };
 Status rms_norm_residual_backward(CudaContext& ctx, const RmsNormResidualBackwardArgs& a);
 

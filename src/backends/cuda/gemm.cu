@@ -8,7 +8,10 @@
 // stride is cuBLAS's leading dimension). Split-K reductions of a bf16 output
 // happen in f32. Note: with a bf16 C and beta != 0 the product is rounded to
 // bf16 before beta·C is added (measured on the H200: D = bf16(bf16(α·A·B) +
-// β·C)), so accumulating into a bf16 output rounds twice.
+// β·C)), so accumulating into a bf16 output rounds twice; a bias goes in
+// through the bias epilogue instead (added to the f32 accumulator, rounded
+// once with it). The epilogue is part of the cached plan; the bias pointer
+// is set on the plan's descriptor at each call (one thread per context).
 #include <algorithm>
 #include <cstdint>
 
@@ -37,6 +40,17 @@ Status make_plan(CudaContext::Impl& im, const GemmArgs& g, const GemmKey& key, G
   LATHE_CUBLAS_TRY(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LATHE_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
   LATHE_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  if (g.bias) {
+    // Column-major D is [n, m]: the bias runs along its rows, one value per
+    // row-major output column.
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_16BF;
+    LATHE_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    LATHE_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    LATHE_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  }
   // Stored shapes, column-major: B is [n, k] (ld n) or, transposed, [k, n] (ld k).
   if (g.trans_b) {
     LATHE_TRY(layout(&plan->a, CUDA_R_16BF, g.k, g.n, std::get<11>(key)));
@@ -106,6 +120,10 @@ Status check_args(const GemmArgs& g) {
     return invalid_argument("cuda gemm: row stride shorter than a row: lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
                             " for m=", g.m, " n=", g.n, " k=", g.k);
   }
+  if (g.bias && (g.c_dtype != DType::BF16 || g.beta != 0.0f)) {
+    return invalid_argument("cuda gemm: a bias needs a bf16 output and beta = 0 (got ", dtype_name(g.c_dtype),
+                            ", beta ", g.beta, ")");
+  }
   return Status::ok();
 }
 
@@ -124,7 +142,8 @@ Status gemm(CudaContext& ctx, const GemmArgs& g) {
   }
   CudaContext::Impl& im = *ctx.impl();
   const GemmKey key{g.m, g.n, g.k, g.trans_a, g.trans_b, static_cast<int>(g.c_dtype), g.beta != 0.0f,
-                    alignment_of(g.b), alignment_of(g.a), alignment_of(g.c), ld_a(g), ld_b(g), ld_c(g)};
+                    alignment_of(g.b), alignment_of(g.a), alignment_of(g.c), ld_a(g), ld_b(g), ld_c(g),
+                    g.bias ? 1 : 0, g.bias ? alignment_of(g.bias) : 0};
   auto it = im.plans.find(key);
   if (it == im.plans.end()) {
     GemmPlan plan;
@@ -136,6 +155,9 @@ Status gemm(CudaContext& ctx, const GemmArgs& g) {
     it = im.plans.emplace(key, plan).first;
   }
   const GemmPlan& p = it->second;
+  if (g.bias) {
+    LATHE_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  }
   return cublas_check(cublasLtMatmul(im.lt, p.desc, &g.alpha, g.b, p.a, g.a, p.b, &g.beta, g.c, p.c, g.c, p.c, &p.algo,
                                      im.workspace, im.workspace_bytes, im.stream),
                       "cublasLtMatmul");

@@ -12,6 +12,10 @@
 //   a factor B [out, r]: [out, 4, r] (B4, read as [out, 4r]);
 //   an activation-side f32 value u [rows, cols]: [rows, 4, cols] holding
 //   (hi, hi, hi, lo), so that [hi|hi|hi|lo]·A4 = hi·A + lo·A_hi.
+// Each may be a block of a wider row-major matrix (a destination row
+// stride): the GPU trainer keeps A4 and B4 inside its projections' extended
+// weights and the split activations inside the extended GEMM inputs, so the
+// LoRA terms ride in the base GEMM's K dimension (train/cuda_model_impl.h).
 // Calls enqueue on the context's stream; in a build without CUDA they return
 // "no CUDA" (lora_stub.cpp).
 #pragma once
@@ -28,6 +32,7 @@ struct LoraSplitFactor {
   int64_t dst = 0;   // offset of the bf16 copy (4·rows·cols elements)
   int64_t rows = 0, cols = 0;
   int64_t by_row = 0;  // 0: planes [4, rows, cols] (A); 1: [rows, 4, cols] (B)
+  int64_t ld = 0;      // the copy's row stride in elements (a row: cols of A, 4·cols of B); 0: packed
 };
 
 // Rewrites every factor's 4-term copy from the f32 masters in one launch.
@@ -45,7 +50,8 @@ Status lora_split_weights(CudaContext& ctx, const LoraSplitWeightsArgs& a);
 //   v[row, g, col] = scale · Σ_p src[row·row_stride + g·group_stride + p·part_stride + col]
 // for rows × n_groups × cols values, then
 //   sum (f32 [rows, n_groups·cols]) = v, or += v with accumulate, and/or
-//   split (bf16 [rows, n_groups, 4, cols]) = (hi, hi, hi, lo) of v.
+//   split (bf16 [rows, n_groups, 4, cols], rows split_ld elements apart) =
+//   (hi, hi, hi, lo) of v.
 // Either output may be null (not both).
 struct LoraPartsArgs {
   const float* src = nullptr;
@@ -55,6 +61,7 @@ struct LoraPartsArgs {
   float* sum = nullptr;
   bool accumulate = false;
   bf16_bits* split = nullptr;
+  int64_t split_ld = 0;  // split's row stride in elements; 0: n_groups·4·cols
 };
 Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a);
 

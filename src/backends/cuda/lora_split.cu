@@ -27,11 +27,13 @@ __global__ void split_weights_kernel(LoraSplitWeightsArgs a) {
     split3(a.src[f.src + i], &t[0], &t[1], &t[2]);
     t[3] = t[0];
     bf16_bits* d = a.dst + f.dst;
+    const int64_t row = i / f.cols, col = i % f.cols;
     if (f.by_row) {
-      const int64_t row = i / f.cols, col = i % f.cols;
-      for (int p = 0; p < 4; ++p) dev::st(d, row * 4 * f.cols + p * f.cols + col, t[p]);
+      const int64_t ld = f.ld ? f.ld : 4 * f.cols;
+      for (int p = 0; p < 4; ++p) dev::st(d, row * ld + p * f.cols + col, t[p]);
     } else {
-      for (int p = 0; p < 4; ++p) dev::st(d, p * numel + i, t[p]);
+      const int64_t ld = f.ld ? f.ld : f.cols;
+      for (int p = 0; p < 4; ++p) dev::st(d, (p * f.rows + row) * ld + col, t[p]);
     }
   }
 }
@@ -47,7 +49,7 @@ __global__ void sum_parts_kernel(LoraPartsArgs a) {
     if (a.sum) a.sum[i] = a.accumulate ? a.sum[i] + v : v;
     if (a.split) {
       const float hi = __bfloat162float(__float2bfloat16_rn(v));
-      bf16_bits* d = a.split + row * 4 * per_row + g * 4 * a.cols + col;
+      bf16_bits* d = a.split + row * (a.split_ld ? a.split_ld : 4 * per_row) + g * 4 * a.cols + col;
       dev::st(d, 0, hi);
       dev::st(d, a.cols, hi);
       dev::st(d, 2 * a.cols, hi);
@@ -82,6 +84,9 @@ Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a) {
   const int64_t n = a.rows * a.n_groups * a.cols;
   if (n == 0) return Status::ok();
   if (!a.src || (!a.sum && !a.split)) return invalid_argument("cuda lora_sum_parts: null argument");
+  if (a.split_ld != 0 && a.split_ld < 4 * a.n_groups * a.cols)
+    return invalid_argument("cuda lora_sum_parts: split_ld ", a.split_ld, " is shorter than a row (",
+                            4 * a.n_groups * a.cols, ")");
   sum_parts_kernel<<<grid_for(n, 4096), kThreads, 0, stream_of(ctx)>>>(a);
   return ctx.check_launch("lora_sum_parts");
 }

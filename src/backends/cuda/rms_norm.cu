@@ -12,7 +12,10 @@
 // in f32 from that bf16 h, y = bf16((h·rstd)·w); the backward in f32 with
 // dh = dh + g rounded once to bf16 for dh_bf. The sums' order differs
 // between the paths (last-bit differences in rstd); a given shape always
-// takes the same path, so a recomputation is bitwise the forward.
+// takes the same path, so a recomputation is bitwise the forward. The
+// forward's y and the backward's dh_bf may have a row stride (ld_y,
+// ld_dh_bf: the first dim columns of a wider matrix); the register path
+// takes strides that keep rows 16-byte aligned.
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/vec8.cuh"
 
@@ -32,7 +35,7 @@ constexpr int kMaxRowThreads = 512;
 __global__ void rms_norm_residual_fwd(RmsNormResidualArgs a) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
-  const int64_t base = row * a.dim;
+  const int64_t base = row * a.dim, ybase = row * (a.ld_y ? a.ld_y : a.dim);
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < a.dim; j += blockDim.x) {
     float h = dev::ld(a.x, base + j);
@@ -58,7 +61,7 @@ __global__ void rms_norm_residual_fwd(RmsNormResidualArgs a) {
       h = dev::ld(a.x, base + j);
       if (a.residual) h = dev::round_bf16(h + dev::ld(a.residual, base + j));
     }
-    dev::st(a.y, base + j, h * rstd * dev::ld(a.w, j));
+    dev::st(a.y, ybase + j, h * rstd * dev::ld(a.w, j));
   }
 }
 
@@ -72,7 +75,7 @@ __global__ void rms_norm_residual_bwd(RmsNormResidualBackwardArgs a) {
     for (int64_t j = threadIdx.x; j < a.dim; j += blockDim.x) dw_part[j] = 0.0f;
   }
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    const int64_t base = row * a.dim;
+    const int64_t base = row * a.dim, bf_base = row * (a.ld_dh_bf ? a.ld_dh_bf : a.dim);
     const float rstd = a.rstd[row];
     float dot = 0.0f;  // Σ (w⊙dy)·ĥ
     for (int64_t j = threadIdx.x; j < a.dim; j += blockDim.x) {
@@ -86,7 +89,7 @@ __global__ void rms_norm_residual_bwd(RmsNormResidualBackwardArgs a) {
       const float g = rstd * (dev::ld(a.w, j) * dy - hn * mean);
       const float v = a.accumulate ? a.dh[base + j] + g : g;
       if (a.dh) a.dh[base + j] = v;
-      if (a.dh_bf) dev::st(a.dh_bf, base + j, v);
+      if (a.dh_bf) dev::st(a.dh_bf, bf_base + j, v);
       if (a.dw) dw_part[j] += dy * hn;
     }
   }
@@ -158,7 +161,7 @@ __global__ void rms_fwd_vec(RmsNormResidualArgs a) {
     dev::ld8(a.w, c * 8, w);
 #pragma unroll
     for (int e = 0; e < 8; ++e) y[e] = h[k][e] * rstd * w[e];
-    dev::st8(a.y, base + c * 8, y);
+    dev::st8(a.y, s.row * (a.ld_y ? a.ld_y : a.dim) + c * 8, y);
   }
 }
 
@@ -204,7 +207,7 @@ __global__ void rms_bwd_vec(RmsNormResidualBackwardArgs a) {
       v[e] = a.accumulate ? v[e] + g : g;
     }
     if (a.dh) dev::st8(a.dh, base + c * 8, v);
-    if (a.dh_bf) dev::st8(a.dh_bf, base + c * 8, v);
+    if (a.dh_bf) dev::st8(a.dh_bf, s.row * (a.ld_dh_bf ? a.ld_dh_bf : a.dim) + c * 8, v);
   }
 }
 
@@ -270,9 +273,10 @@ Status rms_norm_residual_forward(CudaContext& ctx, const RmsNormResidualArgs& a)
   if (a.rows < 0 || a.dim <= 0) return invalid_argument("cuda rms_norm: bad shape rows=", a.rows, " dim=", a.dim);
   if (!a.x || !a.w || !a.y) return invalid_argument("cuda rms_norm: x, w and y are required");
   if (!(a.eps > 0.0f)) return invalid_argument("cuda rms_norm: eps must be > 0, got ", a.eps);
+  if (a.ld_y != 0 && a.ld_y < a.dim) return invalid_argument("cuda rms_norm: ld_y ", a.ld_y, " < dim ", a.dim);
   if (a.rows == 0) return Status::ok();
   VecPlan p;
-  if (plan_vec(a.dim, &p) && aligned16(a.x, a.residual, a.h_out, a.w, a.y)) {
+  if (plan_vec(a.dim, &p) && aligned16(a.x, a.residual, a.h_out, a.w, a.y) && a.ld_y % 8 == 0) {
     launch_plan<RmsNormResidualArgs, FwdVec>(p, a, stream_of(ctx));
   } else {
     rms_norm_residual_fwd<<<static_cast<unsigned>(a.rows), kThreads, 0, stream_of(ctx)>>>(a);
@@ -288,9 +292,12 @@ Status rms_norm_residual_backward(CudaContext& ctx, const RmsNormResidualBackwar
     return invalid_argument("cuda rms_norm_backward: h, w, rstd, dy and dh or dh_bf are required");
   }
   if (a.accumulate && !a.dh) return invalid_argument("cuda rms_norm_backward: accumulate needs dh");
+  if (a.ld_dh_bf != 0 && (a.ld_dh_bf < a.dim || static_cast<const void*>(a.dh_bf) == a.dy))
+    return invalid_argument("cuda rms_norm_backward: ld_dh_bf ", a.ld_dh_bf, " for dim ", a.dim,
+                            " (at least dim; 0 when dh_bf aliases dy)");
   if (a.rows == 0) return Status::ok();
   VecPlan p;
-  if (!a.dw && plan_vec(a.dim, &p) && aligned16(a.h, a.w, a.dy, a.dh, a.dh_bf)) {
+  if (!a.dw && plan_vec(a.dim, &p) && aligned16(a.h, a.w, a.dy, a.dh, a.dh_bf) && a.ld_dh_bf % 8 == 0) {
     launch_plan<RmsNormResidualBackwardArgs, BwdVec>(p, a, stream_of(ctx));
     return ctx.check_launch("rms_norm_residual_bwd");
   }

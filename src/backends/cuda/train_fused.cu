@@ -23,7 +23,7 @@ __global__ void qkv_kernel(QkvSplitArgs a) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tokens * slots * half) return;
   const int64_t p = i % half, th = i / half, t = th / slots, h = th % slots;
-  const int64_t row = slots * a.head_dim;
+  const int64_t row = a.ld_qkv ? a.ld_qkv : slots * a.head_dim;
   bf16_bits* dense;
   int64_t head, heads;
   if (h < a.n_head) {
@@ -64,7 +64,8 @@ __global__ void qkv_kernel8(QkvSplitArgs a) {
   } else {
     dense = a.v, head = h - a.n_head - a.n_head_kv, heads = a.n_head_kv;
   }
-  const int64_t fused = t * slots * a.head_dim + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
+  const int64_t row = a.ld_qkv ? a.ld_qkv : slots * a.head_dim;
+  const int64_t fused = t * row + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
   const bf16_bits* src = kMerge ? dense : a.qkv;
   bf16_bits* dst = kMerge ? a.qkv : dense;
   const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
@@ -89,20 +90,20 @@ __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f
 __global__ void swiglu_rows_fwd(SwigluRowsArgs a) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tokens * a.inter) return;
-  const int64_t t = i / a.inter, f = i % a.inter, base = t * 2 * a.inter + f;
-  dev::st(a.out, i, silu_times(dev::ld(a.gu, base), dev::ld(a.gu, base + a.inter)));
+  const int64_t t = i / a.inter, f = i % a.inter, base = t * (a.ld_gu ? a.ld_gu : 2 * a.inter) + f;
+  dev::st(a.out, t * (a.ld_out ? a.ld_out : a.inter) + f, silu_times(dev::ld(a.gu, base), dev::ld(a.gu, base + a.inter)));
 }
 
 __global__ void swiglu_rows_fwd8(SwigluRowsArgs a) {
   const int64_t per_row = a.inter / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tokens * per_row) return;
-  const int64_t t = i / per_row, f = (i % per_row) * 8, base = t * 2 * a.inter + f;
+  const int64_t t = i / per_row, f = (i % per_row) * 8, base = t * (a.ld_gu ? a.ld_gu : 2 * a.inter) + f;
   Bf16x8 g, u, o;
   g.word = *reinterpret_cast<const uint4*>(a.gu + base);
   u.word = *reinterpret_cast<const uint4*>(a.gu + base + a.inter);
   for (int k = 0; k < 8; ++k)
     o.h[k] = __float2bfloat16_rn(silu_times(__bfloat162float(g.h[k]), __bfloat162float(u.h[k])));
-  *reinterpret_cast<uint4*>(a.out + t * a.inter + f) = o.word;
+  *reinterpret_cast<uint4*>(a.out + t * (a.ld_out ? a.ld_out : a.inter) + f) = o.word;
 }
 
 // d_gate and d_up of one feature (swiglu.cu's formulas).
@@ -115,17 +116,19 @@ __device__ __forceinline__ void swiglu_grad(float g, float u, float d, float* dg
 __global__ void swiglu_rows_bwd(SwigluRowsBackwardArgs a) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tokens * a.inter) return;
-  const int64_t t = i / a.inter, f = i % a.inter, base = t * 2 * a.inter + f;
+  const int64_t t = i / a.inter, f = i % a.inter, base = t * (a.ld_gu ? a.ld_gu : 2 * a.inter) + f;
+  const int64_t dbase = t * (a.ld_d_gu ? a.ld_d_gu : 2 * a.inter) + f;
   float dg, du;
   swiglu_grad(dev::ld(a.gu, base), dev::ld(a.gu, base + a.inter), dev::ld(a.d_out, i), &dg, &du);
-  dev::st(a.d_gu, base + a.inter, du);
-  dev::st(a.d_gu, base, dg);
+  dev::st(a.d_gu, dbase + a.inter, du);
+  dev::st(a.d_gu, dbase, dg);
 }
 
 __global__ void swiglu_rows_bwd8(SwigluRowsBackwardArgs a) {
   const int64_t per_row = a.inter / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tokens * per_row) return;
-  const int64_t t = i / per_row, f = (i % per_row) * 8, base = t * 2 * a.inter + f;
+  const int64_t t = i / per_row, f = (i % per_row) * 8, base = t * (a.ld_gu ? a.ld_gu : 2 * a.inter) + f;
+  const int64_t dbase = t * (a.ld_d_gu ? a.ld_d_gu : 2 * a.inter) + f;
   Bf16x8 g, u, d, og, ou;
   g.word = *reinterpret_cast<const uint4*>(a.gu + base);
   u.word = *reinterpret_cast<const uint4*>(a.gu + base + a.inter);
@@ -136,8 +139,8 @@ __global__ void swiglu_rows_bwd8(SwigluRowsBackwardArgs a) {
     og.h[k] = __float2bfloat16_rn(dg);
     ou.h[k] = __float2bfloat16_rn(du);
   }
-  *reinterpret_cast<uint4*>(a.d_gu + base) = og.word;
-  *reinterpret_cast<uint4*>(a.d_gu + base + a.inter) = ou.word;
+  *reinterpret_cast<uint4*>(a.d_gu + dbase) = og.word;
+  *reinterpret_cast<uint4*>(a.d_gu + dbase + a.inter) = ou.word;
 }
 
 // 16-byte accesses need every row start aligned.
@@ -152,6 +155,8 @@ Status check_qkv(const QkvSplitArgs& a, const char* what) {
                             " head_dim=", a.head_dim);
   if (!a.qkv || !a.q || !a.k || !a.v || (a.cos == nullptr) != (a.sin == nullptr))
     return invalid_argument("cuda ", what, ": null argument");
+  if (a.ld_qkv != 0 && a.ld_qkv < (a.n_head + 2 * a.n_head_kv) * a.head_dim)
+    return invalid_argument("cuda ", what, ": ld_qkv ", a.ld_qkv, " is shorter than a row");
   return Status::ok();
 }
 
@@ -160,7 +165,7 @@ Status launch_qkv(CudaContext& ctx, const QkvSplitArgs& a, const char* what) {
   LATHE_TRY(check_qkv(a, what));
   const int64_t n = a.n_tokens * (a.n_head + 2 * a.n_head_kv) * (a.head_dim / 2);
   if (n == 0) return Status::ok();
-  if (a.head_dim % 16 == 0 && aligned16(a.qkv, a.q, a.k, a.v, a.cos, a.sin)) {
+  if (a.head_dim % 16 == 0 && a.ld_qkv % 8 == 0 && aligned16(a.qkv, a.q, a.k, a.v, a.cos, a.sin)) {
     qkv_kernel8<kMerge><<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
   } else {
     qkv_kernel<kMerge><<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
@@ -178,7 +183,10 @@ Status swiglu_rows_forward(CudaContext& ctx, const SwigluRowsArgs& a) {
   const int64_t n = a.n_tokens * a.inter;
   if (n == 0) return Status::ok();
   if (!a.gu || !a.out) return invalid_argument("cuda swiglu_rows: null argument");
-  if (vec8_ok(a.gu, a.out, a.out, a.inter)) {
+  if ((a.ld_gu && a.ld_gu < 2 * a.inter) || (a.ld_out && a.ld_out < a.inter))
+    return invalid_argument("cuda swiglu_rows: row stride shorter than a row (ld_gu ", a.ld_gu, ", ld_out ", a.ld_out,
+                            ", inter ", a.inter, ")");
+  if (vec8_ok(a.gu, a.out, a.out, a.inter) && a.ld_gu % 8 == 0 && a.ld_out % 8 == 0) {
     swiglu_rows_fwd8<<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
   } else {
     swiglu_rows_fwd<<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
@@ -191,7 +199,12 @@ Status swiglu_rows_backward(CudaContext& ctx, const SwigluRowsBackwardArgs& a) {
   const int64_t n = a.n_tokens * a.inter;
   if (n == 0) return Status::ok();
   if (!a.gu || !a.d_out || !a.d_gu) return invalid_argument("cuda swiglu_rows_backward: null argument");
-  if (vec8_ok(a.gu, a.d_out, a.d_gu, a.inter)) {
+  if ((a.ld_gu && a.ld_gu < 2 * a.inter) || (a.ld_d_gu && a.ld_d_gu < 2 * a.inter))
+    return invalid_argument("cuda swiglu_rows_backward: row stride shorter than a row (ld_gu ", a.ld_gu,
+                            ", ld_d_gu ", a.ld_d_gu, ", inter ", a.inter, ")");
+  if (static_cast<const void*>(a.gu) == a.d_gu && a.ld_gu != a.ld_d_gu)
+    return invalid_argument("cuda swiglu_rows_backward: d_gu aliases gu with another row stride");
+  if (vec8_ok(a.gu, a.d_out, a.d_gu, a.inter) && a.ld_gu % 8 == 0 && a.ld_d_gu % 8 == 0) {
     swiglu_rows_bwd8<<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
   } else {
     swiglu_rows_bwd<<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
