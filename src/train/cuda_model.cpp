@@ -95,7 +95,8 @@ Status carve_weights(CudaModelImpl& m, C& c) {
     }
     for (int g = 0; g < kGnum; ++g) {
       CGroup& G = b.g[size_t(g)];
-      LATHE_ASSIGN_OR_RETURN(G.w, bf((G.out + G.lw) * G.ldw, "projection (with its LoRA copies)"));
+      LATHE_ASSIGN_OR_RETURN(bf16p ext, bf(G.ext_numel(), "projection (with its LoRA copies)"));
+      G.w = ext ? ext + G.x_col : nullptr;
       if (s.qkv_bias && g == kGqkv) {
         LATHE_ASSIGN_OR_RETURN(G.bias, bf(G.out, "bias"));
       }
@@ -155,7 +156,7 @@ Status carve_acts(CudaModelImpl& m, C& c) {
       if (!keep) shared.*field = a.*field;
       return Status::ok();
     };
-    LATHE_TRY(bf(&CActs::xn1, all, T * m.group(kGqkv).ldw, "xn1"));
+    LATHE_TRY(bf(&CActs::xn1, all, T * m.group(kGqkv).ldx, "xn1"));
     LATHE_TRY(f32(&CActs::rstd1, all, T, "rstd1"));
     if (s.qk_norm) {
       LATHE_TRY(bf(&CActs::q_raw, layer, T * qd, "q_raw"));
@@ -166,15 +167,15 @@ Status carve_acts(CudaModelImpl& m, C& c) {
     LATHE_TRY(bf(&CActs::q, layer, T * qd, "q"));
     LATHE_TRY(bf(&CActs::k, layer, T * kvd, "k"));
     LATHE_TRY(bf(&CActs::v, layer, T * kvd, "v"));
-    LATHE_TRY(bf(&CActs::attn, mid, T * m.group(kGo).ldw, "attention out"));
+    LATHE_TRY(bf(&CActs::attn, mid, T * m.group(kGo).ldx, "attention out"));
     LATHE_TRY(f32(&CActs::lse, mid, T * s.n_head, "lse"));
     LATHE_TRY(bf(&CActs::h_mid, layer, T * H, "h_mid"));
-    LATHE_TRY(bf(&CActs::xn2, all, T * m.group(kGgu).ldw, "xn2"));
+    LATHE_TRY(bf(&CActs::xn2, all, T * m.group(kGgu).ldx, "xn2"));
     LATHE_TRY(f32(&CActs::rstd2, all, T, "rstd2"));
     LATHE_TRY(bf(&CActs::gu, mid, T * m.ld_gu, "gate|up"));
     a.act = nullptr;  // per layer with none; else the scratch's (carve_scratch)
     if (all) {
-      LATHE_ASSIGN_OR_RETURN(a.act, c.bf(T * m.group(kGdown).ldw, "silu(gate)·up"));
+      LATHE_ASSIGN_OR_RETURN(a.act, c.bf(T * m.group(kGdown).ldx, "silu(gate)·up"));
     }
   }
   return Status::ok();
@@ -209,7 +210,7 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   CScratch& x = m.x;
   x.qkv = c.take<cuda::bf16_bits>(T * m.ld_qkv);
   x.tmp_h = c.take<cuda::bf16_bits>(T * H);
-  x.act = c.take<cuda::bf16_bits>(T * std::max(m.group(kGdown).ldw, 2 * qd + 2 * kvd + H));
+  x.act = c.take<cuda::bf16_bits>(T * std::max(m.group(kGdown).ldx, 2 * qd + 2 * kvd + H));
   x.d_attn = x.act;
   x.dq = x.act ? x.d_attn + T * qd : nullptr;
   x.dk = x.act ? x.dq + T * qd : nullptr;
@@ -262,6 +263,31 @@ Status carve(CudaModelImpl& m, Alloc&& alloc) {
   return carve_scratch(m, c, alloc);
 }
 
+// A group's extended weight and x_ext (cuda_model_impl.h): with several
+// LoRA members, member 0's u4 left of x and two forward sections.
+void lay_out_group(CudaModelImpl& m, CGroup& G) {
+  const int64_t q = 4 * m.o.lora_r, nl = int64_t(G.loras.size());
+  G.lw = nl * q;
+  G.ldx = G.in + G.lw;
+  if (nl < 2) {
+    G.x_col = 0;
+    G.ldw = G.in + G.lw;
+    G.sections = {{.row0 = 0, .rows = G.out, .k0 = 0, .k = G.in + G.lw}};
+    if (nl == 1) m.loras[size_t(G.loras[0])].u_col = G.in;
+    return;
+  }
+  const CLora& first = m.loras[size_t(G.loras[0])];
+  const int64_t split = first.col + first.out;  // member 0 is followed by another LoRA member: split < out
+  G.x_col = q;
+  G.ldw = G.in + std::max(q, G.lw - q);
+  G.sections = {{.row0 = 0, .rows = split, .k0 = 0, .k = q + G.in},
+                {.row0 = split, .rows = G.out - split, .k0 = q, .k = G.in + G.lw - q}};
+  for (int k : G.loras) {
+    CLora& a = m.loras[size_t(k)];
+    a.u_col = a.slot == 0 ? 0 : G.in + a.slot * q;  // slot s ≥ 1: x_col + in + (s − 1)·4r
+  }
+}
+
 // Shapes of the fused projections and their LoRA extension (lw, ldw), the
 // LoRA table and the dy_ext strides (no memory yet; the 4-term copies'
 // places in the groups' w are known once the arena is carved:
@@ -292,10 +318,7 @@ void lay_out(CudaModelImpl& m) {
       total += aligned(out[j] * r);
       m.max_factor_numel = std::max({m.max_factor_numel, r * in[j], out[j] * r});
     }
-    for (CGroup& G : b.g) {
-      G.lw = int64_t(G.loras.size()) * 4 * r;
-      G.ldw = G.in + G.lw;
-    }
+    for (CGroup& G : b.g) lay_out_group(m, G);
   }
   m.ld_qkv = m.group(kGqkv).out + m.group(kGqkv).lw;
   m.ld_gu = m.group(kGgu).out + m.group(kGgu).lw;
@@ -320,7 +343,7 @@ void place_split_copies(CudaModelImpl& m) {
       for (int k : G.loras) {
         CLora& a = m.loras[size_t(k)];
         a.a4 = G.a4() + a.slot * 4 * a.r * G.ldw;         // rows [out + slot·4r, +4r), columns [0, in)
-        a.b4 = G.w + a.col * G.ldw + G.in + a.slot * 4 * a.r;  // rows [col, col + out), the slot's 4r columns
+        a.b4 = G.w + a.col * G.ldw + (a.u_col - G.x_col);  // rows [col, col + out), beside W as u4 beside x
         m.factors[2 * size_t(k)].dst = a.a4 - base;
         m.factors[2 * size_t(k) + 1].dst = a.b4 - base;
         m.factors[2 * size_t(k)].ld = m.factors[2 * size_t(k) + 1].ld = G.ldw;
@@ -597,20 +620,20 @@ Result<std::vector<float>> CudaTrainableModel::read_buffer(const std::string& na
       {"dk", {m.x.dk, nullptr, kvd, kvd}},
       {"dv", {m.x.dv, nullptr, kvd, kvd}},
       {"d_attn", {m.x.d_attn, nullptr, qd, qd}},
-      {"act", {m.x.act, nullptr, F, m.group(kGdown).ldw}}};
+      {"act", {m.x_of(m.x.act, kGdown), nullptr, F, m.group(kGdown).ldx}}};
   for (int64_t l = 0; l <= s.n_layer; ++l) at["hs." + std::to_string(l)] = {m.hs[size_t(l)], nullptr, H, H};
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const CActs& a = m.acts[size_t(l)];
     const std::string k = "." + std::to_string(l);
-    at["xn1" + k] = {a.xn1, nullptr, H, m.group(kGqkv).ldw};
+    at["xn1" + k] = {m.x_of(a.xn1, kGqkv), nullptr, H, m.group(kGqkv).ldx};
     at["rstd1" + k] = {nullptr, a.rstd1, 1, 1};
     at["q" + k] = {a.q, nullptr, qd, qd};
     at["k" + k] = {a.k, nullptr, kvd, kvd};
     at["v" + k] = {a.v, nullptr, kvd, kvd};
-    at["attn" + k] = {a.attn, nullptr, qd, m.group(kGo).ldw};
+    at["attn" + k] = {m.x_of(a.attn, kGo), nullptr, qd, m.group(kGo).ldx};
     at["lse" + k] = {nullptr, a.lse, s.n_head, s.n_head};
     at["h_mid" + k] = {a.h_mid, nullptr, H, H};
-    at["xn2" + k] = {a.xn2, nullptr, H, m.group(kGgu).ldw};
+    at["xn2" + k] = {m.x_of(a.xn2, kGgu), nullptr, H, m.group(kGgu).ldx};
     at["rstd2" + k] = {nullptr, a.rstd2, 1, 1};
     at["gu" + k] = {a.gu, nullptr, 2 * F, m.ld_gu};
   }

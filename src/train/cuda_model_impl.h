@@ -6,29 +6,34 @@
 // Projections are fused by input: q|k|v, o, gate|up and down are one GEMM
 // each (a group's weights are its members' stacked by rows, so one output
 // row is [q | k | v] or [gate | up]), and the LoRA terms ride in that GEMM's
-// K dimension, so each projection is one GEMM that rounds once. A group
-// with LoRA members (w = n_lora·4r columns of 4-term copies, lora_ops.h)
-// keeps ONE extended weight, row stride ldw = in + w:
+// K dimension, so each projection rounds once. A group with LoRA members
+// (lw = n_lora·4r columns of 4-term copies, lora_ops.h, 4r per member in
+// slot order) keeps ONE extended weight, rows ldw apart: rows [0, out) hold
+// W (columns [0, in)) with the B4 of the member owning the row beside it,
+// rows [out, out + lw) the members' A4 planes (columns [0, in)):
 //
-//              columns [0, in)          [in, in + w)
-//   rows [0, out)        W               B4 of the member owning the row, in
-//                                        its slot's 4r columns (zeros in the
-//                                        other slots: block-diagonal)
-//   rows [out, out + w)  A4 planes of    zero (never read)
-//                        the members,
-//                        in slot order
+//   forward   y  = x_ext · [W | B4 slots]ᵀ   = x·Wᵀ + s·u·Bᵀ   (K: in + LoRA columns)
+//   backward  dx = dy_ext · [W ; A4 planes]  = dy·W + du·A     (K = out + lw)
 //
-// and its GEMM input x carries the same w columns after its in: x_ext =
-// [x | s·u4] with u = x·Aᵀ (f32, from x·A4ᵀ) split into 4 terms. Then
-//   forward   y  = x_ext · W_ext[0:out, :]ᵀ      = x·Wᵀ + s·u·Bᵀ     (K = in + w)
-//   backward  dx = dy_ext · W_ext[:, 0:in]       = dy·W + du·A       (K = out + w)
-// with dy_ext = [dy | du4], du = s·dy·B (f32, from dy·B4) split the same
-// way; u's and du's GEMMs read A4 and B4 inside W_ext (ldb = ldw), and
-// dB = dyᵀ·(s·u), dA = duᵀ·x read the hi and lo terms back out of x_ext and
-// dy_ext. A group without LoRA has w = 0 (ldw = in). The buffers a GEMM
-// reads as x_ext (xn1, attn, xn2, act) and dy_ext (the q|k|v scratch,
-// gate|up, dh_bf) are allocated with the extra columns; their producers
-// write rows with a stride.
+// where the GEMM input x_ext = x plus the 4-term split of s·u (u = x·Aᵀ in
+// f32, from x·A4ᵀ), rows ldx = in + lw apart, and dy_ext = [dy | du4] with
+// du = s·dy·B (f32, from dy·B4) split the same way; u's and du's GEMMs read
+// A4 and B4 inside the extended weight, and dB = dyᵀ·(s·u), dA = duᵀ·x read
+// the hi and lo terms back out of x_ext and dy_ext.
+//   With one LoRA member x_ext = [x | u4], B4 sits at columns [in, in + 4r)
+// and the forward is one GEMM, K = in + 4r. With several, the first
+// member's u4 sits LEFT of x: x_ext = [u4₀ | x | u4₁ …] (x at column
+// x_col = 4r), its B4 left of W's row (columns [−4r, 0) from W's column 0),
+// the others' right of it as above; the forward is two GEMMs over row
+// blocks ("sections"): rows up to the end of member 0 over x_ext columns
+// [0, 4r + in), the rest over [4r, in + lw). Member 0's rows then need no
+// zero slot for the others' u and the others none for its u (a row's other
+// slots within its section are zeros); ldw = in + max(4r, lw − 4r), which
+// for gate|up is in + 4r: no block-diagonal zeros at all. A group without
+// LoRA has lw = 0 (ldw = ldx = in). The buffers a GEMM reads as x_ext (xn1,
+// attn, xn2, act) and dy_ext (the q|k|v scratch, gate|up, dh_bf) are
+// allocated with the extra columns; their producers write rows with a
+// stride (at x_col).
 #pragma once
 
 #include <array>
@@ -58,15 +63,25 @@ inline const char* const kCudaPhaseNames[kPhNum] = {
     "base GEMM fwd", "base GEMM bwd", "LoRA (f32 branch)", "attention fwd", "attention bwd",
     "norms, RoPE, SwiGLU, casts", "LM head + CE", "clip + AdamW + LoRA copies", "batch upload"};
 
+// A forward GEMM of a group: output rows [row0, row0 + rows) over x_ext's
+// columns [k0, k0 + k).
+struct CSection {
+  int64_t row0 = 0, rows = 0, k0 = 0, k = 0;
+};
+
 // One fused projection: y[T, out] = x[T, in]·wᵀ [+ bias] + Σ LoRA members.
 struct CGroup {
-  bf16p w = nullptr;     // [out + lw, ldw]: the extended weight (above)
+  bf16p w = nullptr;     // W's row 0, column 0 inside the extended weight (above; rows ldw apart)
   bf16p bias = nullptr;  // [out] (the bias epilogue); null without bias
   int64_t out = 0, in = 0;
-  int64_t lw = 0;   // the LoRA columns: loras.size()·4r
-  int64_t ldw = 0;  // in + lw: the row stride of w and of the group's x_ext
+  int64_t lw = 0;     // the LoRA columns: loras.size()·4r
+  int64_t ldw = 0;    // the extended weight's row stride
+  int64_t ldx = 0;    // x_ext's row stride: in + lw
+  int64_t x_col = 0;  // x's first column in x_ext (4r when member 0's u4 sits left of it)
+  std::vector<CSection> sections;  // the forward's GEMMs
   std::vector<int> loras;  // indices into loras, in slot order
   bf16p a4() const { return w + out * ldw; }  // [lw, in] (row stride ldw): the members' A copies stacked
+  int64_t ext_numel() const { return x_col + (out + lw) * ldw; }  // the extended weight, from w − x_col
 };
 
 struct CLora {
@@ -75,8 +90,9 @@ struct CLora {
   // A4 [4r, in] and B4 [out, 4r].
   bf16p a4 = nullptr, b4 = nullptr;
   int64_t r = 0, in = 0, out = 0;
-  int64_t col = 0;  // first column of the member in its group's output
+  int64_t col = 0;   // first column of the member in its group's output
   int64_t slot = 0;  // position among the group's LoRA members
+  int64_t u_col = 0;  // first column of its s·u4 in the group's x_ext
 };
 
 struct CBlock {
@@ -87,8 +103,9 @@ struct CBlock {
 // One layer's forward as its backward reads it (the layer input is hs[l]).
 // Which buffers are per layer and which one shared copy is recomputed in
 // the backward depends on the recompute mode (cuda_model.h). The GEMM
-// inputs xn1, attn, xn2 and act are x_ext rows (row stride the group's ldw:
-// x, then the 4-term s·u of the group's LoRA members).
+// inputs xn1, attn, xn2 and act point at x_ext rows (row stride the group's
+// ldx: x at column x_col, the 4-term s·u of the group's LoRA members around
+// it).
 struct CActs {
   bf16p xn1 = nullptr, q_raw = nullptr, k_raw = nullptr, q = nullptr, k = nullptr, v = nullptr, attn = nullptr;
   bf16p h_mid = nullptr, xn2 = nullptr;
@@ -101,7 +118,7 @@ struct CActs {
 struct CScratch {
   bf16p qkv = nullptr;  // [T, q|k|v] (row stride ld_qkv): the fused projection's output, then dy_ext
   bf16p tmp_h = nullptr, d_xn = nullptr, d_attn = nullptr;
-  bf16p act = nullptr;  // silu(gate)·up x_ext [T, F + lw] when not kept, then its gradient (packed)
+  bf16p act = nullptr;  // silu(gate)·up x_ext when not kept, then its gradient (packed)
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh (row stride ld_dh_bf)
   float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
@@ -123,6 +140,8 @@ struct CudaModelImpl {
   int64_t ld_qkv = 0, ld_gu = 0, ld_dh_bf = 0;
   // A group's shape (every layer has the same).
   const CGroup& group(int g) const { return blocks[0].g[size_t(g)]; }
+  // Where x starts in an x_ext row of group g.
+  bf16p x_of(bf16p x_ext, int g) const { return x_ext + group(g).x_col; }
   std::vector<bf16p> hs;     // [n_layer + 1]: layer inputs, then the last layer's output
   std::vector<CActs> acts;   // [n_layer]; shared buffers repeat the same pointer
   // The last layer whose forward writes the shared buffers: they still hold

@@ -55,48 +55,58 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
                                                .rstd = rstd, .rows = rows, .dim = dim, .eps = s.eps, .ld_y = ld_y});
 }
 
-// u = x·Aᵀ of group g's LoRA members, into x_ext's columns [in, in + lw):
-// x times A's three terms (exact: x is bf16; one GEMM over the stacked A4
-// inside the group's weight), summed in f32 by lora_sum_parts, which scales
-// by s and writes the 4-term split (hi, hi, hi, lo) of s·u straight into the
-// x_ext row. The same kernels on the same x give bitwise the same u, so a
-// recomputation reruns this.
+// u = x·Aᵀ of group g's LoRA members into their x_ext columns: x times A's
+// three terms (exact: x is bf16; one GEMM over the stacked A4 inside the
+// group's weight), summed in f32 by lora_sum_parts, which scales by s and
+// writes the 4-term split (hi, hi, hi, lo) of s·u straight into the x_ext
+// row (member 0 left of x when it has company, the rest right of it). The
+// same kernels on the same x give bitwise the same u, so a recomputation
+// reruns this.
 Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
-  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  LATHE_TRY(cuda::gemm(ctx, {.a = xe, .b = G.a4(), .c = x.lora_f32, .m = n, .n = G.lw, .k = G.in, .trans_b = true,
-                             .c_dtype = DType::F32, .lda = G.ldw, .ldb = G.ldw}));
-  return cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                    .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
-                                    .scale = o.lora_scale, .split = xe + G.in, .split_ld = G.ldw});
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), left = G.x_col > 0 ? 1 : 0;
+  LATHE_TRY(cuda::gemm(ctx, {.a = xe + G.x_col, .b = G.a4(), .c = x.lora_f32, .m = n, .n = G.lw, .k = G.in,
+                             .trans_b = true, .c_dtype = DType::F32, .lda = G.ldx, .ldb = G.ldw}));
+  cuda::LoraPartsArgs parts{.src = x.lora_f32, .rows = n, .cols = r, .n_groups = 1, .n_parts = 3,
+                            .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r, .scale = o.lora_scale,
+                            .split = xe, .split_ld = G.ldx};
+  if (left) LATHE_TRY(cuda::lora_sum_parts(ctx, parts));  // member 0, left of x
+  parts.src = x.lora_f32 + left * 4 * r;
+  parts.n_groups = nl - left;
+  parts.split = xe + G.x_col + G.in;
+  return cuda::lora_sum_parts(ctx, parts);
 }
 
-// y = bf16(x·Wᵀ [+ b] + Σ_members s·u·Bᵀ) for one fused group as ONE GEMM
-// rounding once: y = x_ext·W_ext[0:out]ᵀ with K = in + lw, the LoRA terms
-// [s·u4]·B4ᵀ (block-diagonal over the members) in the same f32 accumulator
-// as the base product, the bias added by the GEMM's epilogue in f32 before
-// the rounding (cuda_model_impl.h has the layout). s·u's 4-term split makes
-// its product with B's 4-term copy f32-accurate (lora_ops.h), so the only
-// rounding of the projection is the final one, as an f32 LoRA branch added
-// to an f32 base product would give. y's rows are ld_y apart (0: packed).
+// y = bf16(x·Wᵀ [+ b] + Σ_members s·u·Bᵀ) for one fused group, each output
+// element rounded once: per section one GEMM over x_ext's columns against
+// the extended weight's (cuda_model_impl.h), the LoRA terms [s·u4]·B4ᵀ in
+// the same f32 accumulator as the base product, the bias added by the
+// GEMM's epilogue in f32 before the rounding. s·u's 4-term split makes its
+// product with B's 4-term copy f32-accurate (lora_ops.h), so the one
+// rounding is that of the f32 base product plus the f32 LoRA branch. y's
+// rows are ld_y apart (0: packed).
 Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t ld_y, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   LATHE_TRY(lora_u(l, g, xe, n));
   LATHE_TRY(phase(kPhGemmFwd));
-  return cuda::gemm(ctx, {.a = xe, .b = G.w, .c = y, .m = n, .n = G.out, .k = G.ldw, .trans_b = true,
-                          .lda = G.ldw, .ldb = G.ldw, .ldc = ld_y, .bias = G.bias});
+  for (const CSection& c : G.sections)
+    LATHE_TRY(cuda::gemm(ctx, {.a = xe + c.k0, .b = G.w + c.row0 * G.ldw + (c.k0 - G.x_col), .c = y + c.row0,
+                               .m = n, .n = c.rows, .k = c.k, .trans_b = true, .lda = G.ldx, .ldb = G.ldw,
+                               .ldc = ld_y ? ld_y : G.out, .bias = G.bias ? G.bias + c.row0 : nullptr}));
+  return Status::ok();
 }
 
 // The backward of group_forward from dy_ext (dy in columns [0, out), rows
 // ld_dy apart, room for du in [out, out + lw)). In f32 per member: dB =
 // dyᵀ·(s·u) from x_ext's hi and lo terms, du = s·dy·B (dy times B4 inside
-// W_ext, split into dy_ext's columns by lora_sum_parts), dA = duᵀ·x from its
-// hi and lo terms; all exact against the split factors (dy and x are bf16),
-// summed into the f32 gradients. Then dx = dy_ext·W_ext[:, 0:in] = dy·W +
-// du·A, K = out + lw, in ONE GEMM rounded once (dx packed). The LoRA
-// gradients read x_ext before dx is written, so dx may overlay x_ext.
+// the extended weight, split into dy_ext's columns by lora_sum_parts),
+// dA = duᵀ·x from its hi and lo terms; all exact against the split factors
+// (dy and x are bf16), summed into the f32 gradients. Then dx =
+// dy_ext·[W ; A4 planes] = dy·W + du·A, K = out + lw, ONE GEMM rounded once
+// (dx packed). The LoRA gradients read x_ext before dx is written, so dx may
+// overlay x_ext.
 Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
@@ -105,9 +115,8 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
     LATHE_TRY(phase(kPhLora));
     for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed (u carries s)
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = xe + G.in + a.slot * 4 * r + 2 * r, .c = part, .m = a.out,
-                                 .n = 2 * r, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
-                                 .ldb = G.ldw}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = xe + a.u_col + 2 * r, .c = part, .m = a.out, .n = 2 * r,
+                                 .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldx}));
       LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a.out, .cols = r, .n_parts = 2,
                                            .row_stride = 2 * r, .part_stride = r, .sum = a.db, .accumulate = true}));
     }
@@ -121,9 +130,9 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
                                          .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy}));
     for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe, .c = part, .m = 2 * r,
-                                 .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
-                                 .ldb = G.ldw}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe + G.x_col, .c = part,
+                                 .m = 2 * r, .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32,
+                                 .lda = ld_dy, .ldb = G.ldx}));
       LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = G.in, .n_parts = 2,
                                            .row_stride = G.in, .part_stride = r * G.in, .sum = a.da,
                                            .accumulate = true}));
@@ -160,19 +169,20 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
   const int64_t hd = s.head_dim;
   LATHE_TRY(attention_inputs(l, n));
   LATHE_TRY(phase(kPhAttnFwd));
-  LATHE_TRY(cuda::attention_varlen_forward({.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse,
+  LATHE_TRY(cuda::attention_varlen_forward({.q = a.q, .k = a.k, .v = a.v, .out = x_of(a.attn, kGo), .lse = a.lse,
                                             .cu_seqlens = x.cu_seqlens, .n_docs = n_docs, .max_seqlen = max_seqlen,
                                             .n_tokens = int(n), .n_head = int(s.n_head), .n_head_kv = int(s.n_kv),
                                             .head_dim = int(hd), .window = s.window,
                                             .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream(),
-                                            .ld_out = group(kGo).ldw}));
+                                            .ld_out = group(kGo).ldx}));
   LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, s.hidden, group(kGgu).ldw));
+  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, s.hidden,
+                 group(kGgu).ldx));
   LATHE_TRY(group_forward(l, kGgu, a.xn2, a.gu, ld_gu, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = a.act, .n_tokens = n, .inter = s.inter,
-                                            .ld_gu = ld_gu, .ld_out = group(kGdown).ldw}));
+  LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x_of(a.act, kGdown), .n_tokens = n,
+                                            .inter = s.inter, .ld_gu = ld_gu, .ld_out = group(kGdown).ldx}));
   return group_forward(l, kGdown, a.act, x.tmp_h, 0, n);
 }
 
@@ -188,18 +198,19 @@ Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen
   const CBlock& b = blocks[size_t(l)];
   const int64_t H = s.hidden;
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, b.attn_norm, a.xn1, a.rstd1, n, H, group(kGqkv).ldw));
+  LATHE_TRY(norm(hs[size_t(l)], nullptr, nullptr, b.attn_norm, x_of(a.xn1, kGqkv), a.rstd1, n, H,
+                 group(kGqkv).ldx));
   if (o.recompute == CudaRecompute::kFull) return layer_forward(l, n, n_docs, max_seqlen);
   if (l < keep_layers) {
     LATHE_TRY(lora_u(l, kGqkv, a.xn1, n));
     LATHE_TRY(phase(kPhElementwise));
-    LATHE_TRY(norm(a.h_mid, nullptr, nullptr, b.mlp_norm, a.xn2, a.rstd2, n, H, group(kGgu).ldw));
+    LATHE_TRY(norm(a.h_mid, nullptr, nullptr, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, H, group(kGgu).ldx));
     return lora_u(l, kGgu, a.xn2, n);
   }
   LATHE_TRY(attention_inputs(l, n));
   LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n));
   LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, a.xn2, a.rstd2, n, H, group(kGgu).ldw));
+  LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, H, group(kGgu).ldx));
   return lora_u(l, kGgu, a.xn2, n);
 }
 
@@ -216,8 +227,8 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   // workspace overlaid the scratch since).
   const bool act_ready = a.act != x.act || (o.recompute == CudaRecompute::kFull && l != last_shared);
   if (!act_ready) {
-    LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x.act, .n_tokens = n, .inter = F, .ld_gu = ld_gu,
-                                              .ld_out = group(kGdown).ldw}));
+    LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x_of(x.act, kGdown), .n_tokens = n, .inter = F,
+                                              .ld_gu = ld_gu, .ld_out = group(kGdown).ldx}));
     LATHE_TRY(lora_u(l, kGdown, x.act, n));
   }
   // x.act becomes act's gradient (packed; down's LoRA reads act before),
@@ -242,10 +253,10 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
   LATHE_TRY(group_backward(l, kGo, a.attn, x.dh_bf, ld_dh_bf, x.d_attn, n));
   LATHE_TRY(phase(kPhAttnBwd));
   LATHE_TRY(cuda::attention_varlen_backward(
-      {.q = a.q, .k = a.k, .v = a.v, .out = a.attn, .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
+      {.q = a.q, .k = a.k, .v = a.v, .out = x_of(a.attn, kGo), .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
        .d_v = x.dv, .cu_seqlens = x.cu_seqlens, .workspace = x.attn_ws, .n_docs = n_docs, .max_seqlen = max_seqlen,
        .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv), .head_dim = int(hd), .window = s.window,
-       .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream(), .ld_out = group(kGo).ldw}));
+       .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream(), .ld_out = group(kGo).ldx}));
   LATHE_TRY(phase(kPhElementwise));
   cuda::QkvSplitArgs merge{.qkv = x.qkv, .q = x.dq, .k = x.dk, .v = x.dv, .cos = x.cos, .sin = x.sin,
                            .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .ld_qkv = ld_qkv};
@@ -292,14 +303,16 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
                                     .n_tokens = n, .half = s.head_dim / 2}));
   LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = x.tokens, .table = embed, .out = hs[0], .n = n,
                                           .vocab = s.vocab, .dim = H}));
-  const int64_t ld_xn1 = group(kGqkv).ldw;
-  LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, act_of(0).xn1, act_of(0).rstd1, n, H, ld_xn1));
+  const int64_t ld_xn1 = group(kGqkv).ldx;
+  LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, x_of(act_of(0).xn1, kGqkv), act_of(0).rstd1, n, H,
+                 ld_xn1));
   for (int64_t l = 0; l < L; ++l) {
     LATHE_TRY(layer_forward(l, n, n_docs, max_seqlen));
     LATHE_TRY(phase(kPhElementwise));
     const bool last = l + 1 == L;
     LATHE_TRY(norm(x.tmp_h, act_of(l).h_mid, hs[size_t(l + 1)], last ? final_norm : blocks[size_t(l + 1)].attn_norm,
-                   last ? x.xf : act_of(l + 1).xn1, last ? x.rstd_f : act_of(l + 1).rstd1, n, H, last ? 0 : ld_xn1));
+                   last ? x.xf : x_of(act_of(l + 1).xn1, kGqkv), last ? x.rstd_f : act_of(l + 1).rstd1, n, H,
+                   last ? 0 : ld_xn1));
   }
   LATHE_TRY(phase(kPhHead));
   auto ce = cuda::cross_entropy(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
