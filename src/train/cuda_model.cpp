@@ -398,8 +398,10 @@ Status upload_bf16(cuda::CudaContext& ctx, const CudaModelImpl::BaseTensor& t, c
     parallel_for(len, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) buf[size_t(k)] = f32_to_bf16(from[k]);
     });
-    // A copy from pageable memory has left buf when it returns.
+    // A copy from pageable memory has left buf when it returns; the 2D
+    // copy is waited for all the same before buf is refilled.
     LATHE_TRY(upload_rows(ctx, t, buf.data(), rows, r0));
+    if (t.ld != t.cols && r0 + step < t.rows) LATHE_TRY(ctx.synchronize());
   }
   return Status::ok();
 }
@@ -528,6 +530,7 @@ Status CudaTrainableModel::fill_random(uint64_t seed, float std) {
       LATHE_TRY(upload_rows(m.ctx, t, pool.data() + start, std::min(step, t.rows - r0), r0));
     }
   }
+  LATHE_TRY(m.ctx.synchronize());  // the pool is freed on return
   std::vector<float> host(size_t(m.n_flat), 0.0f);
   for (size_t k = 0; k < m.table.size(); k += 2)  // A random, B zero
     for (int64_t i = 0; i < m.table[k].numel(); ++i) host[size_t(m.table[k].offset + i)] = dist(rng);
