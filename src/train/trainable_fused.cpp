@@ -75,6 +75,7 @@ struct WeightGrads {
   const float* x;
   int64_t rank, in, a_off, per_thread;
   float* partials;  // [threads][per_thread]
+  const cpu::AmxGroupAfter* next = nullptr;  // the caller's row work, after these sums
 
   static void add_chunk(void* ctx, int64_t r0, int64_t rows, int thread) {
     const WeightGrads& g = *static_cast<const WeightGrads*>(ctx);
@@ -83,6 +84,7 @@ struct WeightGrads {
       outer_accumulate(g.u[i] + r0 * g.r[i], g.r[i], g.dy[i] + r0 * g.out[i], g.out[i], rows, g.r[i], g.out[i],
                        p + g.off[i]);
     outer_accumulate(g.du + r0 * g.rank, g.rank, g.x + r0 * g.in, g.in, rows, g.rank, g.in, p + g.a_off);
+    if (g.next) g.next->fn(g.next->ctx, r0, rows, thread);
   }
 };
 
@@ -99,7 +101,8 @@ bool TrainableModelImpl::fused_ok(int l, std::span<const Proj> js) const {
 }
 
 Status TrainableModelImpl::fused_forward(int l, std::span<const Proj> js, TensorView x,
-                                         std::span<const TensorView> ys, bool accumulate, LayerActs& s) {
+                                         std::span<const TensorView> ys, bool accumulate, LayerActs& s,
+                                         const cpu::AmxGroupAfter* after) {
   const int64_t n = x.shape[0];
   for (size_t i = 0; i < js.size(); ++i) {
     const TLinear& L = blocks[size_t(l)].proj[js[i]];
@@ -133,13 +136,13 @@ Status TrainableModelImpl::fused_forward(int l, std::span<const Proj> js, Tensor
                       pack_factor(a.b, a.out, a.r, true, arena), true, ys[i].ptr<float>(), a.out};
   }
   PhaseScope timed(*this, kPhaseFused);
-  cpu::gemm_bf16_amx_packed_group(n, {items, count});
+  cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, after);
   return Status::ok();
 }
 
 Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, TensorView x,
                                           std::span<const TensorView> dys, TensorView dx, bool accumulate,
-                                          const LayerActs& s) {
+                                          const LayerActs& s, const cpu::AmxGroupAfter* after) {
   const int64_t n = x.shape[0], in = x.shape[1];
   for (size_t i = 0; i < js.size(); ++i) {
     const TLinear& L = blocks[size_t(l)].proj[js[i]];
@@ -176,7 +179,7 @@ Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, Tenso
                       pack_factor(a_stack.ptr<const float>(), rank, in, false, arena), true, dx.ptr<float>(), in};
   if (rank == 0) {
     PhaseScope timed(*this, kPhaseFused);
-    cpu::gemm_bf16_amx_packed_group(n, {items, count});
+    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, after);
     return Status::ok();
   }
   WeightGrads g;
@@ -191,14 +194,15 @@ Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, Tenso
   g.du = du.ptr<const float>(), g.x = x.ptr<const float>(), g.rank = rank, g.in = in;
   g.a_off = g.off[g.n - 1] + g.r[g.n - 1] * g.out[g.n - 1];
   g.per_thread = g.a_off + rank * in;
+  g.next = after;
   const int threads = std::max(1, num_threads());
   TensorView partials = arena.alloc(DType::F32, {threads * g.per_thread});
   std::memset(partials.data, 0, size_t(partials.nbytes()));
   g.partials = partials.ptr<float>();
-  const cpu::AmxGroupAfter after{&WeightGrads::add_chunk, &g};
+  const cpu::AmxGroupAfter sums{&WeightGrads::add_chunk, &g};
   {
     PhaseScope timed(*this, kPhaseFused);
-    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, &after);
+    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, &sums);
   }
   PhaseScope timed(*this, kPhaseLora);
   int k = 0;

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "backends/cpu/gemm_amx.h"
 #include "backends/cpu/gemm_bf16.h"
 
 #include "models/family.h"
@@ -127,10 +128,13 @@ class TrainableModelImpl {
   // x·W_iᵀ + LoRA, overwriting or accumulating) and backward (dx = Σ input
   // gradients, overwriting or accumulating; adapters' dA, dB accumulated).
   bool fused_ok(int l, std::span<const Proj> js) const;
+  // after: row-local work on each chunk of rows once the group is done with
+  // it (gemm_amx.h, AmxGroupAfter), e.g. SwiGLU on fresh gate and up rows.
   Status fused_forward(int l, std::span<const Proj> js, TensorView x, std::span<const TensorView> ys,
-                       bool accumulate, LayerActs& s);
+                       bool accumulate, LayerActs& s, const cpu::AmxGroupAfter* after = nullptr);
   Status fused_backward(int l, std::span<const Proj> js, TensorView x, std::span<const TensorView> dys,
-                        TensorView dx, bool accumulate, const LayerActs& s);
+                        TensorView dx, bool accumulate, const LayerActs& s,
+                        const cpu::AmxGroupAfter* after = nullptr);
   // One projection: fused when it can be, else lin_forward / lin_backward.
   Status lin_forward_one(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
                          LayerActs& s);

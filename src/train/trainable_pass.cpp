@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/gemm_bf16.h"
+#include "core/check.h"
 #include "core/parallel.h"
 #include "train/trainable_impl.h"
 
@@ -33,6 +34,27 @@ uint64_t mix64(uint64_t z) {
 }
 
 constexpr Proj kQkv[] = {kQ, kK, kV};
+
+// SwiGLU (forward or backward) on rows [r0, r0 + rows) of the MLP's
+// activations: the row work a fused gate/up (down) group runs per chunk.
+struct SwigluRows {
+  TensorView gate{}, up{}, act{}, d_act{}, d_gate{}, d_up{};
+
+  static TensorView rows_of(const TensorView& t, int64_t r0, int64_t rows) { return t.slice_rows(r0, r0 + rows); }
+  static void forward(void* ctx, int64_t r0, int64_t rows, int) {
+    const SwigluRows& w = *static_cast<const SwigluRows*>(ctx);
+    const Status st = cpu::swiglu_forward(
+        {.gate = rows_of(w.gate, r0, rows), .up = rows_of(w.up, r0, rows), .out = rows_of(w.act, r0, rows)});
+    LATHE_CHECK(st.is_ok(), st.message());
+  }
+  static void backward(void* ctx, int64_t r0, int64_t rows, int) {
+    const SwigluRows& w = *static_cast<const SwigluRows*>(ctx);
+    const Status st = cpu::swiglu_backward({.gate = rows_of(w.gate, r0, rows), .up = rows_of(w.up, r0, rows),
+                                            .d_out = rows_of(w.d_act, r0, rows),
+                                            .d_gate = rows_of(w.d_gate, r0, rows), .d_up = rows_of(w.d_up, r0, rows)});
+    LATHE_CHECK(st.is_ok(), st.message());
+  }
+};
 constexpr Proj kGateUp[] = {kGate, kUp};
 
 // A residual copy (rows of hidden floats, a few MiB): split over the threads.
@@ -258,8 +280,14 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   s.up = a.alloc(DType::F32, {n, F});
   s.act = a.alloc(DType::F32, {n, F});
   const TensorView gate_up[] = {s.gate, s.up};
-  LATHE_TRY(lin_forward_group(l, kGateUp, p, s.xn2, gate_up, s));
-  LATHE_TRY(cpu::swiglu_forward({.gate = s.gate, .up = s.up, .out = s.act}));
+  if (fused_ok(l, kGateUp)) {  // SwiGLU on each chunk of rows as soon as its gate and up are out
+    SwigluRows rows{.gate = s.gate, .up = s.up, .act = s.act};
+    const cpu::AmxGroupAfter after{&SwigluRows::forward, &rows};
+    LATHE_TRY(fused_forward(l, kGateUp, s.xn2, gate_up, false, s, &after));
+  } else {
+    LATHE_TRY(lin_forward_group(l, kGateUp, p, s.xn2, gate_up, s));
+    LATHE_TRY(cpu::swiglu_forward({.gate = s.gate, .up = s.up, .out = s.act}));
+  }
   copy(h_out, s.h_mid);
   return lin_forward_one(l, kDown, p, s.act, h_out, true, s);
 }
@@ -273,8 +301,15 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   // MLP: h_out = h_mid + down(act), act = swiglu(gate(xn2), up(xn2)), xn2 = norm(h_mid).
   TensorView d_act = a.alloc(DType::F32, {n, F}), d_gate = a.alloc(DType::F32, {n, F});
   TensorView d_up = a.alloc(DType::F32, {n, F}), d_xn = a.alloc(DType::F32, {n, H});
-  LATHE_TRY(lin_backward_one(l, kDown, p, s.act, dh, d_act, s));
-  LATHE_TRY(cpu::swiglu_backward({.gate = s.gate, .up = s.up, .d_out = d_act, .d_gate = d_gate, .d_up = d_up}));
+  const Proj down[] = {kDown};
+  if (fused_ok(l, down)) {  // SwiGLU's backward on each chunk of rows as soon as its d_act is out
+    SwigluRows rows{.gate = s.gate, .up = s.up, .d_act = d_act, .d_gate = d_gate, .d_up = d_up};
+    const cpu::AmxGroupAfter after{&SwigluRows::backward, &rows};
+    LATHE_TRY(fused_backward(l, down, s.act, {&dh, 1}, d_act, false, s, &after));
+  } else {
+    LATHE_TRY(lin_backward_one(l, kDown, p, s.act, dh, d_act, s));
+    LATHE_TRY(cpu::swiglu_backward({.gate = s.gate, .up = s.up, .d_out = d_act, .d_gate = d_gate, .d_up = d_up}));
+  }
   const TensorView d_gate_up[] = {d_gate, d_up};
   LATHE_TRY(lin_backward_group(l, kGateUp, p, s.xn2, d_gate_up, d_xn, s));
   LATHE_TRY(cpu::rms_norm_backward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn, .dx = dh,
