@@ -55,6 +55,30 @@ struct SwigluRows {
     LATHE_CHECK(st.is_ok(), st.message());
   }
 };
+
+// RMSNorm (forward, or backward adding into dx) on rows [r0, r0 + rows):
+// the row work of a fused group whose output the norm reads (o's h_mid) or
+// whose input gradient it takes (gate/up's and q/k/v's d_xn). A trained
+// norm weight sums over all rows, so only frozen norms go here.
+struct NormRows {
+  TensorView x{}, w{}, y{}, rstd{}, dy{}, dx{};
+  float eps = 0;
+
+  static TensorView rows_of(const TensorView& t, int64_t r0, int64_t rows) { return t.slice_rows(r0, r0 + rows); }
+  static void forward(void* ctx, int64_t r0, int64_t rows, int) {
+    const NormRows& n = *static_cast<const NormRows*>(ctx);
+    const Status st = cpu::rms_norm_forward({.x = rows_of(n.x, r0, rows), .w = n.w, .y = rows_of(n.y, r0, rows),
+                                             .rstd = rows_of(n.rstd, r0, rows), .eps = n.eps, .vector_sums = true});
+    LATHE_CHECK(st.is_ok(), st.message());
+  }
+  static void backward(void* ctx, int64_t r0, int64_t rows, int) {
+    const NormRows& n = *static_cast<const NormRows*>(ctx);
+    const Status st = cpu::rms_norm_backward({.x = rows_of(n.x, r0, rows), .w = n.w, .rstd = rows_of(n.rstd, r0, rows),
+                                              .dy = rows_of(n.dy, r0, rows), .dx = rows_of(n.dx, r0, rows),
+                                              .accumulate = true, .vector_sums = true});
+    LATHE_CHECK(st.is_ok(), st.message());
+  }
+};
 constexpr Proj kGateUp[] = {kGate, kUp};
 
 // A residual copy (rows of hidden floats, a few MiB): split over the threads.
@@ -271,11 +295,18 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
   }
   s.h_mid = a.alloc(DType::F32, {n, H});
   copy(s.h_mid, h_in);
-  LATHE_TRY(lin_forward_one(l, kO, p, s.attn, s.h_mid, true, s));
   s.xn2 = a.alloc(DType::F32, {n, H});
   s.rstd2 = a.alloc(DType::F32, {n});
-  LATHE_TRY(cpu::rms_norm_forward(
-      {.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps, .vector_sums = vs}));
+  const Proj o[] = {kO};
+  if (fused_ok(l, o)) {  // the MLP's norm on each chunk of rows as soon as its h_mid is out
+    NormRows rows{.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps};
+    const cpu::AmxGroupAfter after{&NormRows::forward, &rows};
+    LATHE_TRY(fused_forward(l, o, s.attn, {&s.h_mid, 1}, true, s, &after));
+  } else {
+    LATHE_TRY(lin_forward_one(l, kO, p, s.attn, s.h_mid, true, s));
+    LATHE_TRY(cpu::rms_norm_forward(
+        {.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .y = s.xn2, .rstd = s.rstd2, .eps = eps, .vector_sums = vs}));
+  }
   s.gate = a.alloc(DType::F32, {n, F});
   s.up = a.alloc(DType::F32, {n, F});
   s.act = a.alloc(DType::F32, {n, F});
@@ -311,10 +342,16 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
     LATHE_TRY(cpu::swiglu_backward({.gate = s.gate, .up = s.up, .d_out = d_act, .d_gate = d_gate, .d_up = d_up}));
   }
   const TensorView d_gate_up[] = {d_gate, d_up};
-  LATHE_TRY(lin_backward_group(l, kGateUp, p, s.xn2, d_gate_up, d_xn, s));
-  LATHE_TRY(cpu::rms_norm_backward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn, .dx = dh,
-                                    .dw = b.mlp_norm.dw ? fv(b.mlp_norm.dw, {H}) : TensorView{}, .accumulate = true,
-                                    .vector_sums = opts.bf16_base}));
+  if (fused_ok(l, kGateUp) && !b.mlp_norm.dw) {  // the norm's backward on each chunk as soon as its d_xn is out
+    NormRows rows{.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn, .dx = dh};
+    const cpu::AmxGroupAfter after{&NormRows::backward, &rows};
+    LATHE_TRY(fused_backward(l, kGateUp, s.xn2, d_gate_up, d_xn, false, s, &after));
+  } else {
+    LATHE_TRY(lin_backward_group(l, kGateUp, p, s.xn2, d_gate_up, d_xn, s));
+    LATHE_TRY(cpu::rms_norm_backward({.x = s.h_mid, .w = fv(b.mlp_norm.w, {H}), .rstd = s.rstd2, .dy = d_xn,
+                                      .dx = dh, .dw = b.mlp_norm.dw ? fv(b.mlp_norm.dw, {H}) : TensorView{},
+                                      .accumulate = true, .vector_sums = opts.bf16_base}));
+  }
   // Attention: h_mid = h_in + o(attn(rope(q), rope(k), v)), q, k, v from xn1 = norm(h_in).
   TensorView d_attn = a.alloc(DType::F32, {n, nh * hd});
   TensorView dq = a.alloc(DType::F32, {n, nh * hd}), dk = a.alloc(DType::F32, {n, nkv * hd});
@@ -345,6 +382,11 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
   // skips it too: nothing upstream requires a gradient).
   const bool input_grad = l > 0 || d_embed || b.attn_norm.dw;
   const TensorView d_qkv[] = {dq, dk, dv};
+  if (input_grad && fused_ok(l, kQkv) && !b.attn_norm.dw) {  // as the MLP's norm above
+    NormRows rows{.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh};
+    const cpu::AmxGroupAfter after{&NormRows::backward, &rows};
+    return fused_backward(l, kQkv, s.xn1, d_qkv, d_xn, false, s, &after);
+  }
   LATHE_TRY(lin_backward_group(l, kQkv, p, s.xn1, d_qkv, input_grad ? d_xn : TensorView{}, s));
   if (!input_grad) return Status::ok();
   return cpu::rms_norm_backward({.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh,
