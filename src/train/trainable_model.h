@@ -48,6 +48,11 @@ struct TrainableModelOptions {
   // frozen matrices (embedding, projections, LM head) are held in bf16 and
   // their GEMMs (forward and input gradients) take bf16 operands with f32
   // sums; activations, norms, LoRA factors, gradients and the loss stay f32.
+  // Where the bf16 GEMM runs on AMX tiles, attention's products and the
+  // adapters' x·Aᵀ, u·Bᵀ, dy·B and du·A take bf16 operands with f32 sums too
+  // (as torch autocast; softmax, lse and the adapters' weight gradients stay
+  // f32), and the projections run fused with their adapters, SwiGLU and the
+  // frozen norms (trainable_fused.cpp); elsewhere those stay f32.
   bool bf16_base = false;
   uint64_t seed = 1234;                 // LoRA A init and dropout masks
   // Tokens per chunk of the fused LM head + cross-entropy (its logits
