@@ -56,6 +56,35 @@ struct SwigluRows {
   }
 };
 
+// RoPE on rows [r0, r0 + rows) of q and k: the row work of a fused q/k/v
+// group (no q/k norms).
+struct RopeRows {
+  TensorView q{}, k{}, cos{}, sin{};
+  int64_t nh = 0, nkv = 0, hd = 0;
+
+  static void forward(void* ctx, int64_t r0, int64_t rows, int) {
+    const RopeRows& r = *static_cast<const RopeRows*>(ctx);
+    const TensorView cs = r.cos.slice_rows(r0, r0 + rows), sn = r.sin.slice_rows(r0, r0 + rows);
+    Status st = cpu::rope_forward({.x = r.q.slice_rows(r0, r0 + rows).reshape({rows, r.nh, r.hd}), .cos = cs, .sin = sn});
+    if (st.is_ok())
+      st = cpu::rope_forward({.x = r.k.slice_rows(r0, r0 + rows).reshape({rows, r.nkv, r.hd}), .cos = cs, .sin = sn});
+    LATHE_CHECK(st.is_ok(), st.message());
+  }
+};
+
+// The q/k norms (where the layer has them) and RoPE on q and k, all rows.
+Status qk_norm_rope(const LayerActs& s, const PassCtx& p, const TBlock& b, int64_t n, int64_t nh, int64_t nkv,
+                    int64_t hd, float eps) {
+  if (b.q_norm.w) {
+    LATHE_TRY(cpu::rms_norm_forward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}),
+                                     .y = s.q.reshape({n * nh, hd}), .rstd = s.q_rstd, .eps = eps}));
+    LATHE_TRY(cpu::rms_norm_forward({.x = s.k_raw.reshape({n * nkv, hd}), .w = fv(b.k_norm.w, {hd}),
+                                     .y = s.k.reshape({n * nkv, hd}), .rstd = s.k_rstd, .eps = eps}));
+  }
+  LATHE_TRY(cpu::rope_forward({.x = s.q.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin}));
+  return cpu::rope_forward({.x = s.k.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin});
+}
+
 // RMSNorm (forward, or backward adding into dx) on rows [r0, r0 + rows):
 // the row work of a fused group whose output the norm reads (o's h_mid) or
 // whose input gradient it takes (gate/up's and q/k/v's d_xn). A trained
@@ -274,15 +303,14 @@ Status TrainableModelImpl::layer_forward(int l, const PassCtx& p, TensorView h_i
     s.k_rstd = a.alloc(DType::F32, {n * nkv});
   }
   const TensorView qkv[] = {qk_norm ? s.q_raw : s.q, qk_norm ? s.k_raw : s.k, s.v};
-  LATHE_TRY(lin_forward_group(l, kQkv, p, s.xn1, qkv, s));
-  if (qk_norm) {
-    LATHE_TRY(cpu::rms_norm_forward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}),
-                                     .y = s.q.reshape({n * nh, hd}), .rstd = s.q_rstd, .eps = eps}));
-    LATHE_TRY(cpu::rms_norm_forward({.x = s.k_raw.reshape({n * nkv, hd}), .w = fv(b.k_norm.w, {hd}),
-                                     .y = s.k.reshape({n * nkv, hd}), .rstd = s.k_rstd, .eps = eps}));
+  if (!qk_norm && fused_ok(l, kQkv)) {  // RoPE on each chunk of rows as soon as its q and k are out
+    RopeRows rows{.q = s.q, .k = s.k, .cos = p.cos, .sin = p.sin, .nh = nh, .nkv = nkv, .hd = hd};
+    const cpu::AmxGroupAfter after{&RopeRows::forward, &rows};
+    LATHE_TRY(fused_forward(l, kQkv, s.xn1, qkv, false, s, &after));
+  } else {
+    LATHE_TRY(lin_forward_group(l, kQkv, p, s.xn1, qkv, s));
+    LATHE_TRY(qk_norm_rope(s, p, b, n, nh, nkv, hd, eps));
   }
-  LATHE_TRY(cpu::rope_forward({.x = s.q.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin}));
-  LATHE_TRY(cpu::rope_forward({.x = s.k.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin}));
   s.attn = a.alloc(DType::F32, {n, nh * hd});
   s.lse = a.alloc(DType::F32, {n, nh});
   {
