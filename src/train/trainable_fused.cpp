@@ -142,7 +142,8 @@ Status TrainableModelImpl::fused_forward(int l, std::span<const Proj> js, Tensor
 
 Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, TensorView x,
                                           std::span<const TensorView> dys, TensorView dx, bool accumulate,
-                                          const LayerActs& s, const cpu::AmxGroupAfter* after) {
+                                          const LayerActs& s, const cpu::AmxGroupAfter* after,
+                                          const cpu::AmxGroupAfter* before) {
   const int64_t n = x.shape[0], in = x.shape[1];
   for (size_t i = 0; i < js.size(); ++i) {
     const TLinear& L = blocks[size_t(l)].proj[js[i]];
@@ -179,7 +180,7 @@ Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, Tenso
                       pack_factor(a_stack.ptr<const float>(), rank, in, false, arena), true, dx.ptr<float>(), in};
   if (rank == 0) {
     PhaseScope timed(*this, kPhaseFused);
-    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, after);
+    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, after, before);
     return Status::ok();
   }
   WeightGrads g;
@@ -202,7 +203,7 @@ Status TrainableModelImpl::fused_backward(int l, std::span<const Proj> js, Tenso
   const cpu::AmxGroupAfter sums{&WeightGrads::add_chunk, &g};
   {
     PhaseScope timed(*this, kPhaseFused);
-    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, &sums);
+    cpu::gemm_bf16_amx_packed_group(n, {items, count}, cpu::AmxTiles::kHardware, &sums, before);
   }
   PhaseScope timed(*this, kPhaseLora);
   int k = 0;

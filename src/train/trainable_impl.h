@@ -134,7 +134,7 @@ class TrainableModelImpl {
                        bool accumulate, LayerActs& s, const cpu::AmxGroupAfter* after = nullptr);
   Status fused_backward(int l, std::span<const Proj> js, TensorView x, std::span<const TensorView> dys,
                         TensorView dx, bool accumulate, const LayerActs& s,
-                        const cpu::AmxGroupAfter* after = nullptr);
+                        const cpu::AmxGroupAfter* after = nullptr, const cpu::AmxGroupAfter* before = nullptr);
   // One projection: fused when it can be, else lin_forward / lin_backward.
   Status lin_forward_one(int l, Proj j, const PassCtx& p, TensorView x, TensorView y, bool accumulate,
                          LayerActs& s);

@@ -70,6 +70,17 @@ struct RopeRows {
       st = cpu::rope_forward({.x = r.k.slice_rows(r0, r0 + rows).reshape({rows, r.nkv, r.hd}), .cos = cs, .sin = sn});
     LATHE_CHECK(st.is_ok(), st.message());
   }
+  // The backward: dq and dk rotated back, before the q/k/v group reads them.
+  static void inverse(void* ctx, int64_t r0, int64_t rows, int) {
+    const RopeRows& r = *static_cast<const RopeRows*>(ctx);
+    const TensorView cs = r.cos.slice_rows(r0, r0 + rows), sn = r.sin.slice_rows(r0, r0 + rows);
+    Status st = cpu::rope_forward(
+        {.x = r.q.slice_rows(r0, r0 + rows).reshape({rows, r.nh, r.hd}), .cos = cs, .sin = sn, .inverse = true});
+    if (st.is_ok())
+      st = cpu::rope_forward(
+          {.x = r.k.slice_rows(r0, r0 + rows).reshape({rows, r.nkv, r.hd}), .cos = cs, .sin = sn, .inverse = true});
+    LATHE_CHECK(st.is_ok(), st.message());
+  }
 };
 
 // The q/k norms (where the layer has them) and RoPE on q and k, all rows.
@@ -83,6 +94,20 @@ Status qk_norm_rope(const LayerActs& s, const PassCtx& p, const TBlock& b, int64
   }
   LATHE_TRY(cpu::rope_forward({.x = s.q.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin}));
   return cpu::rope_forward({.x = s.k.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin});
+}
+
+// RoPE's backward on dq and dk, then the q/k norms' (where the layer has them), all rows.
+Status qk_norm_rope_backward(const LayerActs& s, const PassCtx& p, const TBlock& b, TensorView dq, TensorView dk,
+                             int64_t n, int64_t nh, int64_t nkv, int64_t hd) {
+  LATHE_TRY(cpu::rope_forward({.x = dq.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
+  LATHE_TRY(cpu::rope_forward({.x = dk.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
+  if (!b.q_norm.w) return Status::ok();
+  LATHE_TRY(cpu::rms_norm_backward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}), .rstd = s.q_rstd,
+                                    .dy = dq.reshape({n * nh, hd}), .dx = dq.reshape({n * nh, hd}),
+                                    .dw = b.q_norm.dw ? fv(b.q_norm.dw, {hd}) : TensorView{}}));
+  return cpu::rms_norm_backward({.x = s.k_raw.reshape({n * nkv, hd}), .w = fv(b.k_norm.w, {hd}), .rstd = s.k_rstd,
+                                 .dy = dk.reshape({n * nkv, hd}), .dx = dk.reshape({n * nkv, hd}),
+                                 .dw = b.k_norm.dw ? fv(b.k_norm.dw, {hd}) : TensorView{}});
 }
 
 // RMSNorm (forward, or backward adding into dx) on rows [r0, r0 + rows):
@@ -394,27 +419,21 @@ Status TrainableModelImpl::layer_backward(int l, const PassCtx& p, const LayerAc
          .d_v = dv.reshape({n, nkv, hd}), .workspace = p.attn_ws, .window = quirks.sliding_window,
          .scale = 1.0f / std::sqrt(float(hd)), .bf16_products = opts.bf16_base}));
   }
-  LATHE_TRY(cpu::rope_forward({.x = dq.reshape({n, nh, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
-  LATHE_TRY(cpu::rope_forward({.x = dk.reshape({n, nkv, hd}), .cos = p.cos, .sin = p.sin, .inverse = true}));
-  if (b.q_norm.w) {
-    LATHE_TRY(cpu::rms_norm_backward({.x = s.q_raw.reshape({n * nh, hd}), .w = fv(b.q_norm.w, {hd}),
-                                      .rstd = s.q_rstd, .dy = dq.reshape({n * nh, hd}), .dx = dq.reshape({n * nh, hd}),
-                                      .dw = b.q_norm.dw ? fv(b.q_norm.dw, {hd}) : TensorView{}}));
-    LATHE_TRY(cpu::rms_norm_backward({.x = s.k_raw.reshape({n * nkv, hd}), .w = fv(b.k_norm.w, {hd}),
-                                      .rstd = s.k_rstd, .dy = dk.reshape({n * nkv, hd}),
-                                      .dx = dk.reshape({n * nkv, hd}),
-                                      .dw = b.k_norm.dw ? fv(b.k_norm.dw, {hd}) : TensorView{}}));
-  }
   // The gradient into layer 0's input reaches only the embedding: when that
   // is frozen (LoRA) and so is the first norm, it is never formed (autograd
   // skips it too: nothing upstream requires a gradient).
   const bool input_grad = l > 0 || d_embed || b.attn_norm.dw;
   const TensorView d_qkv[] = {dq, dk, dv};
-  if (input_grad && fused_ok(l, kQkv) && !b.attn_norm.dw) {  // as the MLP's norm above
-    NormRows rows{.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh};
-    const cpu::AmxGroupAfter after{&NormRows::backward, &rows};
-    return fused_backward(l, kQkv, s.xn1, d_qkv, d_xn, false, s, &after);
+  if (!b.q_norm.w && fused_ok(l, kQkv) && !b.attn_norm.dw) {
+    // RoPE's backward on each chunk of dq, dk rows before the group reads
+    // them; the norm's backward after it (as the MLP's norm above).
+    RopeRows rope{.q = dq, .k = dk, .cos = p.cos, .sin = p.sin, .nh = nh, .nkv = nkv, .hd = hd};
+    NormRows norm{.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh};
+    const cpu::AmxGroupAfter before{&RopeRows::inverse, &rope}, after{&NormRows::backward, &norm};
+    return fused_backward(l, kQkv, s.xn1, d_qkv, input_grad ? d_xn : TensorView{}, false, s,
+                          input_grad ? &after : nullptr, &before);
   }
+  LATHE_TRY(qk_norm_rope_backward(s, p, b, dq, dk, n, nh, nkv, hd));
   LATHE_TRY(lin_backward_group(l, kQkv, p, s.xn1, d_qkv, input_grad ? d_xn : TensorView{}, s));
   if (!input_grad) return Status::ok();
   return cpu::rms_norm_backward({.x = s.h_in, .w = fv(b.attn_norm.w, {H}), .rstd = s.rstd1, .dy = d_xn, .dx = dh,

@@ -474,7 +474,7 @@ void gemm_bf16_amx_packed(int64_t m, int64_t n, int64_t k, float alpha, const fl
 }
 
 void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, AmxTiles tiles,
-                                const AmxGroupAfter* after) {
+                                const AmxGroupAfter* after, const AmxGroupAfter* before) {
   tiles = resolve(tiles);
   LATHE_CHECK(tiles == AmxTiles::kHardware ? amx_bf16_available() : cpu_has_avx512_bf16(),
               "gemm_bf16_amx_packed_group: this machine cannot run the requested path");
@@ -496,6 +496,8 @@ void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, 
     const int me = omp_get_thread_num();
     if (items_outer) {  // static rows per thread, every item over them before the next: each B once per thread
       const int64_t c0 = chunks * me / team, c1 = chunks * (me + 1) / team;
+      for (int64_t t = c0; t < c1 && before; ++t)
+        before->fn(before->ctx, t * chunk_rows, std::min(chunk_rows, m - t * chunk_rows), me);
       for (const AmxGroupItem& it : items)
         for (int64_t t = c0; t < c1; ++t)
           group_chunk({&it, 1}, t * chunk_rows, std::min(chunk_rows, m - t * chunk_rows), block, scratch, apack);
@@ -505,6 +507,7 @@ void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items, 
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < chunks; ++t) {
         const int64_t r0 = t * chunk_rows, rows = std::min(chunk_rows, m - r0);
+        if (before) before->fn(before->ctx, r0, rows, me);
         group_chunk(items, r0, rows, block, scratch, apack);
         if (after) after->fn(after->ctx, r0, rows, me);
       }

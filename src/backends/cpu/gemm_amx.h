@@ -94,13 +94,16 @@ struct AmxGroupItem {
 // after, when given, runs on each chunk of rows once its items are done, on
 // the thread that ran them (thread: omp_get_thread_num() in the region, 0
 // outside one): row-local work that reads what the items just wrote (LoRA's
-// weight gradients from dy and du).
+// weight gradients from dy and du). before runs on each chunk of rows
+// before its first item reads them (row-local preparation of the inputs).
+// Neither may touch rows of other chunks.
 struct AmxGroupAfter {
   void (*fn)(void* ctx, int64_t r0, int64_t rows, int thread);
   void* ctx;
 };
 void gemm_bf16_amx_packed_group(int64_t m, std::span<const AmxGroupItem> items,
-                                AmxTiles tiles = AmxTiles::kHardware, const AmxGroupAfter* after = nullptr);
+                                AmxTiles tiles = AmxTiles::kHardware, const AmxGroupAfter* after = nullptr,
+                                const AmxGroupAfter* before = nullptr);
 
 // How gemm_bf16_amx_packed_group hands out rows (benchmarks compare): in
 // chunks of chunk_pairs row pairs (default 4), dynamically, each chunk
