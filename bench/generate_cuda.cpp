@@ -11,13 +11,14 @@
 // on the same machine, is bench/generate_hf.py (same --batch).
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
-//                       [--prefetch 16] [--sweep 1]
+//                       [--persistent 1]
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
-// --prefetch: MB of the next kernel's weights each decode kernel pulls into
-// L2 (CudaModelOptions::decode_prefetch_bytes); --sweep 1 (the default)
-// prints decode tok/s for several sizes after each shape's row.
+// --persistent 0 runs the decode GEMVs as one block per row tile rather than
+// one per resident slot (CudaModelOptions::persistent_gemv); up to 4
+// sequences each shape's row is followed by the decode rate with the other
+// choice.
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
@@ -242,46 +243,30 @@ bool make_buffers(cu::CudaContext& ctx, const ModelConfig& c, int batch, int max
          ok(cu::copy_to_device(ctx, kb.pos, pos.data(), pos.size() * sizeof(int32_t)), "upload");
 }
 
-// What a GEMV over weights w reads first, `bytes` of it (the gate and up
-// halves for SwiGLU), as the decode step prefetches it.
-cu::L2Prefetch gemv_start(const cu::GemvArgs& g, const bf16_bits* w, int64_t bytes) {
-  const bool halves = g.epilogue == cu::GemvEpilogue::kSwigluBf16 || g.epilogue == cu::GemvEpilogue::kSwigluF32;
-  const int64_t total = g.n * g.k * 2 * (halves ? 2 : 1);
-  if (!halves) return {.ptr = {w, nullptr}, .bytes = {std::min(total, bytes) / 16 * 16, 0}};
-  const int64_t half = std::min(total / 2, bytes / 2) / 16 * 16;
-  return {.ptr = {w, w + g.n * g.k}, .bytes = {half, half}};
-}
-
 // One GEMV as decode_layer() calls it, timed over copies of its weights
-// (w_rows × g.k each) spread through the pool; with prefetch > 0 each call
-// pulls the first `prefetch` bytes of the next call's copy into L2, as the
-// decode step's kernels do for the next one.
+// (w_rows × g.k each) spread through the pool.
 KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::string& name, int64_t w_rows,
-                    cu::GemvArgs g, int per_step, int64_t prefetch = 0) {
+                    cu::GemvArgs g, int per_step) {
   const size_t w_bytes = size_t(w_rows) * g.k * 2;
   const int copies = static_cast<int>(std::max<size_t>(1, std::min<size_t>(64, kb.pool_bytes / w_bytes)));
   const int calls = std::max(8, std::min(64, copies));
-  auto copy = [&](int i) {
-    return static_cast<const bf16_bits*>(kb.pool.data()) + int64_t(i % copies) * int64_t(w_bytes / 2);
-  };
   const double t = time_graph(ctx, calls, [&](int i) {
     cu::GemvArgs gi = g;
-    gi.w = copy(i);
-    if (prefetch > 0) gi.prefetch = gemv_start(g, copy(i + 1), prefetch);
+    gi.w = static_cast<const bf16_bits*>(kb.pool.data()) + int64_t(i % copies) * int64_t(w_bytes / 2);
     return cu::gemv(ctx, gi);
   });
   std::string label = name + " " + std::to_string(w_rows) + "x" + std::to_string(g.k);
   if (g.shape != 0) label += " (block shape " + std::to_string(g.shape) + ")";
   if (g.split.counts) label += " (split k)";
-  if (prefetch > 0) label += " (L2 prefetch " + std::to_string(prefetch >> 20) + " MB)";
+  if (g.persistent) label += " (persistent)";
   return KernelRow{label, t, double(w_bytes), per_step};
 }
 
-// The layer's GEMVs and the LM head with block shape `shape` (and the L2
-// prefetch of the next call's weights when prefetch > 0; the step's
-// configuration is shapes 0 / 2 without split k, prefetching step_prefetch).
+// The layer's GEMVs and the LM head with block shape `shape`, split k or
+// persistent grids (GemvArgs::persistent); the step runs shapes 0 / 2
+// without split, persistent as step_persistent.
 void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
-               bool overlap, uint8_t shape, bool split, int64_t prefetch, int64_t step_prefetch,
+               bool overlap, uint8_t shape, bool split, bool persistent, bool step_persistent,
                std::vector<KernelRow>& rows) {
   using E = cu::GemvEpilogue;
   const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
@@ -289,7 +274,7 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
   // Calls per step of this shape: decode_layer() runs o and down with shape 2 up to 4 rows, the rest with 0.
   const uint8_t residual_shape = batch <= 4 ? 2 : 0;
-  const bool as_step = !split && prefetch == step_prefetch;
+  const bool as_step = !split && persistent == (step_persistent && batch <= 4);
   const int layers = shape == 0 && as_step ? c.num_hidden_layers : 0;
   const int residual_layers = shape == residual_shape && as_step ? c.num_hidden_layers : 0;
   // The normed input: f32 stream + norm weights in the kernel, or bf16 rows normed before.
@@ -305,6 +290,7 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
     g.rows = batch;
     g.overlap = overlap;
     g.shape = shape;
+    g.persistent = persistent;
     return g;
   };
   auto plain = [&](cu::GemvArgs g) {
@@ -312,84 +298,53 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
     g.rows = batch;
     g.overlap = overlap;
     g.shape = shape;
+    g.persistent = persistent;
     return g;
   };
   cu::GemvArgs qkv = normed({.n = q_dim + 2 * kv_dim, .k = hidden, .epilogue = E::kRopeAppend});
   qkv.rope = {.q_out = kb.q, .k_caches = kb.cache_ptrs, .v_caches = kb.cache_ptrs + batch, .pos = kb.pos,
               .cos = kb.cos, .sin = kb.sin, .n_head = c.num_attention_heads, .n_head_kv = c.num_key_value_heads,
               .head_dim = static_cast<int>(hd), .max_ctx = max_ctx};
-  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, layers, prefetch));
+  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, layers));
   rows.push_back(time_gemv(ctx, kb, "o +residual", hidden,
                            plain({.x = kb.attn, .out = kb.h, .n = hidden, .k = q_dim, .epilogue = E::kAddF32}),
-                           residual_layers, prefetch));
+                           residual_layers));
   rows.push_back(time_gemv(ctx, kb, "norm+gate|up+swiglu", 2 * ffn,
-                           normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}), layers,
-                           prefetch));
+                           normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}), layers));
   rows.push_back(time_gemv(ctx, kb, "down +residual", hidden,
                            plain({.out = kb.h, .n = hidden, .k = ffn, .epilogue = E::kAddF32, .x_f32 = kb.act}),
-                           residual_layers, prefetch));
+                           residual_layers));
   rows.push_back(time_gemv(ctx, kb, "norm+lm_head", c.vocab_size,
                            normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}),
-                           shape == 0 && as_step ? 1 : 0, prefetch));
+                           shape == 0 && as_step ? 1 : 0));
 }
 
-// The attention at mean_ctx and, with with_o, the o projection after it
-// (residual shape), the attention prefetching the first `prefetch` bytes of
-// that call's o weights (copies through the pool) as the decode step does.
-KernelRow time_attention(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int mean_ctx,
-                         bool overlap, bool with_o, int64_t prefetch, int per_step) {
-  const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim, hidden = c.hidden_size;
-  const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim, o_bytes = hidden * q_dim * 2;
-  const int copies = static_cast<int>(std::min<int64_t>(64, int64_t(kb.pool_bytes) / o_bytes));
-  auto o_w = [&](int i) { return static_cast<const bf16_bits*>(kb.pool.data()) + int64_t(i % copies) * (o_bytes / 2); };
-  const double t = time_graph(ctx, 64, [&](int i) -> Status {
-    cu::L2Prefetch pf;
-    if (prefetch > 0) pf = {.ptr = {o_w(i), nullptr}, .bytes = {std::min(o_bytes, prefetch) / 16 * 16, 0}};
-    LATHE_TRY(cu::attention_decode_batch(
-        {.q = kb.q, .k_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs),
-         .v_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs + batch), .pos = kb.pos, .out = kb.attn,
-         .workspace = kb.workspace, .n_seqs = batch, .max_ctx = mean_ctx, .n_head = c.num_attention_heads,
-         .n_head_kv = c.num_key_value_heads, .head_dim = c.head_dim, .scale = 0.088f, .stream = ctx.stream(),
-         .overlap = overlap},
-        pf));
-    if (!with_o) return Status::ok();
-    return cu::gemv(ctx, {.x = kb.attn, .w = o_w(i), .out = kb.h, .rows = batch, .n = hidden, .k = q_dim,
-                          .epilogue = cu::GemvEpilogue::kAddF32, .overlap = overlap,
-                          .shape = static_cast<uint8_t>(batch <= 4 ? 2 : 0)});
-  });
-  std::string label = "attention, ctx " + std::to_string(mean_ctx);
-  double bytes = double(batch) * 2.0 * mean_ctx * kv_dim * 2;
-  if (with_o) {
-    label += " + o " + std::to_string(hidden) + "x" + std::to_string(q_dim);
-    bytes += double(o_bytes);
-  }
-  if (prefetch > 0) label += " (L2 prefetch of o " + std::to_string(prefetch >> 20) + " MB)";
-  return KernelRow{label, t, bytes, per_step};
-}
-
-// The decode step's kernels at this shape and batch, as decode_layer() calls
-// them (prefetching step_prefetch bytes of the next weights).
-void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, int64_t step_prefetch, double step_s) {
+// The decode step's kernels at this shape and batch, as decode_layer() calls them.
+void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, bool persistent, double step_s) {
   const ModelConfig& c = s.cfg;
   auto ctx = cu::CudaContext::create(0);
   KernelBuffers kb;
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
   for (uint8_t shape = 0; shape < 3; ++shape)
-    gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, 0, step_prefetch, rows);
-  // Each call pulling the start of the next call's weights into L2 (the step's prefetch).
-  if (step_prefetch > 0)
-    for (uint8_t shape : {0, 2}) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, step_prefetch,
-                                           step_prefetch, rows);
+    gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, false, persistent, rows);
+  // Persistent grids (the CUDA-core path: up to 4 rows).
+  if (batch <= 4)
+    for (uint8_t shape = 0; shape < 3; ++shape)
+      gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, true, persistent, rows);
   // Split k (GemvArgs::split), not in the decode step: what it would give.
-  for (uint8_t shape : {0, 2}) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, true, 0, step_prefetch, rows);
-  const int layers = c.num_hidden_layers;
-  rows.push_back(time_attention(*ctx, kb, c, batch, mean_ctx, overlap, false, 0, step_prefetch > 0 ? 0 : layers));
-  if (step_prefetch > 0)
-    rows.push_back(time_attention(*ctx, kb, c, batch, mean_ctx, overlap, false, 2 * step_prefetch, layers));
-  // The pair whose gap the attention's prefetch fills (information only: both are counted above).
-  rows.push_back(time_attention(*ctx, kb, c, batch, mean_ctx, overlap, true, 0, 0));
-  if (step_prefetch > 0) rows.push_back(time_attention(*ctx, kb, c, batch, mean_ctx, overlap, true, 2 * step_prefetch, 0));
+  for (uint8_t shape : {0, 2}) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, true, false, persistent, rows);
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
+  const double t_attn = time_graph(*ctx, 64, [&](int) {
+    return cu::attention_decode_batch(
+        {.q = kb.q, .k_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs),
+         .v_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs + batch), .pos = kb.pos, .out = kb.attn,
+         .workspace = kb.workspace, .n_seqs = batch, .max_ctx = mean_ctx, .n_head = c.num_attention_heads,
+         .n_head_kv = c.num_key_value_heads, .head_dim = c.head_dim, .scale = 0.088f, .stream = ctx->stream(),
+         .overlap = overlap});
+  });
+  rows.push_back({"attention, ctx " + std::to_string(mean_ctx), t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
+                  c.num_hidden_layers});
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
               "x0: a block shape the step does not run there)\n", s.name, batch);
   std::printf("| kernel | us | GB/s | of 4.3 TB/s | per step |\n|---|---|---|---|---|\n");
@@ -406,30 +361,14 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, int64_
   std::fflush(stdout);
 }
 
-// Decode tokens/s (graphs) with each L2 prefetch size in MB: the step's
-// kernels pull that much of the next one's weights into L2 (0: none).
-void prefetch_sweep(CudaCausalLM& m, const Shape& s, const std::vector<int32_t>& prompt, int n_decode, int batch,
-                    double floor_tps, int64_t step_prefetch) {
-  std::printf("%s batch %d, decode tok/s (graph) by L2 prefetch of the next kernel's weights:", s.name, batch);
-  for (int mb : {0, 8, 16, 24, 32}) {
-    m.set_decode_prefetch(int64_t(mb) << 20);
-    const Timing t = time_model(m, prompt, n_decode, batch, /*graphs=*/true, 3);
-    const double tps = double(batch) * n_decode / t.decode_s;
-    std::printf(" %d MB %.1f (%.0f%%);", mb, tps, 100.0 * tps / floor_tps);
-  }
-  std::printf("\n");
-  std::fflush(stdout);
-  m.set_decode_prefetch(step_prefetch);
-}
-
-double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, int64_t prefetch, bool sweep) {
+double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, bool persistent) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
     return 0.0;
   }
   lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch,
-                               .overlap_launches = overlap, .decode_prefetch_bytes = prefetch};
+                               .overlap_launches = overlap, .persistent_gemv = persistent};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -448,8 +387,16 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9,
               batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
               tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
+  if (batch <= 4) {
+    // The other GEMV grid (persistent or one block per tile), same model.
+    m.set_persistent_gemv(!persistent);
+    const Timing other = time_model(m, prompt, n_decode, batch, /*graphs=*/true, 3);
+    m.set_persistent_gemv(persistent);
+    const double tps_other = double(batch) * n_decode / other.decode_s;
+    std::printf("%s batch %d decode tok/s (graph) with %s GEMV grids: %.1f (%.0f%% of floor)\n", s.name, batch,
+                persistent ? "one-block-per-tile" : "persistent", tps_other, 100.0 * tps_other / floor_tps);
+  }
   std::fflush(stdout);
-  if (sweep) prefetch_sweep(m, s, prompt, n_decode, batch, floor_tps, prefetch);
   return graph.decode_s / n_decode;
 }
 
@@ -457,8 +404,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
 
 int main(int argc, char** argv) {
   std::string which = "all";
-  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, sweep = 1;
-  int64_t prefetch = lathe::CudaModelOptions{}.decode_prefetch_bytes;
+  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
@@ -466,8 +412,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--overlap")) overlap = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--prefetch")) prefetch = int64_t(std::atoi(argv[i + 1])) << 20;
-    else if (!std::strcmp(argv[i], "--sweep")) sweep = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--persistent")) persistent = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -489,10 +434,10 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
     if (which != "all" && !(which == "1b" && is_1b) && !(which == "8b" && !is_1b)) continue;
-    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, prefetch, sweep != 0)});
+    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, persistent != 0)});
   }
   if (kernels)
     for (const auto& [s, step_s] : ran)
-      bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, prefetch, step_s);
+      bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, persistent != 0, step_s);
   return 0;
 }

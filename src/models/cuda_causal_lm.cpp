@@ -28,9 +28,9 @@
 // own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
-// flight before they wait; and each kernel pulls the start of the next
-// one's weights into L2 as it ends (decode_prefetch_bytes), so DRAM keeps
-// streaming through the kernels' ramp-ups and tails and the attention.
+// flight before they wait; up to 4 sequences the GEMV grids are one block
+// per resident slot, each block an equal share of the outputs, so the
+// blocks end together (persistent_gemv).
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -183,9 +183,7 @@ class CudaCausalLmImpl {
   Status upload_step(std::span<const int32_t> tokens, const std::function<int32_t(int64_t)>& position);
   // Decode: one token for each of sequences 0..b−1.
   Status norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g);
-  cuda::L2Prefetch qkv_start(int l, int64_t bytes) const;  // what layer l's q|k|v GEMV reads first
-  cuda::L2Prefetch lm_head_start() const;
-  Status decode_attention(int l, int b, const cuda::L2Prefetch& prefetch);
+  Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
   Status decode_step(int b);
   Status decode(std::span<const int32_t> tokens);
@@ -506,7 +504,7 @@ Status CudaCausalLmImpl::pass(int64_t n, int seq, int pos0, int64_t logit_rows) 
                           .n = vocab, .k = hidden, .trans_b = true, .c_dtype = DType::F32});
 }
 
-Status CudaCausalLmImpl::decode_attention(int l, int b, const cuda::L2Prefetch& prefetch) {
+Status CudaCausalLmImpl::decode_attention(int l, int b) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads, window = quirks.sliding_window;
   if (flash) {
@@ -515,8 +513,7 @@ Status CudaCausalLmImpl::decode_attention(int l, int b, const cuda::L2Prefetch& 
                                          .pos = buf.positions, .out = buf.attn, .workspace = buf.attn_workspace,
                                          .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
                                          .head_dim = static_cast<int>(hd), .window = window, .scale = scale,
-                                         .stream = ctx.stream(), .overlap = overlap},
-                                        prefetch);
+                                         .stream = ctx.stream(), .overlap = overlap});
   }
   for (int s = 0; s < b; ++s) {
     LATHE_TRY(cuda::attention_simple(ctx, {.q = buf.q + s * q_dim, .k_cache = k_at(l, s), .v_cache = v_at(l, s),
@@ -533,6 +530,7 @@ Status CudaCausalLmImpl::decode_attention(int l, int b, const cuda::L2Prefetch& 
 // so they take the norm kernel first.
 Status CudaCausalLmImpl::norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g) {
   g.overlap = overlap;
+  g.persistent = opts.persistent_gemv;
   if (g.rows <= kFusedNormRows) {
     g.x_f32 = buf.h;
     g.norm_w = norm_w;
@@ -545,35 +543,10 @@ Status CudaCausalLmImpl::norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g) {
   return cuda::gemv(ctx, g);
 }
 
-namespace {
-// The first `bytes` (at most `total`) of weights w, rounded down to 16.
-cuda::L2Prefetch weights_start(const bf16_bits* w, int64_t total, int64_t bytes) {
-  return {.ptr = {w, nullptr}, .bytes = {std::max<int64_t>(0, std::min(total, bytes)) / 16 * 16, 0}};
-}
-}  // namespace
-
-cuda::L2Prefetch CudaCausalLmImpl::qkv_start(int l, int64_t bytes) const {
-  return weights_start(layers[l].qkv_w, qkv_dim * hidden * 2, bytes);
-}
-cuda::L2Prefetch CudaCausalLmImpl::lm_head_start() const {
-  return weights_start(lm_head, vocab * hidden * 2, opts.decode_prefetch_bytes);
-}
-
-// Each kernel of the layer pulls the start of the next one's weights into L2
-// as it ends (decode_ops.h: L2Prefetch): q|k|v and the attention the o
-// projection's (the attention twice as much: it reads little and runs a few
-// microseconds), o the first gate and up rows, gate|up down's, down the next
-// layer's q|k|v (the LM head's after the last layer).
 Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  const int64_t pf = opts.decode_prefetch_bytes, o_bytes = hidden * q_dim * 2, gu_half = ffn * hidden * 2;
-  const cuda::L2Prefetch o_start = weights_start(w.o_w, o_bytes, pf);
-  const cuda::L2Prefetch gu_start{.ptr = {w.gu_w, w.gu_w + ffn * hidden},
-                                  .bytes = {std::min(gu_half, pf / 2) / 16 * 16, std::min(gu_half, pf / 2) / 16 * 16}};
-  const cuda::L2Prefetch down_start = weights_start(w.down_w, hidden * ffn * 2, pf);
-  const cuda::L2Prefetch after_down = l + 1 < n_layer ? qkv_start(l + 1, pf) : lm_head_start();
   if (!w.q_norm) {
     // RoPE and the cache append in the projection's epilogue.
     cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
@@ -581,28 +554,27 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
     g.rope = {.q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l), .pos = buf.positions, .cos = buf.cos,
               .sin = buf.sin, .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
               .head_dim = static_cast<int>(hd), .max_ctx = opts.max_seq};
-    g.prefetch = o_start;
     LATHE_TRY(norm_gemv(w.attn_norm, g));
   } else {
     LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim,
-                                       .k = hidden, .epilogue = GemvEpilogue::kStoreF32, .prefetch = o_start}));
+                                       .k = hidden, .epilogue = GemvEpilogue::kStoreF32}));
     LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                       .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                       .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
                                       .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
                                       .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
   }
-  LATHE_TRY(decode_attention(l, b, weights_start(w.o_w, o_bytes, 2 * pf)));
+  LATHE_TRY(decode_attention(l, b));
   // o and down: 256-thread GEMV blocks up to 4 rows (measured faster on these few-wave shapes, gemv.cu).
   const uint8_t residual_shape = b <= 4 ? 2 : 0;
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap,
-                             .shape = residual_shape, .prefetch = gu_start}));
+                             .shape = residual_shape, .persistent = opts.persistent_gemv}));
   LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn, .k = hidden,
-                                    .epilogue = GemvEpilogue::kSwigluF32, .prefetch = down_start}));
+                                    .epilogue = GemvEpilogue::kSwigluF32}));
   return cuda::gemv(ctx, {.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
                           .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.act,
-                          .shape = residual_shape, .prefetch = after_down});
+                          .shape = residual_shape, .persistent = opts.persistent_gemv});
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
@@ -612,10 +584,8 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  // The LM head's tail prefetches what the next step reads first.
   return norm_gemv(final_norm, {.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                                .epilogue = cuda::GemvEpilogue::kStoreF32,
-                                .prefetch = qkv_start(0, opts.decode_prefetch_bytes)});
+                                .epilogue = cuda::GemvEpilogue::kStoreF32});
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
@@ -736,8 +706,8 @@ void CudaCausalLM::set_use_graphs(bool on) {
   if (!on)
     for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
 }
-void CudaCausalLM::set_decode_prefetch(int64_t bytes) {
-  impl_->opts.decode_prefetch_bytes = std::max<int64_t>(0, bytes);
+void CudaCausalLM::set_persistent_gemv(bool on) {
+  impl_->opts.persistent_gemv = on;
   for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
 }
 

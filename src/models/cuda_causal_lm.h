@@ -34,9 +34,7 @@ struct CudaModelOptions {
   bool use_graphs = true;        // decode steps as a CUDA graph replay
   bool simple_attention = false;  // the plain attention kernel for every head_dim (a slow twin for tests)
   bool overlap_launches = true;   // decode kernels as programmatic dependent launches where the GPU has them (sm_90+)
-  // Bytes of the next projection's weights each decode kernel pulls into L2
-  // while it ends (the attention: twice this of the o projection); 0: none.
-  int64_t decode_prefetch_bytes = int64_t(16) << 20;
+  bool persistent_gemv = true;    // decode GEMVs of up to 4 rows as one block per resident slot (GemvArgs::persistent)
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -62,7 +60,7 @@ class CudaCausalLM {
   void clear();                 // empties every sequence's cache (the next forward starts at position 0)
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
-  void set_decode_prefetch(int64_t bytes);  // CudaModelOptions::decode_prefetch_bytes; drops captured graphs
+  void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive
   // [rows, vocab] with rows = tokens.size() when all_logits (at most

@@ -442,23 +442,6 @@ TEST_P(CudaGenFlash, OverlappedLaunchesEqualOrdinaryBitwise) {
   }
 }
 
-// The decode kernels' L2 prefetch of the next kernel's weights (and the
-// attention's of the o projection) is a hint: bitwise the logits without it.
-TEST_P(CudaGenFlash, L2PrefetchEqualsNoneBitwise) {
-  SKIP_WITHOUT_GPU();
-  const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_prefetch");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 43 + 7) % 512);
-  auto on = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens, .decode_prefetch_bytes = 1 << 20});
-  auto off = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens, .decode_prefetch_bytes = 0});
-  for (bool graphs : {false, true}) {
-    SCOPED_TRACE(graphs ? "graph" : "eager");
-    EXPECT_TRUE(decode_logits(*on, prompt, graphs) == decode_logits(*off, prompt, graphs));
-  }
-}
-
 TEST_P(CudaGenFlash, ChunkedPrefillEqualsOnePass) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();

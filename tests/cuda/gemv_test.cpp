@@ -2,11 +2,11 @@
 // every epilogue, rows 1..20 (1..4 on the CUDA cores, 5..16 on the tensor
 // cores when k is a multiple of 32, past 16 in two launches), output counts
 // that do not fill the last block, k with fewer steps than warps, with and
-// without bias, f32 inputs plain and RMSNorm'd in the kernel; and the f32
-// residual stream's norm. Tolerances as in gemm_test.cpp: inputs are exact
-// bf16 values and accumulation is f32, so an f32 output is within ~k·2⁻²⁴ of
-// the reference (1e-4 of max|out| allowed); a bf16 output adds one rounding
-// (2⁻⁹ relative: 4e-3 of max|out| allowed).
+// without bias, f32 inputs plain and RMSNorm'd in the kernel, persistent
+// grids; and the f32 residual stream's norm. Tolerances as in
+// gemm_test.cpp: inputs are exact bf16 values and accumulation is f32, so an
+// f32 output is within ~k·2⁻²⁴ of the reference (1e-4 of max|out| allowed);
+// a bf16 output adds one rounding (2⁻⁹ relative: 4e-3 of max|out| allowed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -384,40 +384,61 @@ TEST(CudaGenArgmax, FirstOfEqualsAndNaNNeverWins) {
   }
 }
 
-// The L2 prefetch of the next kernel's weights (GemvArgs::prefetch) is a
-// hint: bitwise the results without it, with one region or two, issued by
-// a last wave of some blocks or by the whole of a one-wave grid, on the CUDA
-// cores and the tensor cores; a misaligned region is refused.
-TEST(CudaGemv, L2PrefetchChangesNothing) {
+// Persistent grids (GemvArgs::persistent: one block per resident slot, each
+// an equal run of output columns tile after tile) compute every output with
+// the same sums in the same order as one block per tile: bitwise equal, for
+// each epilogue (RoPE + append: q and both caches), 1..4 rows, every block
+// shape, bf16 x and f32 x normed in the kernel, outputs that do not fill the
+// last tile, and grids of many more tiles than the GPU holds at once.
+TEST(CudaGemv, PersistentGridEqualsOneBlockPerTileBitwise) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
-  const int64_t k = 512;
-  DeviceBuffer next = upload_bf16(ctx, random_bf16(300000, 9));  // stands for the next kernel's weights
-  const L2Prefetch one{.ptr = {next.data(), nullptr}, .bytes = {600000, 0}};
-  const L2Prefetch two{.ptr = {next.data(), dptr<bf16_bits>(next) + 150000}, .bytes = {299984, 299984}};
-  for (int64_t n : {40, 6000})  // one wave; many waves, the last one prefetching
-    for (int64_t rows : {1, 3, 8})
-      for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32}) {
-        SCOPED_TRACE(::testing::Message() << "n=" << n << " rows=" << rows << " epilogue=" << static_cast<int>(e));
-        const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * n : n;
-        DeviceBuffer dx = upload_bf16(ctx, random_bf16(rows * k, 50)), dw = upload_bf16(ctx, random_bf16(w_rows * k, 51));
-        auto run = [&](const L2Prefetch& pf) {
-          DeviceBuffer out = upload(ctx, std::vector<float>(size_t(rows * n)));
-          Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = out.data(), .rows = rows,
-                                 .n = n, .k = k, .epilogue = e, .prefetch = pf});
-          EXPECT_TRUE(st.is_ok()) << st.message();
-          return download<float>(ctx, out, rows * n);
-        };
-        const std::vector<float> plain = run({});
-        EXPECT_TRUE(run(one) == plain);
-        EXPECT_TRUE(run(two) == plain);
-      }
-  DeviceBuffer dx = upload_bf16(ctx, random_bf16(64, 1)), dw = upload_bf16(ctx, random_bf16(64, 2));
-  DeviceBuffer dout = upload(ctx, std::vector<float>(1));
-  Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .out = dout.data(), .rows = 1, .n = 1,
-                         .k = 64, .epilogue = GemvEpilogue::kStoreF32,
-                         .prefetch = {.ptr = {static_cast<char*>(next.data()) + 8, nullptr}, .bytes = {1024, 0}}});
-  EXPECT_NE(st.message().find("prefetch"), std::string::npos) << st.message();
+  const int64_t k = 64, n = 4099, max_ctx = 4;
+  const int n_head = 48, n_kv = 8, hd = 64;  // RoPE: 4096 weight rows, 2048 pairs
+  const int64_t n_rope = int64_t(n_head + 2 * n_kv) * hd, kv = int64_t(n_kv) * hd;
+  DeviceBuffer dw = upload_bf16(ctx, random_bf16(2 * n * k, 60, 0.05f)), dnorm = upload_bf16(ctx, random_bf16(k, 61));
+  DeviceBuffer dx = upload_bf16(ctx, random_bf16(4 * k, 62)), dh = upload(ctx, random_bf16(4 * k, 63, 2.0f));
+  DeviceBuffer dcos = upload(ctx, random_bf16(4 * hd / 2, 64)), dsin = upload(ctx, random_bf16(4 * hd / 2, 65));
+  DeviceBuffer dpos = upload(ctx, std::vector<int32_t>{0, 3, 1, 2});
+  for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32,
+                         GemvEpilogue::kRopeAppend})
+    for (uint8_t shape : {0, 1, 2})
+      for (int64_t rows : {1, 2, 3, 4})
+        for (bool normed : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " shape=" << int(shape)
+                                            << " rows=" << rows << " normed=" << normed);
+          const bool rope = e == GemvEpilogue::kRopeAppend;
+          const int64_t n_out = rope ? n_rope : n;
+          auto run = [&](bool persistent) {
+            DeviceBuffer out = upload(ctx, random_bf16(rows * n_out, 66));  // kAddF32 adds to it
+            DeviceBuffer q = upload_bf16(ctx, std::vector<float>(size_t(rows * n_head * hd)));
+            DeviceBuffer caches = upload_bf16(ctx, std::vector<float>(size_t(2 * rows * max_ctx * kv), 3.0f));
+            std::vector<bf16_bits*> ptrs(size_t(2 * rows));
+            for (int64_t r = 0; r < 2 * rows; ++r) ptrs[r] = dptr<bf16_bits>(caches) + r * max_ctx * kv;
+            DeviceBuffer dptrs = upload(ctx, ptrs);
+            GemvArgs g{.w = dptr<bf16_bits>(dw), .out = rope ? nullptr : out.data(), .rows = rows, .n = n_out, .k = k,
+                       .epilogue = e, .shape = shape, .persistent = persistent};
+            if (normed) {
+              g.x_f32 = dptr<float>(dh);
+              g.norm_w = dptr<bf16_bits>(dnorm);
+            } else {
+              g.x = dptr<bf16_bits>(dx);
+            }
+            if (rope)
+              g.rope = {.q_out = dptr<bf16_bits>(q), .k_caches = dptr<bf16_bits*>(dptrs),
+                        .v_caches = dptr<bf16_bits*>(dptrs) + rows, .pos = dptr<int32_t>(dpos),
+                        .cos = dptr<float>(dcos), .sin = dptr<float>(dsin), .n_head = n_head, .n_head_kv = n_kv,
+                        .head_dim = hd, .max_ctx = static_cast<int>(max_ctx)};
+            Status st = gemv(ctx, g);
+            EXPECT_TRUE(st.is_ok()) << st.message();
+            if (!rope) return download<float>(ctx, out, rows * n_out);
+            std::vector<float> got = download_bf16(ctx, q, rows * n_head * hd);
+            const std::vector<float> c = download_bf16(ctx, caches, 2 * rows * max_ctx * kv);
+            got.insert(got.end(), c.begin(), c.end());
+            return got;
+          };
+          EXPECT_TRUE(run(true) == run(false));
+        }
 }
 
 TEST(CudaGemv, RefusesUnalignedK) {

@@ -9,16 +9,12 @@
 // itself in the workspace after writing its partial result, and the one that
 // brings the count to the number of chunks merges and resets the count, so a
 // decode step is one attention kernel. The batched kernel can be a
-// programmatic dependent launch (decode_launch.cuh) whose blocks first pull
-// the next projection's weights into L2 (decode_ops.h): the attention of a
-// short context is a few microseconds of latency during which DRAM would
-// otherwise idle. Several new tokens
+// programmatic dependent launch (decode_launch.cuh). Several new tokens
 // (prefill) go to the tensor-core forward kernel with the queries offset by
 // pos0.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/decode_launch.cuh"
-#include "backends/cuda/decode_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -46,8 +42,6 @@ struct DecodeParams {
   const int32_t* pos_seq = nullptr;
   // The last split block of each (token, head) merges (the records' counts are zero between calls).
   bool fused_merge = false;
-  // Every block pulls its share of this into L2 before waiting for the previous kernel.
-  L2Prefetch prefetch{};
 };
 
 // A (token, head)'s workspace record: kMaxSplits partial results of D + 2
@@ -92,10 +86,6 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(DecodeParams p) 
   __shared__ float s_m[kGroups], s_l[kGroups];
   __shared__ bool s_last;
   allow_next_grid();
-  if (p.prefetch.bytes[0] >= 16 || p.prefetch.bytes[1] >= 16) {
-    const int64_t block = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    l2_prefetch_share(p.prefetch, block, int64_t(gridDim.x) * gridDim.y * gridDim.z);
-  }
   wait_prior_grid();  // q and the newest cache row come from the kernel before
   const int split = blockIdx.x, h = blockIdx.y, t = blockIdx.z, hk = h / (p.n_head / p.n_head_kv);
   const int pos = p.pos_seq ? p.pos_seq[t] : p.pos0 + t;
@@ -255,12 +245,8 @@ Status attention_decode(const AttentionDecodeArgs& a) {
                              [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, 1, st, false); });
 }
 
-Status attention_decode_batch(const AttentionDecodeBatchArgs& a) { return attention_decode_batch(a, L2Prefetch{}); }
-
-Status attention_decode_batch(const AttentionDecodeBatchArgs& a, const L2Prefetch& prefetch) {
+Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
   const char* kName = "attention_decode_batch: ";
-  if (!l2_prefetch_valid(prefetch))
-    return invalid_argument(kName, "prefetch regions must be 16-byte aligned, non-negative and set when sized");
   LATHE_TRY(attn::check_shape(kName, a.head_dim, a.n_head, a.n_head_kv, a.window));
   if (a.n_seqs < 0 || a.max_ctx < 0) return invalid_argument(kName, "negative n_seqs or max_ctx");
   if (a.n_seqs == 0) return Status::ok();
@@ -277,7 +263,6 @@ Status attention_decode_batch(const AttentionDecodeBatchArgs& a, const L2Prefetc
                        a.scale, reinterpret_cast<const bf16* const*>(a.k_caches),
                        reinterpret_cast<const bf16* const*>(a.v_caches), a.pos};
   p.fused_merge = true;
-  p.prefetch = prefetch;
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     return attn::launch_decode<decltype(d)::value>(p, a.n_seqs, st, a.overlap);

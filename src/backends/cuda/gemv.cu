@@ -42,11 +42,18 @@
 // (A) and x (B) operands, so every product pairs the right elements. The
 // warps' 16 × rows partial sums meet in shared memory for the epilogue.
 //
-// Weights are loaded with an evict-first L2 policy (read once per step, so
-// they are the lines to give up), and the grid's last wave of blocks pulls
-// the start of the next kernel's weights into L2 (GemvArgs::prefetch)
-// before waiting for the previous kernel: DRAM then stays busy through this
-// grid's tail and the next one's ramp-up.
+// Weights are loaded with an evict-first L2 policy: read once per step,
+// they are the lines to give up (measured 2-5% faster per GEMV than the
+// default policy). Pulling the next kernel's first weights into L2 ahead
+// (cp.async.bulk.prefetch) was measured slower at every size: those lines
+// did not survive until the next kernel.
+//
+// With GemvArgs::persistent (up to 4 rows) the grid is one block per
+// resident slot and each block takes an equal run of output columns, tile
+// after tile: a grid of ~9 waves of short blocks otherwise ends ragged, the
+// SMs running out of blocks at different times over the last block's
+// length (measured: ~6 us of a 70 us projection, while a 2-wave grid of
+// long blocks loses nothing).
 //
 // With x_f32 the input is f32 and, on the CUDA cores, used unrounded; with
 // norm_w too its rows are RMSNorm'd in the kernel (the norm before a
@@ -91,8 +98,7 @@ bool paired(GemvEpilogue e) {
 
 // The L2 policy of the weight loads: evict first. Each weight byte is read
 // once per step and the weights outgrow L2 many times over, so their lines
-// are the ones to give up, not the prefetched start of the next kernel's
-// weights, the activations or the KV cache.
+// are the ones to give up, not the activations or the KV cache.
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -123,11 +129,6 @@ __device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid
   return valid && c < n_chunks ? ld_streaming(w_row + c * 8, policy) : make_uint4(0, 0, 0, 0);
 }
 
-// The grid's blocks from pf_first on (its last wave) pull a.prefetch into L2.
-__device__ __forceinline__ void prefetch_next(const GemvArgs& a, unsigned pf_first) {
-  if ((a.prefetch.bytes[0] < 16 && a.prefetch.bytes[1] < 16) || blockIdx.x < pf_first || blockIdx.y != 0) return;
-  l2_prefetch_share(a.prefetch, blockIdx.x - pf_first, gridDim.x - pf_first);
-}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -245,36 +246,48 @@ __device__ __forceinline__ void store_pair(const GemvArgs& a, int b, int64_t j, 
 }
 
 // Output columns (pairs for the paired epilogues) a grid covers.
-int64_t gemv_columns(const GemvArgs& a) {
+__host__ __device__ int64_t gemv_columns(const GemvArgs& a) {
   if (a.epilogue == GemvEpilogue::kRopeAppend) return a.n / 2;
   return a.n;
 }
 
-// Weight row of slot r of block blockIdx.x owning R slots, or −1 past the end.
+// Output columns (pairs for the paired epilogues) per tile of R slots.
 template <int R, GemvEpilogue E>
-__device__ __forceinline__ int64_t slot_row(const GemvArgs& a, int r) {
+constexpr int64_t tile_columns() {
+  return is_paired<E>() ? R / 2 : R;
+}
+
+// Weight row of slot r of the tile of R slots whose first output column
+// (pair) is u0, or −1 from column u_end on.
+template <int R, GemvEpilogue E>
+__device__ __forceinline__ int64_t tile_row(const GemvArgs& a, int64_t u0, int64_t u_end, int r) {
   if constexpr (is_paired<E>()) {
     constexpr int kHalf = R / 2;
-    const int64_t pair = int64_t(blockIdx.x) * kHalf + (r % kHalf);
+    const int64_t pair = u0 + (r % kHalf);
+    if (pair >= u_end) return -1;
     const bool second = r >= kHalf;
     if constexpr (is_swiglu<E>()) {
-      if (pair >= a.n) return -1;
       return second ? a.n + pair : pair;
     } else {
-      if (pair >= a.n / 2) return -1;
       const int half = a.rope.head_dim / 2;
       return (pair / half) * a.rope.head_dim + pair % half + (second ? half : 0);
     }
   } else {
-    const int64_t j = int64_t(blockIdx.x) * R + r;
-    return j < a.n ? j : -1;
+    const int64_t j = u0 + r;
+    return j < u_end ? j : -1;
   }
 }
+// Weight row of slot r of block blockIdx.x owning one tile of R slots.
+template <int R, GemvEpilogue E>
+__device__ __forceinline__ int64_t slot_row(const GemvArgs& a, int r) {
+  return tile_row<R, E>(a, int64_t(blockIdx.x) * tile_columns<R, E>(), gemv_columns(a), r);
+}
 
-// The epilogue of slot r for x row b, given the block's summed slots.
+// The epilogue of slot r of tile (u0, u_end) for x row b, given the tile's summed slots.
 template <int R, GemvEpilogue E, class Total>
-__device__ __forceinline__ void finish_slot(const GemvArgs& a, int r, int b, float scale, Total&& total) {
-  const int64_t j = slot_row<R, E>(a, r);
+__device__ __forceinline__ void finish_tile_slot(const GemvArgs& a, int64_t u0, int64_t u_end, int r, int b,
+                                                 float scale, Total&& total) {
+  const int64_t j = tile_row<R, E>(a, u0, u_end, r);
   if (j < 0) return;
   if constexpr (is_paired<E>()) {
     if (r >= R / 2) return;
@@ -282,6 +295,11 @@ __device__ __forceinline__ void finish_slot(const GemvArgs& a, int r, int b, flo
   } else {
     store_out<E>(a, b, j, total(r) * scale);
   }
+}
+// The same for block blockIdx.x's one tile.
+template <int R, GemvEpilogue E, class Total>
+__device__ __forceinline__ void finish_slot(const GemvArgs& a, int r, int b, float scale, Total&& total) {
+  finish_tile_slot<R, E>(a, int64_t(blockIdx.x) * tile_columns<R, E>(), gemv_columns(a), r, b, scale, total);
 }
 
 template <int B, int S>
@@ -338,101 +356,121 @@ __device__ void finish_split(const GemvArgs& a, const float* s_part, const float
 
 // S: kRowsShapes[S]. Several blocks per SM up to 4 rows, so one block's
 // loads stay in flight through another's reduction and epilogue (more rows
-// want their registers for the x chunks).
+// want their registers for the x chunks). A block takes one tile of R
+// slots, or with `persistent` (a grid of one block per resident slot) an
+// equal run of all output columns, tile after tile (not with RoPE).
 template <int B, GemvEpilogue E, int S>
 __global__ void __launch_bounds__(kRowsShapes[S].threads, B <= 4 ? kRowsShapes[S].min_blocks : 1)
-    gemv_kernel(GemvArgs a, unsigned pf_first) {
+    gemv_kernel(GemvArgs a, bool persistent) {
   constexpr int R = rows_per_block<B, S>();
   constexpr int kT = kRowsShapes[S].threads, kW = kT / 32, kDepth = kRowsShapes[S].depth;
+  constexpr int64_t kTileCols = tile_columns<R, E>();
+  // RoPE's epilogue leaves no registers for a loop over tiles (it would spill): one tile per block.
+  constexpr bool kLoops = E != GemvEpilogue::kRopeAppend;
   __shared__ float s_part[kW][R * B];
   __shared__ float s_ss[kW][B];
-  const bf16_bits* w_row[R];  // null past the end; indexed by constants only (unrolled), so in registers
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = slot_row<R, E>(a, r);
-    w_row[r] = row < 0 ? nullptr : a.w + row * a.k;
-  }
   const int rows = static_cast<int>(a.rows);
-  float acc[R][B], ss[B];
-#pragma unroll
-  for (int b = 0; b < B; ++b) {
-    ss[b] = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r][b] = 0.0f;
-  }
-
   // This block's slice of k (all of it unless split): chunks [c_begin, c_end).
   const int64_t n_chunks = a.k / 8, n_slices = gridDim.y;
   const int64_t c_begin = n_chunks * blockIdx.y / n_slices, c_end = n_chunks * (blockIdx.y + 1) / n_slices;
+  // This block's output columns (pairs when paired): [u0, u_end) in tiles
+  // of kTileCols, persistent blocks' first one shortened by blockIdx.x mod
+  // kTileCols columns so the blocks do not all change tiles at once.
+  const int64_t columns = gemv_columns(a);
+  persistent = kLoops && persistent;
+  int64_t u0 = persistent ? columns * blockIdx.x / gridDim.x : int64_t(blockIdx.x) * kTileCols;
+  const int64_t u_end = persistent ? columns * (blockIdx.x + 1) / gridDim.x : min(columns, u0 + kTileCols);
+  int64_t t_end = min(u_end, u0 + kTileCols - (persistent ? blockIdx.x % kTileCols : 0));  // this tile's end
+  const bf16_bits* w_row[R];  // null past the end; indexed by constants only (unrolled), so in registers
   // The ring: w_buf[u] holds chunk c + u·kT of the current pass.
   uint4 w_buf[kDepth][R];
   const uint64_t policy = evict_first_policy();
+  // Points w_row at the rows of the tile [u0, t_end) and loads their first ring.
+  auto start_tile = [&]() {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = tile_row<R, E>(a, u0, t_end, r);
+      w_row[r] = row < 0 ? nullptr : a.w + row * a.k;
+    }
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c_begin + threadIdx.x + u * kT, c_end, policy);
+  };
   allow_next_grid();
-  // Weights never depend on the previous kernel: the first ring (and the
-  // prefetch for the next kernel) goes out before waiting for it.
-#pragma unroll
-  for (int u = 0; u < kDepth; ++u)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c_begin + threadIdx.x + u * kT, c_end, policy);
-  prefetch_next(a, pf_first);
+  start_tile();  // weights never depend on the previous kernel: the first ring goes out before waiting for it
   wait_prior_grid();
-  for (int64_t c0 = c_begin + threadIdx.x; c0 < c_end; c0 += kDepth * kT) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (;;) {
+    float acc[R][B], ss[B];
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) {
-      const int64_t c = c0 + u * kT;
-      if (c >= c_end) break;
-      float xf[B][8];
+    for (int b = 0; b < B; ++b) {
+      ss[b] = 0.0f;
 #pragma unroll
-      for (int b = 0; b < B; ++b)
-        if (b < rows) x_chunk(a, b, c * 8, xf[b], &ss[b]);
+      for (int r = 0; r < R; ++r) acc[r][b] = 0.0f;
+    }
+    for (int64_t c0 = c_begin + threadIdx.x; c0 < c_end; c0 += kDepth * kT) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float wf[8];
-        unpack8(w_buf[u][r], wf);
-        w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, c_end, policy);
+      for (int u = 0; u < kDepth; ++u) {
+        const int64_t c = c0 + u * kT;
+        if (c >= c_end) break;
+        float xf[B][8];
 #pragma unroll
-        for (int b = 0; b < B; ++b) {
-          if (b >= rows) break;
+        for (int b = 0; b < B; ++b)
+          if (b < rows) x_chunk(a, b, c * 8, xf[b], &ss[b]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+        for (int r = 0; r < R; ++r) {
+          float wf[8];
+          unpack8(w_buf[u][r], wf);
+          w_buf[u][r] = load_weights(w_row[r], w_row[r] != nullptr, c + kDepth * kT, c_end, policy);
+#pragma unroll
+          for (int b = 0; b < B; ++b) {
+            if (b >= rows) break;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+          }
         }
       }
     }
-  }
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const float s = dev::warp_sum(acc[r][b]);
-      if (lane == 0) s_part[warp][r * B + b] = s;
+      for (int b = 0; b < B; ++b) {
+        const float s = dev::warp_sum(acc[r][b]);
+        if (lane == 0) s_part[warp][r * B + b] = s;
+      }
+    if (a.norm_w) {
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float s = dev::warp_sum(ss[b]);
+        if (lane == 0) s_ss[warp][b] = s;
+      }
     }
-  if (a.norm_w) {
-#pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const float s = dev::warp_sum(ss[b]);
-      if (lane == 0) s_ss[warp][b] = s;
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  const int t = threadIdx.x;
-  if (n_slices > 1) {
-    finish_split<R, B, E, kW>(a, &s_part[0][0], &s_ss[0][0], rows);
-    return;
-  }
-  if (t >= R * B) return;
-  const int r = t / B, b = t % B;
-  if (b >= rows) return;
-  const float scale = row_scale<kW>(a, &s_ss[0][b], B);
-  finish_slot<R, E>(a, r, b, scale, [&](int rr) {
-    float s = 0.0f;
+    if (n_slices > 1) {  // split k: one tile per block
+      finish_split<R, B, E, kW>(a, &s_part[0][0], &s_ss[0][0], rows);
+      return;
+    }
+    const int t = threadIdx.x, r = t / B, b = t % B;
+    if (t < R * B && b < rows) {
+      const float scale = row_scale<kW>(a, &s_ss[0][b], B);
+      finish_tile_slot<R, E>(a, u0, t_end, r, b, scale, [&](int rr) {
+        float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kW; ++w) s += s_part[w][rr * B + b];
-    return s;
-  });
+        for (int w = 0; w < kW; ++w) sum += s_part[w][rr * B + b];
+        return sum;
+      });
+    }
+    if (!kLoops || t_end >= u_end) return;
+    u0 = t_end;
+    t_end = min(u_end, u0 + kTileCols);
+    // The next tile's first ring (not earlier: its registers would spill
+    // through the epilogue; the SM's other blocks keep loads in flight).
+    start_tile();
+    __syncthreads();  // the next tile refills s_part and s_ss
+  }
 }
 
 // ---- Tensor-core path ---------------------------------------------------------
@@ -456,7 +494,7 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
 // of x per weight byte). Slot mt·16 + r is m-tile mt's row r of
 // slot_row<16·MT, E>.
 template <int NT, int MT, GemvEpilogue E>
-__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a, unsigned pf_first) {
+__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a) {
   constexpr int kB = 8 * NT, kR = kTile * MT, kU = MT == 1 ? kUnroll : 8 / MT;  // kU: steps in flight
   __shared__ float s_c[kWarps][kR][kB];
   __shared__ float s_ss[kWarps][kB];
@@ -493,7 +531,6 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(GemvArgs a, unsigned
   };
   allow_next_grid();
   load_w(s_begin + warp);  // weights never depend on the previous kernel
-  prefetch_next(a, pf_first);
   wait_prior_grid();
   for (int s0 = s_begin + warp; s0 < n_steps; s0 += kWarps * kU) {
     if (s0 != s_begin + warp) load_w(s0);
@@ -571,14 +608,6 @@ int sm_count(int device) {
   return counts[device];
 }
 
-// The first block of a grid of `tiles` blocks (per slice) whose last wave
-// of `resident` blocks issues the L2 prefetch: those start about one block's
-// time before the grid ends, so the prefetch fills the tail, where fewer and
-// fewer blocks keep loads in flight, and stays in L2 until the next kernel.
-unsigned last_wave(int64_t tiles, int64_t resident) {
-  return static_cast<unsigned>(std::max<int64_t>(0, tiles - resident));
-}
-
 // Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
 // epilogue e, so each launcher below names its kernel template once.
 template <class F>
@@ -607,9 +636,8 @@ cudaError_t launch_mma_tiles(const GemvArgs& a, cudaStream_t st, int device) {
   if (tiles > a.split.count_capacity || tiles * slices * (kTile * MT * 8 * NT + 8 * NT) > a.split.part_capacity)
     slices = 1;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
-  const unsigned pf_first = last_wave(tiles, 2 * int64_t(sm_count(device)));
   return with_epilogue(a.epilogue, [&](auto e) {
-    return launch_overlapped(gemv_mma_kernel<NT, MT, decltype(e)::value>, grid, kThreads, st, a.overlap, a, pf_first);
+    return launch_overlapped(gemv_mma_kernel<NT, MT, decltype(e)::value>, grid, kThreads, st, a.overlap, a);
   });
 }
 // Shape s: 2^s m-tiles per block.
@@ -644,12 +672,14 @@ cudaError_t launch_rows_shape(const GemvArgs& a, cudaStream_t st, int device) {
   const int64_t tiles = (gemv_columns(a) + per_block - 1) / per_block;
   int slices = B <= 4 ? split_slices<S>(a, device) : 1;
   if (tiles > a.split.count_capacity || tiles * slices * (R * B + B) > a.split.part_capacity) slices = 1;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
-  const int per_sm = B <= 4 ? kRowsShapes[S].min_blocks : 1;
-  const unsigned pf_first = last_wave(tiles, int64_t(per_sm) * sm_count(device));
+  // Persistent: one block per resident slot (the blocks per SM the registers are capped for).
+  const int64_t slots = int64_t(kRowsShapes[S].min_blocks) * sm_count(device);
+  const bool persistent =
+      a.persistent && B <= 4 && slices == 1 && tiles > slots && a.epilogue != GemvEpilogue::kRopeAppend;
+  const dim3 grid(static_cast<unsigned>(persistent ? slots : tiles), static_cast<unsigned>(slices));
   return with_epilogue(a.epilogue, [&](auto e) {
     return launch_overlapped(gemv_kernel<B, decltype(e)::value, S>, grid, kRowsShapes[S].threads, st, a.overlap, a,
-                             pf_first);
+                             persistent);
   });
 }
 // Up to 4 rows any shape; above, shape 0 only (the tensor cores take those rows when k allows).
@@ -694,8 +724,6 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
     return invalid_argument("cuda gemv: k (", a.k, ") must be a multiple of 8 and x, w 16-byte aligned");
   if (a.n > int64_t(kThreads) * 0x7fffffff) return invalid_argument("cuda gemv: n ", a.n, " is too large");
   if (a.shape >= kNumRowsShapes) return invalid_argument("cuda gemv: shape ", int(a.shape), " does not exist");
-  if (!l2_prefetch_valid(a.prefetch))
-    return invalid_argument("cuda gemv: prefetch regions must be 16-byte aligned, non-negative and set when sized");
   const size_t out_elem = a.epilogue == GemvEpilogue::kStoreBf16 || a.epilogue == GemvEpilogue::kSwigluBf16
                               ? sizeof(bf16_bits)
                               : sizeof(float);
