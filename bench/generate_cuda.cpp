@@ -326,11 +326,11 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, bool p
   KernelBuffers kb;
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
-  for (uint8_t shape = 0; shape < 3; ++shape)
+  for (uint8_t shape = 0; shape < 4; ++shape)
     gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, false, persistent, rows);
   // Persistent grids (the CUDA-core path: up to 4 rows).
   if (batch <= 4)
-    for (uint8_t shape = 0; shape < 3; ++shape)
+    for (uint8_t shape = 0; shape < 4; ++shape)
       gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, true, persistent, rows);
   // Split k (GemvArgs::split), not in the decode step: what it would give.
   for (uint8_t shape : {0, 2}) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, true, false, persistent, rows);

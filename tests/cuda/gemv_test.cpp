@@ -81,7 +81,7 @@ TEST(CudaGemv, EveryEpilogueRowCountAndShape) {
 TEST(CudaGemv, EveryBlockShape) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
-  for (uint8_t shape : {0, 1, 2})
+  for (uint8_t shape : {0, 1, 2, 3})
     for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32})
       for (const Shape2& s : {Shape2{33, 96}, Shape2{130, 4096}, Shape2{20, 2056}})
         for (int64_t rows : {1, 2, 3, 4, 5, 16}) {
@@ -292,7 +292,7 @@ TEST(CudaGemv, SplitK) {
                         .part_capacity = kGemvSplitFloats};
   const float eps = 1e-5f;
   uint32_t seed = 1300;
-  for (uint8_t shape : {0, 1, 2})
+  for (uint8_t shape : {0, 1, 2, 3})
     for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32})
       for (bool normed : {false, true})
         for (const Shape2& s : {Shape2{130, 4096}, Shape2{20, 2056}}) {
@@ -332,7 +332,7 @@ TEST(CudaGemv, SplitK) {
           EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](int32_t v) { return v == 0; }));
         }
   // The tensor-core path (5..16 rows) splits the same way, bf16 x.
-  for (uint8_t shape : {0, 1, 2})
+  for (uint8_t shape : {0, 1, 2, 3})
     for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32})
       for (int64_t rows : {5, 16}) {
         SCOPED_TRACE(::testing::Message() << "tensor cores: shape=" << int(shape) << " rows=" << rows
@@ -402,7 +402,7 @@ TEST(CudaGemv, PersistentGridEqualsOneBlockPerTileBitwise) {
   DeviceBuffer dpos = upload(ctx, std::vector<int32_t>{0, 3, 1, 2});
   for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32,
                          GemvEpilogue::kRopeAppend})
-    for (uint8_t shape : {0, 1, 2})
+    for (uint8_t shape : {0, 1, 2, 3})
       for (int64_t rows : {1, 2, 3, 4})
         for (bool normed : {false, true}) {
           SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " shape=" << int(shape)

@@ -92,8 +92,10 @@ struct GemvArgs {
   GemvRope rope{};                    // kRopeAppend only
   // The block shape (gemv.cu). CUDA cores: 0, the default, 128 threads, 8
   // weight rows per block, 2 chunks of each in flight per thread; 1: 128
-  // threads, 4 rows, 4 in flight; 2: 256 threads, 8 rows, 1 in flight.
-  // Tensor cores: 16 (the default), 32 or 64 weight rows per block. Shapes
+  // threads, 4 rows, 4 in flight; 2: 256 threads, 8 rows, 1 in flight;
+  // 3: 128 threads, 16 rows, 1 in flight (half the blocks of 0, each twice
+  // as long). Tensor cores: 16 (the default), 32 or 64 weight rows per
+  // block (shape 3 is the default there). Shapes
   // differ only in the order of the f32 sums; the bench compares their
   // speed.
   uint8_t shape = 0;

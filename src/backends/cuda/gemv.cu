@@ -14,7 +14,8 @@
 // k = 2048 all of the block's weights; the registers are capped so that 3
 // blocks fit on an SM. Shape 1 halves R and doubles D (twice the blocks,
 // the same bytes in flight; at k = 4096 all the block's weights at once),
-// shape 2 is 256 threads with D = 1. x chunks are read cached (all blocks
+// shape 2 is 256 threads with D = 1, shape 3 doubles R and halves D (half
+// the blocks, each twice as long: a 6144-row projection in one wave). x chunks are read cached (all blocks
 // share x). The block sums each of its R × B
 // products over its threads (warp shuffles, then shared memory) and the
 // first R·B threads apply the epilogue, so every output element is written
@@ -89,8 +90,8 @@ constexpr int kMaxRows = 16;  // x rows per launch
 struct RowsShape {
   int threads, depth, min_blocks, rows_12, rows_34;
 };
-constexpr RowsShape kRowsShapes[] = {{128, 2, 3, 8, 4}, {128, 4, 3, 4, 2}, {256, 1, 2, 8, 4}};
-constexpr int kNumRowsShapes = 3;
+constexpr RowsShape kRowsShapes[] = {{128, 2, 3, 8, 4}, {128, 4, 3, 4, 2}, {256, 1, 2, 8, 4}, {128, 1, 3, 16, 8}};
+constexpr int kNumRowsShapes = 4;
 
 bool paired(GemvEpilogue e) {
   return e == GemvEpilogue::kSwigluBf16 || e == GemvEpilogue::kSwigluF32 || e == GemvEpilogue::kRopeAppend;
@@ -128,7 +129,6 @@ __device__ __forceinline__ uint4 load_weights(const bf16_bits* w_row, bool valid
                                               uint64_t policy) {
   return valid && c < n_chunks ? ld_streaming(w_row + c * 8, policy) : make_uint4(0, 0, 0, 0);
 }
-
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -688,6 +688,7 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t st, int device) {
   if constexpr (B <= 4) {
     if (a.shape == 1) return launch_rows_shape<B, 1>(a, st, device);
     if (a.shape == 2) return launch_rows_shape<B, 2>(a, st, device);
+    if (a.shape == 3) return launch_rows_shape<B, 3>(a, st, device);
   }
   return launch_rows_shape<B, 0>(a, st, device);
 }
