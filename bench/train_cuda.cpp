@@ -13,13 +13,16 @@
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]
-//                         [--arena-gib X] [--profile 0|1]
+//                         [--arena-gib X] [--profile 0|1] [--full 0|1]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
 // 10 timed steps after 3 warm-up steps, recomputation none for 1B and
 // selective for 8B (--recompute 0 / 1 mean none / full). --arena-gib is
 // selective's budget: layers keep q/k/v and h_mid (no GEMM reruns) while
 // the arena stays within it; 8B's default leaves the optimizer's moments
 // and the CUDA context room under a 40 GB (37.25 GiB) device peak.
+// --full 1 trains every weight instead of LoRA (full SFT: f32 masters,
+// gradients and moments; the model FLOPs add the weight gradients, 8B does
+// not fit one H200 and is refused with the memory it needs).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -62,15 +65,17 @@ struct Args {
   std::string recompute;  // empty: the shape's default
   double arena_gib = -1;  // < 0: the shape's default
   int profile = 1;
+  int full = 0;
 };
 
-double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r) {
+double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r, bool full) {
   const double H = double(s.hidden), F = double(s.inter), qd = double(s.heads * s.head_dim);
   const double kvd = double(s.kv * s.head_dim);
   const double lin = 2.0 * (H * qd + 2 * H * kvd + qd * H + 3 * H * F);
   const double lora = 2.0 * double(r) * ((H + qd) + 2 * (H + kvd) + (qd + H) + 2 * (H + F) + (F + H));
   const double attn = 2.0 * double(seq) * qd;  // causal: QKᵀ and PV over seq/2 keys on average
   const double head = 2.0 * double(s.vocab) * H;
+  if (full) return double(s.layers) * (3 * lin + 3.5 * attn) + 3 * head;  // + weight gradients, no LoRA
   const double per_layer = 2 * lin + 3 * lora + 3.5 * attn;  // forward + input grads; LoRA 3×; flash bwd 2.5×
   return double(s.layers) * per_layer + 2 * head;
 }
@@ -147,7 +152,8 @@ int run_shape(const BenchShape& s, const Args& a) {
     shape.inv_freq.push_back(float(std::pow(500000.0, -2.0 * double(i) / double(s.head_dim))));
   const double arena_gib = a.arena_gib >= 0 ? a.arena_gib : s.arena_gib;
   CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
-                       .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30))};
+                       .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30)),
+                       .full_sft = a.full != 0};
   auto model = CudaTrainableModel::create(shape, opt);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -178,10 +184,10 @@ int run_shape(const BenchShape& s, const Args& a) {
   }
   const double tokens = double(mb.n_tokens()) * double(a.steps);
   const double tps = tokens / dt;
-  const double tflops = tps * model_flops_per_token(s, a.seq, a.r) / 1e12;
+  const double tflops = tps * model_flops_per_token(s, a.seq, a.r, a.full != 0) / 1e12;
   std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string mode = mode_name[int(recompute)];
+  std::string mode = std::string(a.full ? "full SFT, " : "") + mode_name[int(recompute)];
   if (m.layers_kept() > 0) mode += " (" + std::to_string(m.layers_kept()) + " layers keep q/k/v, h_mid)";
   std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
               (long long)mbs, (long long)a.seq, mode.c_str(), tps, 1e3 * dt / double(a.steps),
@@ -207,6 +213,7 @@ int main(int argc, char** argv) {
     else if (k == "--r") a.r = std::atoll(v);
     else if (k == "--profile") a.profile = std::atoi(v);
     else if (k == "--arena-gib") a.arena_gib = std::atof(v);
+    else if (k == "--full") a.full = std::atoi(v);
     else {
       std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
       return 2;

@@ -7,9 +7,10 @@ head as the kernels compute them): one forward + backward of the GPU trainer
 with every weight trainable and no adapter, on the head_dim-64 fixtures
 (tests/data/grad_hd64/<family>), and the gradients the device adds in f32:
   - projections: dW = dyᵀ·x per member (an f32-output GEMM on the bf16 dy
-    and x), biases Σ_rows dy, the forward y = bf16(x·Wᵀ [+ b]) with the
-    bias GEMM first and the base GEMM adding to it (beta = 1: cuBLASLt
-    rounds the product before the add, as emulate_cuda_train.py found);
+    and x), biases Σ_rows dy, the forward y = bf16(x·Wᵀ + b) rounded once
+    (the bias added by the GEMM's epilogue; --bias-beta: the earlier
+    pipeline's bias GEMM first and the base GEMM adding to it with beta = 1,
+    which cuBLASLt rounds twice, as emulate_cuda_train.py found);
   - norm weights: Σ_rows dy ⊙ (h·rstd) from the stored bf16 h;
   - LM head: gᵀ·xf with the rounded logit gradient g (tied: into the
     embedding's); embedding: the f32 gradient of the layer-0 input summed per
@@ -25,7 +26,7 @@ error / HF's error is over 1 (the summary's last figure). --draws N adds N
 draws of the rounding noise.
 
 Usage: python3 tools/emulate_cuda_sft.py [--family qwen2] [--case full|full_packed] [--f32 NAME ...]
-           [--draws N] [--quiet]
+           [--draws N] [--quiet] [--bias-beta]
 Needs torch, transformers (for the RoPE frequencies), safetensors.
 """
 import argparse
@@ -42,6 +43,7 @@ import emulate_cuda_train as emu  # noqa: E402
 from bf16_grad_error import DATA, FAMILIES  # noqa: E402
 
 GROUP = {0: "qkv", 3: "o", 4: "gu", 6: "down"}
+BIAS_BETA = False  # --bias-beta
 
 
 class FullModel(emu.Model):
@@ -56,7 +58,9 @@ def lin_fwd(p, m, x, l, js):
     W = torch.cat([m.w(l, j) for j in js])
     bs = [m.b(l, j) for j in js]
     bias = None if bs[0] is None else torch.cat(bs).expand(x.shape[0], -1)
-    return p.mm("gemm." + GROUP[js[0]], x, W.T, bias)
+    if bias is None or BIAS_BETA:
+        return p.mm("gemm." + GROUP[js[0]], x, W.T, bias)
+    return p.r("gemm." + GROUP[js[0]], x @ W.T + bias)  # the epilogue adds b in f32 before the one rounding
 
 
 def lin_bwd(p, m, x, dy, l, js, grads):
@@ -202,8 +206,12 @@ def main():
     ap.add_argument("--f32", action="append", default=[], help="keep this rounding point in f32")
     ap.add_argument("--draws", type=int, default=0, help="also run N draws of the rounding noise")
     ap.add_argument("--quiet", action="store_true", help="one summary line per case")
+    ap.add_argument("--bias-beta", action="store_true",
+                    help="the bias as a separate GEMM the base GEMM adds to (two roundings), as before the epilogue")
     ap.add_argument("--tolerances", default=os.path.join(DATA, "bf16_error_full.json"))
     args = ap.parse_args()
+    global BIAS_BETA
+    BIAS_BETA = args.bias_beta
     torch.set_num_threads(1)
     for fam in args.family or FAMILIES:
         for kind in args.case or ["full", "full_packed"]:

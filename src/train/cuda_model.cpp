@@ -251,6 +251,10 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.targets, i32(T, "targets"));
   LATHE_ASSIGN_OR_RETURN(x.positions, i32(T, "positions"));
   LATHE_ASSIGN_OR_RETURN(x.cu_seqlens, i32(T + 1, "cu_seqlens"));
+  if (m.o.full_sft) {
+    LATHE_ASSIGN_OR_RETURN(m.sft.col_ws, f32(sft_column_ws_floats(m), "full SFT column sums"));
+    LATHE_ASSIGN_OR_RETURN(m.sft.emb_index, i32(3 * T + 1, "full SFT embedding index"));
+  }
   return Status::ok();
 }
 
@@ -324,6 +328,7 @@ void lay_out(CudaModelImpl& m) {
   m.ld_gu = m.group(kGgu).out + m.group(kGgu).lw;
   m.ld_dh_bf = H + std::max(m.group(kGo).lw, m.group(kGdown).lw);
   m.n_flat = total;
+  if (m.o.full_sft) sft_lay_out(m);  // every weight trains: the host's full-SFT table
   m.hs.assign(size_t(s.n_layer + 1), nullptr);
   m.acts.assign(size_t(s.n_layer), {});
   m.last_shared = m.o.recompute == CudaRecompute::kNone ? -1 : s.n_layer - 1;
@@ -453,7 +458,7 @@ Result<CudaArenaPlan> CudaTrainableModel::plan_arena(const CudaModelShape& shape
   m.s = shape;
   m.o = options;
   LATHE_ASSIGN_OR_RETURN(size_t total, plan(m));
-  return CudaArenaPlan{.bytes = int64_t(total), .layers_kept = m.keep_layers};
+  return CudaArenaPlan{.bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers};
 }
 
 Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const CudaModelShape& shape,
@@ -463,6 +468,7 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   m->s = shape;
   m->o = options;
   LATHE_ASSIGN_OR_RETURN(const size_t total, plan(*m));
+  LATHE_TRY(sft_check_fits(*m, total));
   LATHE_ASSIGN_OR_RETURN(m->ctx, cuda::CudaContext::create(options.device));
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
@@ -471,14 +477,11 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_TRY(cuda::fill_zero(m->ctx, m->arena.base(), total));
   name_base(*m);
   place_split_copies(*m);
+  if (options.full_sft) LATHE_TRY(m->sft_bind());
   LATHE_TRY(cuda::copy_to_device(m->ctx, m->split_table, m->factors.data(),
                                  m->factors.size() * sizeof(cuda::LoraSplitFactor)));
   LATHE_TRY(cuda::copy_to_device(m->ctx, m->x.inv_freq, shape.inv_freq.data(), shape.inv_freq.size() * 4));
-  std::vector<cuda::CudaAdamWParam> ps;
-  for (const ParamInfo& p : m->table)
-    ps.push_back({.name = p.name, .param = m->params + p.offset, .grad = m->grads + p.offset,
-                  .working = nullptr, .n = p.numel(), .decay = true});
-  LATHE_ASSIGN_OR_RETURN(cuda::CudaAdamW opt, cuda::CudaAdamW::create(m->ctx, options.adamw, std::move(ps)));
+  LATHE_ASSIGN_OR_RETURN(cuda::CudaAdamW opt, cuda::CudaAdamW::create(m->ctx, options.adamw, m->adamw_params()));
   m->adamw.emplace(std::move(opt));
   LATHE_TRY(m->ctx.synchronize());
   return std::unique_ptr<CudaTrainableModel>(new CudaTrainableModel(std::move(m)));
@@ -531,6 +534,7 @@ Status CudaTrainableModel::fill_random(uint64_t seed, float std) {
     }
   }
   LATHE_TRY(m.ctx.synchronize());  // the pool is freed on return
+  if (m.o.full_sft) return m.sft_masters_from_copies();
   std::vector<float> host(size_t(m.n_flat), 0.0f);
   for (size_t k = 0; k < m.table.size(); k += 2)  // A random, B zero
     for (int64_t i = 0; i < m.table[k].numel(); ++i) host[size_t(m.table[k].offset + i)] = dist(rng);
@@ -550,6 +554,7 @@ Status CudaTrainableModel::upload_params(std::span<const float> host) {
 }
 
 Status CudaModelImpl::refresh_split() {
+  if (o.full_sft) return sft_refresh();
   return cuda::lora_split_weights(ctx, {.factors = split_table, .n_factors = int(loras.size() * 2),
                                         .max_numel = max_factor_numel, .src = params,
                                         .dst = static_cast<bf16p>(arena.base())});
@@ -582,7 +587,7 @@ Result<double> CudaTrainableModel::clip_grad_norm(double max_norm) {
 Status CudaTrainableModel::adamw_step(double lr) {
   LATHE_TRY(impl_->phase(kPhOptimizer));
   LATHE_TRY(impl_->adamw->step(impl_->ctx, lr));
-  return impl_->refresh_split();
+  return impl_->o.full_sft ? Status::ok() : impl_->refresh_split();  // full SFT: the step rewrote the bf16 copies
 }
 
 Status CudaTrainableModel::set_phase_timing(bool on) {

@@ -44,8 +44,10 @@
 //
 // This file depends only on core, ops and the CUDA backend (the benchmark
 // links it alone); train/cuda_trainable.h builds one from a loaded
-// TrainableModel for the Trainer. Refused: full SFT, LoRA dropout > 0 and
-// head_dim other than 32, 64 or 128 (the attention kernels' sizes).
+// TrainableModel for the Trainer. With CudaTrainOptions::full_sft every
+// weight trains instead (cuda_model_sft.cpp). Refused: LoRA dropout > 0,
+// head_dim other than 32, 64 or 128 (the attention kernels' sizes), and a
+// full SFT the device's memory cannot hold.
 // Threads: one thread drives one model.
 #pragma once
 
@@ -93,6 +95,9 @@ struct CudaTrainOptions {
   // With selective and ≥ 0: exactly this many (first) layers keep them,
   // whatever the budget (tests pick a mix this way).
   int64_t keep_layers = -1;
+  // Train every weight (f32 masters and gradients, TrainableModel's
+  // full-SFT table) instead of LoRA; targets and lora_r are then unused.
+  bool full_sft = false;
   cuda::CudaAdamWConfig adamw;
 };
 
@@ -102,6 +107,7 @@ struct CudaModelImpl;
 // max_arena_bytes, how many layers keep q/k/v and h_mid.
 struct CudaArenaPlan {
   int64_t bytes = 0;
+  int64_t optimizer_bytes = 0;  // AdamW's moments, allocated beside the arena
   int64_t layers_kept = 0;
 };
 
@@ -126,7 +132,7 @@ class CudaTrainableModel {
   // biases 0; LoRA A N(0, std), B 0.
   Status fill_random(uint64_t seed, float std = 0.02f);
 
-  // ---- Trainable parameters (same layout as TrainableModel's LoRA table) --
+  // ---- Trainable parameters (same layout as TrainableModel's table) ------
   const std::vector<ParamInfo>& param_table() const;
   int64_t n_params() const;  // flat length (with alignment gaps)
   Status upload_params(std::span<const float> host);  // also refreshes the bf16 copies

@@ -127,6 +127,32 @@ struct CScratch {
   int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *cu_seqlens = nullptr;
 };
 
+// Full SFT (cuda_model_sft.cpp): where the backward adds each weight's
+// gradient (into the flat f32 grads, the host table's layout), and each
+// master's bf16 copy (the weight the passes read).
+struct CSftBlock {
+  std::array<float*, kCnumProj> dw{}, db{};  // db null without a bias
+  float *attn_norm = nullptr, *mlp_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+};
+struct CSftCopy {
+  float* master = nullptr;
+  bf16p bf16 = nullptr;
+  int64_t n = 0;
+};
+struct CSft {
+  std::vector<CSftBlock> blocks;
+  float *embed = nullptr, *lm_head = nullptr, *final_norm = nullptr;  // lm_head == embed when tied
+  std::vector<CSftCopy> copies;  // per table entry
+  float* col_ws = nullptr;       // column_grad's workspace
+  int32_t* emb_index = nullptr;  // [3·max_tokens + 1]: the batch's tokens sorted (sft_embedding_grad)
+  std::vector<int32_t> host_index;
+};
+
+struct CudaModelImpl;
+void sft_lay_out(CudaModelImpl& m);                 // the full-SFT table (n_flat, table)
+int64_t sft_column_ws_floats(const CudaModelImpl& m);
+Status sft_check_fits(const CudaModelImpl& m, size_t arena_bytes);  // refuses what the device cannot hold
+
 struct CudaModelImpl {
   CudaModelShape s;
   CudaTrainOptions o;
@@ -170,13 +196,23 @@ struct CudaModelImpl {
   };
   std::map<std::string, BaseTensor> base;
   std::optional<cuda::CudaAdamW> adamw;
+  CSft sft;  // full SFT only
   std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on
   // Charges what is enqueued from here on to phase p (no-op without a timer).
   Status phase(CudaPhase p) { return timer ? timer->mark(ctx, p) : Status::ok(); }
 
   CActs& act_of(int64_t l) { return acts[size_t(l)]; }
   Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
-  Status refresh_split();  // the 4-term copies from the masters
+  Status refresh_split();  // the 4-term copies from the masters (full SFT: the bf16 copies)
+  std::vector<cuda::CudaAdamWParam> adamw_params() const;  // every table entry
+
+  // Full SFT (cuda_model_sft.cpp).
+  Status sft_bind();  // sft's pointers, after the arena is carved and the base named
+  Status sft_refresh();
+  Status sft_masters_from_copies();
+  Status sft_group_grads(int64_t l, int g, const bf16p xe, const bf16p dy, int64_t ld_dy, int64_t n);
+  Status sft_norm_grad(float* dw, const bf16p dy, const bf16p h, const float* rstd, int64_t rows, int64_t dim);
+  Status sft_embedding_grad(const MicroBatch& mb);
 
  private:
   Status upload_batch(const MicroBatch& mb, int* n_docs, int* max_seqlen);

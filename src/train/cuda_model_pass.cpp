@@ -108,6 +108,7 @@ Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t
 // (dx packed). The LoRA gradients read x_ext before dx is written, so dx may
 // overlay x_ext.
 Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
+  if (o.full_sft) LATHE_TRY(sft_group_grads(l, g, xe, dye, ld_dy, n));  // before dx overwrites anything
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
   float* part = x.lora_f32;
@@ -239,6 +240,7 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
                                              .ld_gu = ld_gu, .ld_d_gu = ld_gu}));
   LATHE_TRY(group_backward(l, kGgu, a.xn2, a.gu, ld_gu, x.d_xn, n));
   LATHE_TRY(phase(kPhElementwise));
+  if (o.full_sft) LATHE_TRY(sft_norm_grad(sft.blocks[size_t(l)].mlp_norm, x.d_xn, a.h_mid, a.rstd2, n, H));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.h_mid, .w = b.mlp_norm, .rstd = a.rstd2, .dy = x.d_xn,
                                                    .dh = x.dh, .dh_bf = x.dh_bf, .rows = n, .dim = H,
                                                    .accumulate = true, .ld_dh_bf = ld_dh_bf}));
@@ -265,6 +267,10 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
                                      .half = hd / 2, .inverse = true}));
     LATHE_TRY(cuda::rope_apply(ctx, {.x = x.dk, .cos = x.cos, .sin = x.sin, .n_tokens = n, .n_head = nkv,
                                      .half = hd / 2, .inverse = true}));
+    if (o.full_sft) {  // before the norms' backward writes over dq, dk
+      LATHE_TRY(sft_norm_grad(sft.blocks[size_t(l)].q_norm, x.dq, a.q_raw, a.q_rstd, n * nh, hd));
+      LATHE_TRY(sft_norm_grad(sft.blocks[size_t(l)].k_norm, x.dk, a.k_raw, a.k_rstd, n * nkv, hd));
+    }
     LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.q_raw, .w = b.q_norm, .rstd = a.q_rstd, .dy = x.dq,
                                                      .dh_bf = x.dq, .rows = n * nh, .dim = hd}));
     LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = a.k_raw, .w = b.k_norm, .rstd = a.k_rstd, .dy = x.dk,
@@ -274,6 +280,7 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
   LATHE_TRY(cuda::qkv_merge(ctx, merge));
   LATHE_TRY(group_backward(l, kGqkv, a.xn1, x.qkv, ld_qkv, x.d_xn, n));
   LATHE_TRY(phase(kPhElementwise));
+  if (o.full_sft) LATHE_TRY(sft_norm_grad(sft.blocks[size_t(l)].attn_norm, x.d_xn, hs[size_t(l)], a.rstd1, n, H));
   // Layer 0's input gradient is not read as bf16.
   return cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(l)], .w = b.attn_norm, .rstd = a.rstd1,
                                                 .dy = x.d_xn, .dh = x.dh, .dh_bf = l > 0 ? x.dh_bf : nullptr,
@@ -316,14 +323,15 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   }
   LATHE_TRY(phase(kPhHead));
   auto ce = cuda::cross_entropy(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
-                                      .d_hidden = backward ? x.d_xf : nullptr, .d_w = nullptr,
+                                      .d_hidden = backward ? x.d_xf : nullptr,
+                                      .d_w = backward && o.full_sft ? sft.lm_head : nullptr,
                                       .workspace = x.ce_ws, .n = n, .vocab = s.vocab, .dim = H,
                                       .grad_scale = loss_scale});
   if (!ce.is_ok()) return ce.status().with_context("cuda forward");
   PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
   if (!backward) return loss;
   LATHE_TRY(phase(kPhElementwise));
-
+  if (o.full_sft) LATHE_TRY(sft_norm_grad(sft.final_norm, x.d_xf, hs[size_t(L)], x.rstd_f, n, H));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
                                                    .dy = x.d_xf, .dh = x.dh, .dh_bf = x.dh_bf, .rows = n,
                                                    .dim = H, .ld_dh_bf = ld_dh_bf}));
@@ -331,6 +339,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
     LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
     LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));
   }
+  if (o.full_sft) LATHE_TRY(sft_embedding_grad(mb));  // x.dh: the gradient of hs[0]
   LATHE_TRY(ctx.check_launch("cuda backward"));
   return loss;
 }

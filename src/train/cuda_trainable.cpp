@@ -1,6 +1,7 @@
 // upload_to_cuda: reads the host TrainableModel's internals (shape, quirks,
-// the f32 frozen base, the LoRA table) and fills a CudaTrainableModel with
-// them; parse_device for the CLI and the Trainer.
+// the f32 base, the LoRA or full-SFT table) and fills a CudaTrainableModel
+// with them; parse_device for the CLI and the Trainer. Under full SFT the
+// host's base pointers are its trainable weights: the same upload serves.
 #include "train/cuda_trainable.h"
 
 #include <charconv>
@@ -30,8 +31,7 @@ const char* const kLeaf[kNumProj] = {"self_attn.q_proj", "self_attn.k_proj", "se
                                      "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 Status check_supported(const TrainableModelImpl& h) {
-  if (h.opts.full_sft) return unsupported("--device cuda: full SFT is not implemented on the GPU; use LoRA or --device cpu");
-  if (h.opts.lora.dropout > 0)
+  if (!h.opts.full_sft && h.opts.lora.dropout > 0)
     return unsupported("--device cuda: LoRA dropout ", h.opts.lora.dropout, " is not implemented on the GPU (set peft.dropout=0)");
   if (h.quirks.o_bias || h.quirks.mlp_bias)
     return unsupported("--device cuda: o_proj / MLP biases are not implemented on the GPU");
@@ -87,7 +87,8 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                      .lora_scale = h.opts.lora.scale(), .targets = {},
                      .recompute = recompute.value_or(h.opts.activations_checkpoint ? CudaRecompute::kFull
                                                                                    : CudaRecompute::kNone),
-                     .max_arena_bytes = max_arena_bytes, .keep_layers = keep_layers, .adamw = adamw};
+                     .max_arena_bytes = max_arena_bytes, .keep_layers = keep_layers, .full_sft = h.opts.full_sft,
+                     .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainableModel> g, CudaTrainableModel::create(s, o));
   const std::vector<ParamInfo>& want = host.param_table();
@@ -95,7 +96,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
   bool same = want.size() == got.size();
   for (size_t i = 0; same && i < want.size(); ++i)
     same = want[i].name == got[i].name && want[i].offset == got[i].offset && want[i].shape == got[i].shape;
-  if (!same) return error(StatusCode::kInternal, "--device cuda: the GPU's LoRA layout differs from the host model's");
+  if (!same) return error(StatusCode::kInternal, "--device cuda: the GPU's parameter layout differs from the host model's");
   LATHE_TRY(upload_base(h, *g));
   if (g->n_params() > 0) LATHE_TRY(g->upload_params(host.params().subspan(0, size_t(g->n_params()))));
   LATHE_TRY(g->context().synchronize());

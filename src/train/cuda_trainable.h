@@ -1,9 +1,10 @@
 // The GPU side of a TrainableModel: a CudaTrainableModel built from a loaded
-// LoRA TrainableModel (its frozen base rounded to bf16 and uploaded, its
-// LoRA table and values copied), plus parsing of `--device cpu|cuda|cuda:N`.
-// The host model stays the source of truth for saving: copy the trained
-// parameters back with download_params(host.params()) before
-// save_adapter_peft().
+// TrainableModel, LoRA (its frozen base rounded to bf16 and uploaded, its
+// LoRA table and values copied) or full SFT (every weight: bf16 copies and
+// f32 masters in the host's table), plus parsing of
+// `--device cpu|cuda|cuda:N`. The host model stays the source of truth for
+// saving: copy the trained parameters back with
+// download_params(host.params()) before save_adapter_peft() / save_full().
 #pragma once
 
 #include <memory>
@@ -24,8 +25,9 @@ struct DeviceChoice {
 // else the CPU. "cpu", "cuda" (= cuda:0), "cuda:N". Errors name the value.
 Result<DeviceChoice> parse_device(const std::string& text);
 
-// Refuses what the GPU path does not do (full SFT, LoRA dropout, o/MLP
-// biases, head_dim other than 32/64/128) with a message saying so. Without a
+// Refuses what the GPU path does not do (LoRA dropout, o/MLP biases,
+// head_dim other than 32/64/128, a full SFT larger than the device's
+// memory) with a message saying so. Without a
 // recompute mode the host's activations_checkpoint picks full or none;
 // max_arena_bytes and keep_layers as CudaTrainOptions' (selective's).
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,

@@ -10,6 +10,7 @@
 # differences between devices are ~1e-3 (cuda_finetune_e2e.sh), and
 # continuing without the restored moments or step count changes the
 # AdamW update itself.
+# Then the same for full-parameter SFT (peft.peft_scheme=none).
 # The model is the tiny preset regrouped to head_dim 64, as in
 # cuda_finetune_e2e.sh. Exits 77 (ctest's skip) without a GPU or CUDA build.
 # Usage: cuda_resume_e2e.sh path/to/lathe (or LATHE=path/to/lathe).
@@ -63,4 +64,22 @@ compare "$TMP/a.losses" "$TMP/c.losses" 1e-5 || fail "stopped and resumed GPU ru
 "$LATHE" finetune "${ARGS[@]}" --run-dir "$TMP/a2" >/dev/null 2>"$TMP/a2.log" || { cat "$TMP/a2.log" >&2; fail "run a2"; }
 losses "$TMP/a2/metrics.jsonl" >"$TMP/a2.losses"
 echo -n "run to run: "; compare "$TMP/a.losses" "$TMP/a2.losses" 1e-5 || fail "two uninterrupted GPU runs differ by more than 1e-5"
+
+# Full-parameter SFT the same way: the checkpoint holds every weight's f32
+# master and AdamW moments (the host table's), and the resumed run repeats
+# the uninterrupted one (its gradient sums run in a fixed order too).
+FULL=(peft.peft_scheme=none optim.lr=0.001)
+"$LATHE" finetune "${ARGS[@]}" "${FULL[@]}" --run-dir "$TMP/f" >/dev/null 2>"$TMP/f.log" \
+  || { cat "$TMP/f.log" >&2; fail "full SFT run f"; }
+grep -q "device: cuda:0" "$TMP/f.log" || fail "full SFT run f did not train on cuda:0: $(grep device "$TMP/f.log")"
+losses "$TMP/f/metrics.jsonl" >"$TMP/f.losses"
+"$LATHE" finetune "${ARGS[@]}" "${FULL[@]}" --run-dir "$TMP/g" trainer.max_steps=8 >/dev/null 2>"$TMP/g1.log" \
+  || { cat "$TMP/g1.log" >&2; fail "full SFT run g, first half"; }
+"$LATHE" finetune "${ARGS[@]}" "${FULL[@]}" --run-dir "$TMP/g" resume=auto >/dev/null 2>"$TMP/g2.log" \
+  || { cat "$TMP/g2.log" >&2; fail "full SFT run g, second half"; }
+grep -q "at step 8" "$TMP/g2.log" || fail "full SFT run g did not resume at step 8: $(cat "$TMP/g2.log")"
+grep -q "device: cuda:0" "$TMP/g2.log" || fail "the resumed full SFT run did not train on cuda:0"
+losses "$TMP/g/metrics.jsonl" >"$TMP/g.losses"
+echo -n "full SFT: "; compare "$TMP/f.losses" "$TMP/g.losses" 1e-5 \
+  || fail "stopped and resumed full-SFT GPU run differs from the uninterrupted one"
 echo "cuda resume e2e: ok"

@@ -275,6 +275,9 @@ struct CudaAdamWConfig {
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool maximize = false;
+  // Norm weights and biases get no weight decay (train/adamw.h's option);
+  // the model that registers the tensors applies it by name.
+  bool no_decay_norm_and_bias = false;
 };
 
 // Multi-tensor AdamW: one launch updates every tensor (a chunk table built at
