@@ -263,8 +263,8 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
 }
 
 // The layer's GEMVs and the LM head with block shape `shape`, split k or
-// persistent grids (GemvArgs::persistent); the step runs shapes 0 / 2
-// without split, persistent as step_persistent.
+// persistent grids (GemvArgs::persistent); the step runs the shapes of
+// kCudaDecodeShapes without split, persistent as step_persistent.
 void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
                bool overlap, uint8_t shape, bool split, bool persistent, bool step_persistent,
                std::vector<KernelRow>& rows) {
@@ -272,11 +272,13 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd, kv_dim = int64_t(c.num_key_value_heads) * hd;
   const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
-  // Calls per step of this shape: decode_layer() runs o and down with shape 2 up to 4 rows, the rest with 0.
-  const uint8_t residual_shape = batch <= 4 ? 2 : 0;
+  // Calls per step of this shape: decode_layer() runs the shapes of kCudaDecodeShapes up to 4 rows, 0 above.
   const bool as_step = !split && persistent == (step_persistent && batch <= 4);
-  const int layers = shape == 0 && as_step ? c.num_hidden_layers : 0;
-  const int residual_layers = shape == residual_shape && as_step ? c.num_hidden_layers : 0;
+  auto per_step = [&](uint8_t step_shape, int calls) {
+    return as_step && shape == (batch <= 4 ? step_shape : 0) ? calls : 0;
+  };
+  const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
+  const int layers = c.num_hidden_layers;
   // The normed input: f32 stream + norm weights in the kernel, or bf16 rows normed before.
   auto normed = [&](cu::GemvArgs g) {
     if (fused_norm) {
@@ -305,18 +307,19 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   qkv.rope = {.q_out = kb.q, .k_caches = kb.cache_ptrs, .v_caches = kb.cache_ptrs + batch, .pos = kb.pos,
               .cos = kb.cos, .sin = kb.sin, .n_head = c.num_attention_heads, .n_head_kv = c.num_key_value_heads,
               .head_dim = static_cast<int>(hd), .max_ctx = max_ctx};
-  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, layers));
+  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, per_step(sh.qkv, layers)));
   rows.push_back(time_gemv(ctx, kb, "o +residual", hidden,
                            plain({.x = kb.attn, .out = kb.h, .n = hidden, .k = q_dim, .epilogue = E::kAddF32}),
-                           residual_layers));
+                           per_step(sh.o, layers)));
   rows.push_back(time_gemv(ctx, kb, "norm+gate|up+swiglu", 2 * ffn,
-                           normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}), layers));
+                           normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}),
+                           per_step(sh.gate_up, layers)));
   rows.push_back(time_gemv(ctx, kb, "down +residual", hidden,
                            plain({.out = kb.h, .n = hidden, .k = ffn, .epilogue = E::kAddF32, .x_f32 = kb.act}),
-                           residual_layers));
+                           per_step(sh.down, layers)));
   rows.push_back(time_gemv(ctx, kb, "norm+lm_head", c.vocab_size,
                            normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}),
-                           shape == 0 && as_step ? 1 : 0));
+                           per_step(sh.lm_head, 1)));
 }
 
 // The decode step's kernels at this shape and batch, as decode_layer() calls them.

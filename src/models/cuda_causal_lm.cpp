@@ -547,17 +547,18 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
+  const CudaDecodeShapes shapes = b <= kFusedNormRows ? kCudaDecodeShapes : CudaDecodeShapes{0, 0, 0, 0, 0};
   if (!w.q_norm) {
     // RoPE and the cache append in the projection's epilogue.
     cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
-                     .epilogue = GemvEpilogue::kRopeAppend};
+                     .epilogue = GemvEpilogue::kRopeAppend, .shape = shapes.qkv};
     g.rope = {.q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l), .pos = buf.positions, .cos = buf.cos,
               .sin = buf.sin, .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
               .head_dim = static_cast<int>(hd), .max_ctx = opts.max_seq};
     LATHE_TRY(norm_gemv(w.attn_norm, g));
   } else {
     LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim,
-                                       .k = hidden, .epilogue = GemvEpilogue::kStoreF32}));
+                                       .k = hidden, .epilogue = GemvEpilogue::kStoreF32, .shape = shapes.qkv}));
     LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                       .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                       .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
@@ -565,16 +566,14 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
                                       .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
   }
   LATHE_TRY(decode_attention(l, b));
-  // o and down: 256-thread GEMV blocks up to 4 rows (measured faster on these few-wave shapes, gemv.cu).
-  const uint8_t residual_shape = b <= 4 ? 2 : 0;
   LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
                              .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap,
-                             .shape = residual_shape, .persistent = opts.persistent_gemv}));
+                             .shape = shapes.o, .persistent = opts.persistent_gemv}));
   LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn, .k = hidden,
-                                    .epilogue = GemvEpilogue::kSwigluF32}));
+                                    .epilogue = GemvEpilogue::kSwigluF32, .shape = shapes.gate_up}));
   return cuda::gemv(ctx, {.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
                           .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.act,
-                          .shape = residual_shape, .persistent = opts.persistent_gemv});
+                          .shape = shapes.down, .persistent = opts.persistent_gemv});
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
@@ -585,7 +584,8 @@ Status CudaCausalLmImpl::decode_step(int b) {
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
   return norm_gemv(final_norm, {.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                                .epilogue = cuda::GemvEpilogue::kStoreF32});
+                                .epilogue = cuda::GemvEpilogue::kStoreF32,
+                                .shape = b <= kFusedNormRows ? kCudaDecodeShapes.lm_head : uint8_t{0}});
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {

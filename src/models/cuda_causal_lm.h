@@ -25,6 +25,14 @@
 
 namespace lathe {
 
+// The decode step's GEMV block shapes (GemvArgs::shape) up to 4 sequences,
+// by projection (above 4 every one takes shape 0): the fastest in the
+// bench's kernel table (bench_generate_cuda) on the H200.
+struct CudaDecodeShapes {
+  uint8_t qkv = 0, o = 2, gate_up = 0, down = 2, lm_head = 0;
+};
+inline constexpr CudaDecodeShapes kCudaDecodeShapes{};
+
 struct CudaModelOptions {
   int device = 0;                // CUDA device index
   int max_seq = 0;               // KV cache rows: prompt + generated tokens (> 0)
