@@ -272,10 +272,11 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd, kv_dim = int64_t(c.num_key_value_heads) * hd;
   const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
-  // Calls per step of this shape: decode_layer() runs the shapes of kCudaDecodeShapes up to 4 rows, 0 above.
-  const bool as_step = !split && persistent == (step_persistent && batch <= 4);
-  auto per_step = [&](uint8_t step_shape, int calls) {
-    return as_step && shape == (batch <= 4 ? step_shape : 0) ? calls : 0;
+  // Calls per step of this grid: decode_layer() runs the grids of kCudaDecodeShapes up to 4 rows, shape 0 above.
+  auto per_step = [&](lathe::CudaGemvGrid step, int calls) {
+    const bool small = batch <= 4;
+    const bool same = shape == (small ? step.shape : 0) && persistent == (small && step.persistent && step_persistent);
+    return !split && same ? calls : 0;
   };
   const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
   const int layers = c.num_hidden_layers;

@@ -183,6 +183,7 @@ class CudaCausalLmImpl {
   Status upload_step(std::span<const int32_t> tokens, const std::function<int32_t(int64_t)>& position);
   // Decode: one token for each of sequences 0..b−1.
   Status norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g);
+  cuda::GemvArgs with_grid(cuda::GemvArgs g, CudaGemvGrid grid) const;
   Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
   Status decode_step(int b);
@@ -528,9 +529,17 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
 // kFusedNormRows rows the norm is computed inside the GEMV (every block
 // rereads h, which stays in its SM's L1); more rows would not fit there,
 // so they take the norm kernel first.
+// g with the grid of kCudaDecodeShapes up to kFusedNormRows rows (shape 0 above).
+cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) const {
+  const bool small = g.rows <= kFusedNormRows;
+  g.shape = small ? grid.shape : 0;
+  g.persistent = small && grid.persistent && opts.persistent_gemv;
+  g.overlap = overlap;
+  return g;
+}
+
 Status CudaCausalLmImpl::norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g) {
   g.overlap = overlap;
-  g.persistent = opts.persistent_gemv;
   if (g.rows <= kFusedNormRows) {
     g.x_f32 = buf.h;
     g.norm_w = norm_w;
@@ -547,18 +556,19 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  const CudaDecodeShapes shapes = b <= kFusedNormRows ? kCudaDecodeShapes : CudaDecodeShapes{0, 0, 0, 0, 0};
+  const CudaDecodeShapes& grids = kCudaDecodeShapes;
   if (!w.q_norm) {
     // RoPE and the cache append in the projection's epilogue.
     cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
-                     .epilogue = GemvEpilogue::kRopeAppend, .shape = shapes.qkv};
+                     .epilogue = GemvEpilogue::kRopeAppend};
     g.rope = {.q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l), .pos = buf.positions, .cos = buf.cos,
               .sin = buf.sin, .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
               .head_dim = static_cast<int>(hd), .max_ctx = opts.max_seq};
-    LATHE_TRY(norm_gemv(w.attn_norm, g));
+    LATHE_TRY(norm_gemv(w.attn_norm, with_grid(g, grids.qkv)));
   } else {
-    LATHE_TRY(norm_gemv(w.attn_norm, {.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim,
-                                       .k = hidden, .epilogue = GemvEpilogue::kStoreF32, .shape = shapes.qkv}));
+    LATHE_TRY(norm_gemv(w.attn_norm, with_grid({.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b,
+                                                 .n = qkv_dim, .k = hidden, .epilogue = GemvEpilogue::kStoreF32},
+                                                grids.qkv)));
     LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                       .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                       .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
@@ -566,14 +576,15 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
                                       .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
   }
   LATHE_TRY(decode_attention(l, b));
-  LATHE_TRY(cuda::gemv(ctx, {.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
-                             .k = q_dim, .epilogue = GemvEpilogue::kAddF32, .overlap = overlap,
-                             .shape = shapes.o, .persistent = opts.persistent_gemv}));
-  LATHE_TRY(norm_gemv(w.mlp_norm, {.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn, .k = hidden,
-                                    .epilogue = GemvEpilogue::kSwigluF32, .shape = shapes.gate_up}));
-  return cuda::gemv(ctx, {.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
-                          .epilogue = GemvEpilogue::kAddF32, .overlap = overlap, .x_f32 = buf.act,
-                          .shape = shapes.down, .persistent = opts.persistent_gemv});
+  LATHE_TRY(cuda::gemv(ctx, with_grid({.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b,
+                                        .n = hidden, .k = q_dim, .epilogue = GemvEpilogue::kAddF32},
+                                       grids.o)));
+  LATHE_TRY(norm_gemv(w.mlp_norm, with_grid({.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn,
+                                              .k = hidden, .epilogue = GemvEpilogue::kSwigluF32},
+                                             grids.gate_up)));
+  return cuda::gemv(ctx, with_grid({.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
+                                    .epilogue = GemvEpilogue::kAddF32, .x_f32 = buf.act},
+                                   grids.down));
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
@@ -583,9 +594,9 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  return norm_gemv(final_norm, {.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                                .epilogue = cuda::GemvEpilogue::kStoreF32,
-                                .shape = b <= kFusedNormRows ? kCudaDecodeShapes.lm_head : uint8_t{0}});
+  return norm_gemv(final_norm, with_grid({.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
+                                          .epilogue = cuda::GemvEpilogue::kStoreF32},
+                                         kCudaDecodeShapes.lm_head));
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {

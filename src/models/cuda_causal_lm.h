@@ -25,11 +25,17 @@
 
 namespace lathe {
 
-// The decode step's GEMV block shapes (GemvArgs::shape) up to 4 sequences,
-// by projection (above 4 every one takes shape 0): the fastest in the
-// bench's kernel table (bench_generate_cuda) on the H200.
+// The decode step's GEMV grids up to 4 sequences, by projection: block
+// shape (GemvArgs::shape) and whether persistent (GemvArgs::persistent,
+// unless CudaModelOptions::persistent_gemv is off); above 4 sequences every
+// one takes shape 0. The fastest in the bench's kernel table
+// (bench_generate_cuda) on the H200.
+struct CudaGemvGrid {
+  uint8_t shape = 0;
+  bool persistent = true;
+};
 struct CudaDecodeShapes {
-  uint8_t qkv = 0, o = 2, gate_up = 0, down = 2, lm_head = 0;
+  CudaGemvGrid qkv{0, true}, o{2, true}, gate_up{0, true}, down{2, true}, lm_head{0, true};
 };
 inline constexpr CudaDecodeShapes kCudaDecodeShapes{};
 
