@@ -310,7 +310,7 @@ void lay_out(CudaModelImpl& m) {
       const int64_t col = G.out;
       G.in = in[j];
       G.out += out[j];
-      if (!m.o.targets[size_t(j)]) continue;
+      if (m.o.full_sft || !m.o.targets[size_t(j)]) continue;  // full SFT: no LoRA, whatever targets says
       G.loras.push_back(int(m.loras.size()));
       m.loras.push_back({.r = r, .in = in[j], .out = out[j], .col = col, .slot = int64_t(G.loras.size()) - 1});
       const std::string key = "base_model.model.model.layers." + std::to_string(l) + "." + kProjPath[j] + ".lora_";

@@ -381,6 +381,42 @@ TEST(CudaSft, PlansMastersGradientsAndMoments) {
   }
 }
 
+// Full SFT ignores the LoRA options (targets default to all seven, as
+// bench_train_cuda leaves them): no LoRA member, so the same plan as none.
+TEST(CudaSft, IgnoresTheLoraOptions) {
+  CudaTrainOptions none{.max_tokens = 512, .lora_r = 8, .targets = {}, .full_sft = true};
+  CudaTrainOptions all{.max_tokens = 512, .lora_r = 8, .full_sft = true};
+  auto a = CudaTrainableModel::plan_arena(llama_shape(false), none);
+  auto b = CudaTrainableModel::plan_arena(llama_shape(false), all);
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().message() << b.status().message();
+  EXPECT_EQ(a->bytes, b->bytes);
+  EXPECT_EQ(a->optimizer_bytes, b->optimizer_bytes);
+}
+
+// From a shape alone, as bench_train_cuda builds it: random weights, the
+// masters taken from them, one pass with every weight's gradient set.
+TEST(CudaSft, TrainsFromAShapeAlone) {
+  SKIP_WITHOUT_GPU();
+  CudaModelShape s{.vocab = 384, .hidden = 128, .inter = 128, .n_layer = 2, .n_head = 2, .n_kv = 1, .head_dim = 64};
+  s.inv_freq.assign(32, 1.0f);
+  auto g = CudaTrainableModel::create(s, {.max_tokens = 256, .full_sft = true});
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  ASSERT_TRUE((*g)->fill_random(7).is_ok());
+  MicroBatch mb = random_batch(s.vocab, 11);
+  auto loss = (*g)->forward_backward(mb, 1.0f / float(mb.n_supervised));
+  ASSERT_TRUE(loss.is_ok()) << loss.status().message();
+  EXPECT_TRUE(std::isfinite(loss->loss_sum));
+  const std::vector<float> grads = grads_of(**g);
+  for (const ParamInfo& p : (*g)->param_table()) {
+    double most = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel(); ++i) most = std::max(most, double(std::abs(grads[size_t(i)])));
+    EXPECT_GT(most, 0.0) << p.name;
+  }
+  std::vector<float> params(size_t((*g)->n_params()));
+  ASSERT_TRUE((*g)->download_params(params).is_ok());
+  EXPECT_NE(params[0], 0.0f);  // the masters hold the random weights
+}
+
 TEST(CudaSft, RefusesWhatTheDeviceCannotHold) {
   SKIP_WITHOUT_GPU();
   auto g = CudaTrainableModel::create(llama_shape(true), {.max_tokens = 4096, .full_sft = true});
