@@ -15,10 +15,8 @@
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
-// --persistent 0 runs the decode GEMVs as one block per row tile rather than
-// one per resident slot (CudaModelOptions::persistent_gemv); up to 4
-// sequences each shape's row is followed by the decode rate with the other
-// choice.
+// --persistent 0 turns off the persistent GEMV grids kCudaDecodeShapes
+// picks (CudaModelOptions::persistent_gemv).
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
@@ -391,15 +389,6 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9,
               batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
               tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
-  if (batch <= 4) {
-    // The other GEMV grid (persistent or one block per tile), same model.
-    m.set_persistent_gemv(!persistent);
-    const Timing other = time_model(m, prompt, n_decode, batch, /*graphs=*/true, 3);
-    m.set_persistent_gemv(persistent);
-    const double tps_other = double(batch) * n_decode / other.decode_s;
-    std::printf("%s batch %d decode tok/s (graph) with %s GEMV grids: %.1f (%.0f%% of floor)\n", s.name, batch,
-                persistent ? "one-block-per-tile" : "persistent", tps_other, 100.0 * tps_other / floor_tps);
-  }
   std::fflush(stdout);
   return graph.decode_s / n_decode;
 }

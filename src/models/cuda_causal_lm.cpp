@@ -28,9 +28,8 @@
 // own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
-// flight before they wait; up to 4 sequences the GEMV grids are one block
-// per resident slot, each block an equal share of the outputs, so the
-// blocks end together (persistent_gemv).
+// flight before they wait; up to 4 sequences each GEMV takes the block
+// shape measured fastest for it (kCudaDecodeShapes).
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
