@@ -125,16 +125,7 @@ def run_pass(p, m, batch):
     xf, rstd_f = xn1, rstd1
     head_name = "model.embed_tokens.weight" if m.tied else "lm_head.weight"
     head = m.W[head_name]
-    logits = xf @ head.T
-    sup = labels != -100
-    n_sup = int(sup.sum())
-    lse = torch.logsumexp(logits.double(), -1)
-    tgt = labels.clamp(min=0)
-    loss = float((lse - logits.double().gather(1, tgt[:, None])[:, 0])[sup].sum()) / n_sup
-    prob = torch.softmax(logits, -1)
-    prob[torch.arange(T), tgt] -= 1.0
-    glog = p.r("ce_grad", prob * (1.0 / n_sup) * sup[:, None].float())
-    d_xf = p.mm("d_xf", glog, head)
+    loss, glog, d_xf = emu.lm_head_ce(p, xf, head, labels)
     grads[head_name] += glog.T @ xf
     norm_grad(grads, "model.norm.weight", hs[m.L], rstd_f, d_xf)
     dh = emu.rms_bwd(hs[m.L], m.W["model.norm.weight"], rstd_f, d_xf)

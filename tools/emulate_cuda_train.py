@@ -402,6 +402,23 @@ def swiglu_bwd(p, g, u, d):
 # ---- the pass -------------------------------------------------------------------------------
 
 
+def lm_head_ce(p, xf, head, labels):
+    """LM head + cross-entropy (cross_entropy.cu): the mean loss over supervised tokens from f32 logits, the
+    rounded logit gradient g = scale·(softmax − onehot) and d_xf = bf16(g·head)."""
+    logits = xf @ head.T
+    if "logits" in p.hf:
+        logits = p.bf(logits)
+    sup = labels != -100
+    n_sup = int(sup.sum())
+    lse = torch.logsumexp(logits.double(), -1)
+    tgt = labels.clamp(min=0)
+    loss = float((lse - logits.double().gather(1, tgt[:, None])[:, 0])[sup].sum()) / n_sup
+    prob = torch.softmax(logits, -1)
+    prob[torch.arange(len(labels)), tgt] -= 1.0
+    glog = p.r("ce_grad", prob * (1.0 / n_sup) * sup[:, None].float())
+    return loss, glog, p.mm("d_xf", glog, head)
+
+
 def run_pass(p, m, batch):
     """Loss (mean over supervised tokens) and the LoRA gradients of one pass on a packed batch."""
     ids, labels, positions, cu = batch
@@ -454,18 +471,7 @@ def run_pass(p, m, batch):
         p.save(f"hs.{l}", h)
     p.save("xf", xf)
     head = m.W["model.embed_tokens.weight"] if m.tied else m.W["lm_head.weight"]
-    logits = xf @ head.T
-    if "logits" in p.hf:
-        logits = p.bf(logits)
-    sup = labels != -100
-    n_sup = int(sup.sum())
-    lse = torch.logsumexp(logits.double(), -1)
-    tgt = labels.clamp(min=0)
-    loss = float((lse - logits.double().gather(1, tgt[:, None])[:, 0])[sup].sum()) / n_sup
-    prob = torch.softmax(logits, -1)
-    prob[torch.arange(T), tgt] -= 1.0
-    glog = p.r("ce_grad", prob * (1.0 / n_sup) * sup[:, None].float())
-    d_xf = p.mm("d_xf", glog, head)
+    loss, _, d_xf = lm_head_ce(p, xf, head, labels)
     p.save("d_xf", d_xf)
 
     dh = dh_round(rms_bwd(hs[m.L], m.W["model.norm.weight"], rstd_f, d_xf))

@@ -45,6 +45,7 @@
 
 #include "backends/cuda/device.h"
 #include "io/safetensors.h"
+#include "cuda_train/fixture_util.h"
 #include "cuda_train/hf_bf16_check.h"
 #include "train/adamw.h"
 #include "train/cuda_trainable.h"
@@ -53,16 +54,8 @@
 namespace lathe {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                              \
-  do {                                                                                                  \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine"; \
-  } while (0)
+using namespace lathe::testing;  // NOLINT: the shared fixture helpers
 
-std::string data_dir() {
-  if (const char* e = std::getenv("LATHE_TEST_DATA")) return e;
-  if (std::filesystem::exists(LATHE_TEST_DATA "/grad_hd64")) return LATHE_TEST_DATA;
-  return "tests/data";
-}
 const std::string kFix = data_dir() + "/grad_hd64/";
 // The AdamW tracking test's bounds, cuda_train_test.cpp's for LoRA.
 constexpr double kStepGradTol = 3e-2;
@@ -71,65 +64,6 @@ constexpr double kStepLossTol = 2e-3;
 constexpr double kBugFactor = 5.0;
 
 testing::HfBf16Bounds bounds(const std::string& name) { return {kFix + "bf16_error_full.json", name}; }
-
-double rel_error(const float* got, const float* want, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    ref = std::max(ref, std::abs(double(want[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
-
-MicroBatch pack(const std::vector<std::vector<int32_t>>& ids, const std::vector<std::vector<int32_t>>& labels) {
-  MicroBatch mb;
-  mb.n_rows = 1;
-  mb.cu_seqlens = {0};
-  for (size_t d = 0; d < ids.size(); ++d) {
-    for (size_t j = 0; j < ids[d].size(); ++j) {
-      mb.input_ids.push_back(ids[d][j]);
-      mb.labels.push_back(labels[d][j]);
-      mb.position_ids.push_back(int32_t(j));
-      mb.n_supervised += labels[d][j] != kIgnoreIndex;
-    }
-    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
-    mb.max_seqlen = std::max(mb.max_seqlen, int32_t(ids[d].size()));
-  }
-  mb.row_starts = {0, int32_t(mb.input_ids.size())};
-  return mb;
-}
-
-// The fixture's two documents, labels shifted as lathe packs them.
-MicroBatch fixture_batch(const SafetensorsFile& f) {
-  Tensor ids = f.tensor("input_ids").value(), labels = f.tensor("labels").value(), lens = f.tensor("lengths").value();
-  std::vector<std::vector<int32_t>> x, y;
-  const int64_t L = ids.size(1);
-  for (int64_t b = 0; b < ids.size(0); ++b) {
-    const int64_t n = lens.data<int64_t>()[b];
-    x.emplace_back();
-    y.emplace_back();
-    for (int64_t j = 0; j < n; ++j) {
-      x.back().push_back(int32_t(ids.data<int64_t>()[b * L + j]));
-      y.back().push_back(j + 1 < n ? int32_t(labels.data<int64_t>()[b * L + j + 1]) : kIgnoreIndex);
-    }
-  }
-  return pack(x, y);
-}
-
-// tools/bf16_grad_error.py's packed batch: three documents of random tokens,
-// the first 5 of each unsupervised (tokens repeat: the embedding's
-// per-token sums see duplicates).
-MicroBatch random_batch(int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> x, y;
-  for (int len : {50, 37, 20}) {
-    x.emplace_back();
-    y.emplace_back();
-    for (int j = 0; j < len; ++j) x.back().push_back(int32_t(3 + rng() % uint32_t(vocab - 3)));
-    for (int j = 0; j < len; ++j) y.back().push_back(j >= 5 && j + 1 < len ? x.back()[size_t(j + 1)] : kIgnoreIndex);
-  }
-  return pack(x, y);
-}
 
 std::unique_ptr<TrainableModel> load_full(const std::string& family, bool checkpoint = false) {
   auto m = TrainableModel::load(kFix + family + "/model", {.full_sft = true, .activations_checkpoint = checkpoint});
@@ -143,11 +77,16 @@ std::unique_ptr<CudaTrainableModel> to_gpu(TrainableModel& host, std::optional<C
   return g.is_ok() ? std::move(g).value() : nullptr;
 }
 
-std::vector<float> grads_of(CudaTrainableModel& g) {
-  std::vector<float> out(size_t(g.n_params()));
-  Status st = g.download_grads(out);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  return out;
+// The fixture model of `family` for full SFT on the host and its GPU copy
+// (null, with a test failure, where either fails).
+struct FullPair {
+  std::unique_ptr<TrainableModel> host;
+  std::unique_ptr<CudaTrainableModel> gpu;
+};
+FullPair full_pair(const std::string& family) {
+  FullPair p{.host = load_full(family), .gpu = nullptr};
+  if (p.host) p.gpu = to_gpu(*p.host);
+  return p;
 }
 
 SafetensorsFile open_fixture(const std::string& family) {
@@ -165,10 +104,8 @@ class CudaSftFixture : public ::testing::TestWithParam<const char*> {};
 TEST_P(CudaSftFixture, LossAndGradientsMatchTransformers) {
   SKIP_WITHOUT_GPU();
   const std::string family = GetParam();
-  auto host = load_full(family);
-  ASSERT_TRUE(host);
-  auto gpu = to_gpu(*host);
-  ASSERT_TRUE(gpu);
+  auto [host, gpu] = full_pair(family);
+  ASSERT_TRUE(host && gpu);
   ASSERT_EQ(gpu->n_params(), int64_t(host->params().size()));
   SafetensorsFile file = open_fixture(family);
   MicroBatch mb = fixture_batch(file);
@@ -241,10 +178,8 @@ class CudaSftVsCpu : public ::testing::TestWithParam<const char*> {};
 TEST_P(CudaSftVsCpu, PackedBatchMatchesTheCpuTrainer) {
   SKIP_WITHOUT_GPU();
   const std::string family = GetParam();
-  auto host = load_full(family);
-  ASSERT_TRUE(host);
-  auto gpu = to_gpu(*host);
-  ASSERT_TRUE(gpu);
+  auto [host, gpu] = full_pair(family);
+  ASSERT_TRUE(host && gpu);
   MicroBatch mb = random_batch(host->config().vocab_size, 17);
   const float scale = 1.0f / float(mb.n_supervised);
   auto lc = host->forward_backward(mb, scale);
@@ -294,10 +229,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaSftDeterminism, ::testing::Values("qwen2"
 // parameters and moments come back through the host table.
 TEST(CudaSft, AdamWStepsTrackTheCpuRun) {
   SKIP_WITHOUT_GPU();
-  auto host = load_full("qwen2");
-  ASSERT_TRUE(host);
-  auto gpu = to_gpu(*host);
-  ASSERT_TRUE(gpu);
+  auto [host, gpu] = full_pair("qwen2");
+  ASSERT_TRUE(host && gpu);
   std::vector<AdamWParam> ps;
   for (const ParamInfo& p : host->param_table())
     ps.push_back({.name = p.name, .param = host->params().data() + p.offset, .grad = host->grads().data() + p.offset,

@@ -20,7 +20,7 @@
 
 #include "backends/cuda/device.h"
 #include "io/safetensors.h"
-#include "train/fake_codec.h"
+#include "cuda_train/trainer_run.h"
 #include "train/pretokenized_data.h"
 #include "train/trainer.h"
 
@@ -37,39 +37,15 @@ std::string fixture_model() {
   return "tests/data/grad_hd64/qwen2/model";
 }
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
 // Training losses of a full-SFT run on `device`; its model lands in
 // dir/run_<device>/model.
 std::vector<double> train_full(const fs::path& dir, const std::string& device) {
-  const fs::path run = dir / ("run_" + device);
-  const std::vector<std::string> overrides = {
-      "peft.peft_scheme=none", "trainer.max_steps=" + std::to_string(kSteps), "trainer.val_check_interval=0",
-      "trainer.limit_val_batches=0", "data.seq_length=64", "data.micro_batch_size=2", "data.global_batch_size=4",
-      "optim.lr=" + std::to_string(kLr), "optim.sched.warmup_steps=0", "optim.weight_decay=0"};
-  auto recipe = load_recipe("", overrides);
-  EXPECT_TRUE(recipe.is_ok()) << recipe.status().message();
-  if (!recipe.is_ok()) return {};
-  std::unique_ptr<std::FILE, FileCloser> devnull(std::fopen("/dev/null", "w"));
-  TextCodec codec = testing::fake_codec();
-  codec.vocab_size = 384;
-  TrainerConfig c{.recipe = *recipe, .model_dir = fixture_model(), .data_path = (dir / "data").string(),
-                  .run_dir = run.string(), .progress = ProgressStyle::kLines, .log = devnull.get()};
-  c.device = device;
-  auto trainer = Trainer::create(c, &codec);
-  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
-  if (!trainer.is_ok()) return {};
-  auto summary = (*trainer)->run();
-  EXPECT_TRUE(summary.is_ok()) << summary.status().message();
-  std::vector<double> losses;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss") && !j.contains("val_loss")) losses.push_back(j["loss"].get<double>());
-  }
-  return losses;
+  return testing::trainer_losses(fixture_model(), dir / "data", dir / ("run_" + device), device,
+                                 {"peft.peft_scheme=none", "trainer.max_steps=" + std::to_string(kSteps),
+                                  "trainer.val_check_interval=0", "trainer.limit_val_batches=0", "data.seq_length=64",
+                                  "data.micro_batch_size=2", "data.global_batch_size=4",
+                                  "optim.lr=" + std::to_string(kLr), "optim.sched.warmup_steps=0",
+                                  "optim.weight_decay=0"});
 }
 
 TEST(CudaSftTrainerRun, LossFallsTracksTheCpuAndExportsTheTrainedModel) {

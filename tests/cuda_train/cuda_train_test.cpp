@@ -19,7 +19,7 @@
 // small factor fails Hugging Face itself (1.25 × sdpa, this file's earlier
 // bound, fails 16 of HF eager's 174 tensors, and 29 the other way round).
 // The GPU pass is therefore held to what HF's runs do, per tensor and in
-// aggregate (HfBf16Check):
+// aggregate (hf_bf16_check.h):
 //   - each tensor within kRunSpread = 2 × the larger of HF's two errors (2:
 //     the narrowest round factor above HF's largest run-to-run spread);
 //   - per case, the median over its tensors of error / that larger error at
@@ -50,6 +50,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cuda/device.h"
+#include "cuda_train/fixture_util.h"
+#include "cuda_train/hf_bf16_check.h"
 #include "io/safetensors.h"
 #include "train/adamw.h"
 #include "train/cuda_trainable.h"
@@ -58,132 +60,14 @@
 namespace lathe {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                     \
-  do {                                                                                         \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine"; \
-  } while (0)
+using namespace lathe::testing;  // NOLINT: the shared fixture helpers
 
-// The fixtures: $LATHE_TEST_DATA, else the source tree's tests/data, else
-// tests/data under the working directory (a copied tree on the GPU machine).
-std::string data_dir() {
-  if (const char* e = std::getenv("LATHE_TEST_DATA")) return e;
-  if (std::filesystem::exists(LATHE_TEST_DATA "/grad_hd64")) return LATHE_TEST_DATA;
-  return "tests/data";
-}
 const std::string kFix = data_dir() + "/grad_hd64/";
 // For the AdamW tracking test only (gradient norm and loss after steps).
 constexpr double kGradTol = 3e-2;
 constexpr double kLossTol = 2e-3;
-// HF's largest run-to-run spread, rounded up (see the top of the file).
-constexpr double kRunSpread = 2.0;
-
-// The bf16 checks of one case of bf16_error.json ("peft/llama", ...): bound()
-// is kRunSpread × the larger of HF's two bf16 errors of a tensor ("loss" or a
-// gradient's name), 0 (failing every comparison) with a test failure when the
-// file or the entry is missing; expect() checks one error against it and
-// records error / HF's error for the median, record() only records it;
-// expect_median() checks the median.
-class HfBf16Check {
- public:
-  explicit HfBf16Check(std::string name) : name_(std::move(name)) {
-    const std::string path = kFix + "bf16_error.json";
-    try {
-      std::ifstream f(path);
-      if (!f) throw std::runtime_error("cannot open the file");
-      case_ = nlohmann::json::parse(f).at("cases").at(name_);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << path << ": case " << name_ << ": " << e.what();
-    }
-  }
-  // The larger of HF's sdpa and eager errors; 0 (and a failure) if missing.
-  double hf(const std::string& tensor) const {
-    try {
-      const nlohmann::json& e = tensor == "loss" ? case_.at("loss") : case_.at("grads").at(tensor);
-      return std::max(e.at("error").get<double>(), e.at("eager").get<double>());
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "bf16_error.json: case " << name_ << ", " << tensor << ": " << e.what();
-      return 0;
-    }
-  }
-  double bound(const std::string& tensor) const { return kRunSpread * hf(tensor); }
-  void expect(const std::string& tensor, double err) {
-    EXPECT_LE(err, bound(tensor)) << name_ << " " << tensor << " (HF's bf16 error " << hf(tensor) << ")";
-    record(tensor, err);
-  }
-  void record(const std::string& tensor, double err) {
-    const double h = hf(tensor);
-    ratios_.push_back(h > 0 ? err / h : INFINITY);
-  }
-  double median() {
-    if (ratios_.empty()) return INFINITY;
-    std::sort(ratios_.begin(), ratios_.end());
-    const size_t n = ratios_.size();
-    return n % 2 ? ratios_[n / 2] : 0.5 * (ratios_[n / 2 - 1] + ratios_[n / 2]);
-  }
-  void expect_median() { EXPECT_LE(median(), 1.0) << name_ << ": median of error / HF's bf16 error"; }
-
- private:
-  std::string name_;
-  nlohmann::json case_ = nlohmann::json::object();
-  std::vector<double> ratios_;
-};
-
-double rel_error(const float* got, const float* want, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    ref = std::max(ref, std::abs(double(want[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
-
-// Documents as lathe packs them: labels[j] predicts token j + 1.
-MicroBatch pack(const std::vector<std::vector<int32_t>>& ids, const std::vector<std::vector<int32_t>>& labels) {
-  MicroBatch mb;
-  mb.n_rows = 1;
-  mb.cu_seqlens = {0};
-  for (size_t d = 0; d < ids.size(); ++d) {
-    for (size_t j = 0; j < ids[d].size(); ++j) {
-      mb.input_ids.push_back(ids[d][j]);
-      mb.labels.push_back(labels[d][j]);
-      mb.position_ids.push_back(int32_t(j));
-      mb.n_supervised += labels[d][j] != kIgnoreIndex;
-    }
-    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
-    mb.max_seqlen = std::max(mb.max_seqlen, int32_t(ids[d].size()));
-  }
-  mb.row_starts = {0, int32_t(mb.input_ids.size())};
-  return mb;
-}
-
-MicroBatch fixture_batch(const SafetensorsFile& f) {
-  Tensor ids = f.tensor("input_ids").value(), labels = f.tensor("labels").value(), lens = f.tensor("lengths").value();
-  std::vector<std::vector<int32_t>> x, y;
-  const int64_t L = ids.size(1);
-  for (int64_t b = 0; b < ids.size(0); ++b) {
-    const int64_t n = lens.data<int64_t>()[b];
-    x.emplace_back();
-    y.emplace_back();
-    for (int64_t j = 0; j < n; ++j) {
-      x.back().push_back(int32_t(ids.data<int64_t>()[b * L + j]));
-      y.back().push_back(j + 1 < n ? int32_t(labels.data<int64_t>()[b * L + j + 1]) : kIgnoreIndex);
-    }
-  }
-  return pack(x, y);
-}
-
-// Three documents of random tokens, the first 5 of each unsupervised.
-MicroBatch random_batch(int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> x, y;
-  for (int len : {50, 37, 20}) {
-    x.emplace_back();
-    y.emplace_back();
-    for (int j = 0; j < len; ++j) x.back().push_back(int32_t(3 + rng() % uint32_t(vocab - 3)));
-    for (int j = 0; j < len; ++j) y.back().push_back(j >= 5 && j + 1 < len ? x.back()[size_t(j + 1)] : kIgnoreIndex);
-  }
-  return pack(x, y);
-}
+// The bf16 bounds of case `name` of bf16_error.json (hf_bf16_check.h).
+HfBf16Bounds lora_bounds(const std::string& name) { return {kFix + "bf16_error.json", name}; }
 
 std::unique_ptr<TrainableModel> load_host(const std::string& family, bool checkpoint = false) {
   auto m = TrainableModel::load(kFix + family + "/model",
@@ -196,13 +80,6 @@ std::unique_ptr<CudaTrainableModel> to_gpu(TrainableModel& host, int64_t max_tok
   auto g = upload_to_cuda(host, 0, max_tokens, {});
   EXPECT_TRUE(g.is_ok()) << g.status().message();
   return g.is_ok() ? std::move(g).value() : nullptr;
-}
-
-std::vector<float> grads_of(CudaTrainableModel& g) {
-  std::vector<float> out(size_t(g.n_params()));
-  Status st = g.download_grads(out);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  return out;
 }
 
 // The fixture's batch through a GPU copy of the fixture's model: one
@@ -244,7 +121,7 @@ TEST_P(CudaLoraFixture, LossAndEveryLoraGradientMatchPeft) {
   auto& [host, gpu, file, mb, loss] = *run;
   EXPECT_EQ(loss->n_supervised, mb.n_supervised);
   const double want = file->tensor("loss").value().data<double>()[0];
-  HfBf16Check check("peft/" + family);
+  HfBf16Bounds check = lora_bounds("peft/" + family);
   check.expect("loss", std::abs(loss->loss_sum / double(loss->n_supervised) - want) / want);
   std::vector<float> g = grads_of(*gpu);
   int checked = 0;
@@ -318,7 +195,7 @@ TEST_P(CudaLoraFixture, TolerancesPassTheCpuTrainerAndFailABug) {
     auto host = load_host(family);
     ASSERT_TRUE(host);
     ASSERT_TRUE(host->forward_backward(*mb, 1.0f / float(mb->n_supervised)).is_ok());
-    HfBf16Check check("peft/" + family);
+    HfBf16Bounds check = lora_bounds("peft/" + family);
     int checked = 0;
     for (const ParamInfo& p : host->param_table()) {
       Tensor w = file->tensor(p.name).value();
@@ -352,7 +229,7 @@ TEST_P(CudaVsCpu, PackedBatchMatchesTheCpuTrainer) {
   auto lg = gpu->forward_backward(mb, scale);
   ASSERT_TRUE(lc.is_ok() && lg.is_ok()) << lc.status().message() << lg.status().message();
   EXPECT_EQ(lg->n_supervised, lc->n_supervised);
-  HfBf16Check check("packed/" + family);
+  HfBf16Bounds check = lora_bounds("packed/" + family);
   check.expect("loss", std::abs(lg->loss_sum - lc->loss_sum) / lc->loss_sum);
   std::vector<float> g = grads_of(*gpu);
   for (const ParamInfo& p : host->param_table())

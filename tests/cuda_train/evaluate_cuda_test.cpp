@@ -24,15 +24,11 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cuda/device.h"
+#include "cuda_train/fixture_util.h"
 #include "train/evaluate.h"
 
 namespace lathe {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                                 \
-  do {                                                                                                     \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine"; \
-  } while (0)
 
 std::string test_data() {
   const char* env = std::getenv("LATHE_TEST_DATA");

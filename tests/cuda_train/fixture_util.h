@@ -1,0 +1,106 @@
+// Helpers the GPU trainer tests share: where the fixtures are, the skip
+// without a GPU, packing documents into a micro batch as lathe does (the
+// gradient fixtures' batch and the tests' random one), the error metric of
+// the bf16 bounds and reading a model's gradients back.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/device.h"
+#include "io/safetensors.h"
+#include "train/cuda_model.h"
+#include "train/trainable_model.h"
+
+#define SKIP_WITHOUT_GPU()                                                                              \
+  do {                                                                                                  \
+    if (::lathe::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine"; \
+  } while (0)
+
+namespace lathe::testing {
+
+// The fixtures: $LATHE_TEST_DATA, else the source tree's tests/data, else
+// tests/data under the working directory (a copied tree on the GPU machine).
+inline std::string data_dir() {
+  if (const char* e = std::getenv("LATHE_TEST_DATA")) return e;
+  if (std::filesystem::exists(LATHE_TEST_DATA "/grad_hd64")) return LATHE_TEST_DATA;
+  return "tests/data";
+}
+
+// max|got − want| / max|want| (max|got − want| when want is all zero).
+inline double rel_error(const float* got, const float* want, int64_t n) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+    ref = std::max(ref, std::abs(double(want[i])));
+  }
+  return ref > 0 ? diff / ref : diff;
+}
+
+// Documents as lathe packs them: labels[j] predicts token j + 1.
+inline MicroBatch pack(const std::vector<std::vector<int32_t>>& ids, const std::vector<std::vector<int32_t>>& labels) {
+  MicroBatch mb;
+  mb.n_rows = 1;
+  mb.cu_seqlens = {0};
+  for (size_t d = 0; d < ids.size(); ++d) {
+    for (size_t j = 0; j < ids[d].size(); ++j) {
+      mb.input_ids.push_back(ids[d][j]);
+      mb.labels.push_back(labels[d][j]);
+      mb.position_ids.push_back(int32_t(j));
+      mb.n_supervised += labels[d][j] != kIgnoreIndex;
+    }
+    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
+    mb.max_seqlen = std::max(mb.max_seqlen, int32_t(ids[d].size()));
+  }
+  mb.row_starts = {0, int32_t(mb.input_ids.size())};
+  return mb;
+}
+
+// The batch of a gradient fixture (input_ids, labels and lengths of HF's
+// right-padded batch), packed.
+inline MicroBatch fixture_batch(const SafetensorsFile& f) {
+  Tensor ids = f.tensor("input_ids").value(), labels = f.tensor("labels").value(), lens = f.tensor("lengths").value();
+  std::vector<std::vector<int32_t>> x, y;
+  const int64_t L = ids.size(1);
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    const int64_t n = lens.data<int64_t>()[b];
+    x.emplace_back();
+    y.emplace_back();
+    for (int64_t j = 0; j < n; ++j) {
+      x.back().push_back(int32_t(ids.data<int64_t>()[b * L + j]));
+      y.back().push_back(j + 1 < n ? int32_t(labels.data<int64_t>()[b * L + j + 1]) : kIgnoreIndex);
+    }
+  }
+  return pack(x, y);
+}
+
+// Three documents of random tokens, the first 5 of each unsupervised
+// (tools/bf16_grad_error.py's packed batch for seed 17).
+inline MicroBatch random_batch(int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> x, y;
+  for (int len : {50, 37, 20}) {
+    x.emplace_back();
+    y.emplace_back();
+    for (int j = 0; j < len; ++j) x.back().push_back(int32_t(3 + rng() % uint32_t(vocab - 3)));
+    for (int j = 0; j < len; ++j) y.back().push_back(j >= 5 && j + 1 < len ? x.back()[size_t(j + 1)] : kIgnoreIndex);
+  }
+  return pack(x, y);
+}
+
+inline std::vector<float> grads_of(CudaTrainableModel& g) {
+  std::vector<float> out(size_t(g.n_params()));
+  Status st = g.download_grads(out);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return out;
+}
+
+}  // namespace lathe::testing
