@@ -239,27 +239,9 @@ TEST(CudaSft, AdamWStepsTrackTheCpuRun) {
   ASSERT_TRUE(cpu_opt.is_ok()) << cpu_opt.status().message();
   const std::vector<float> start(host->params().begin(), host->params().end());
   MicroBatch mb = random_batch(host->config().vocab_size, 99);
-  const float scale = 1.0f / float(mb.n_supervised);
-  const double lr = 1e-3, clip = 1.0;
+  const double lr = 1e-3;
   double first = 0, last_cpu = 0, last_gpu = 0;
-  for (int step = 0; step < 6; ++step) {
-    host->zero_grads();
-    ASSERT_TRUE(gpu->zero_grads().is_ok());
-    auto lc = host->forward_backward(mb, scale);
-    auto lg = gpu->forward_backward(mb, scale);
-    ASSERT_TRUE(lc.is_ok() && lg.is_ok());
-    const double cpu_loss = lc->loss_sum * scale, gpu_loss = lg->loss_sum * scale;
-    EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, 5 * kStepLossTol) << "step " << step;
-    const double cpu_norm = cpu_opt->clip_grad_norm(clip);
-    auto gpu_norm = gpu->clip_grad_norm(clip);
-    ASSERT_TRUE(gpu_norm.is_ok()) << gpu_norm.status().message();
-    EXPECT_LE(std::abs(*gpu_norm - cpu_norm) / cpu_norm, kStepGradTol) << "step " << step;
-    cpu_opt->step(lr);
-    ASSERT_TRUE(gpu->adamw_step(lr).is_ok());
-    if (step == 0) first = cpu_loss;
-    last_cpu = cpu_loss;
-    last_gpu = gpu_loss;
-  }
+  track_adamw_steps(*host, *gpu, *cpu_opt, mb, lr, 6, 5 * kStepLossTol, kStepGradTol, &first, &last_cpu, &last_gpu);
   EXPECT_LT(last_cpu, 0.9 * first);
   EXPECT_LT(last_gpu, 0.9 * first);
   // The masters come back in the host's layout: every tensor moved (the

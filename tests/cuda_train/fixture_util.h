@@ -17,6 +17,7 @@
 
 #include "backends/cuda/device.h"
 #include "io/safetensors.h"
+#include "train/adamw.h"
 #include "train/cuda_model.h"
 #include "train/trainable_model.h"
 
@@ -101,6 +102,35 @@ inline std::vector<float> grads_of(CudaTrainableModel& g) {
   Status st = g.download_grads(out);
   EXPECT_TRUE(st.is_ok()) << st.message();
   return out;
+}
+
+// `steps` AdamW steps on one micro batch on the CPU (host + cpu_opt) and on
+// the GPU side by side: each step's loss within loss_tol and pre-clip
+// gradient norm within grad_tol (relative) of the CPU's. The first CPU loss
+// and the last ones of both come back through *first, *last_cpu, *last_gpu.
+inline void track_adamw_steps(TrainableModel& host, CudaTrainableModel& gpu, AdamW& cpu_opt, const MicroBatch& mb,
+                              double lr, int steps, double loss_tol, double grad_tol, double* first,
+                              double* last_cpu, double* last_gpu) {
+  const float scale = 1.0f / float(mb.n_supervised);
+  const double clip = 1.0;
+  for (int step = 0; step < steps; ++step) {
+    host.zero_grads();
+    ASSERT_TRUE(gpu.zero_grads().is_ok());
+    auto lc = host.forward_backward(mb, scale);
+    auto lg = gpu.forward_backward(mb, scale);
+    ASSERT_TRUE(lc.is_ok() && lg.is_ok());
+    const double cpu_loss = lc->loss_sum * scale, gpu_loss = lg->loss_sum * scale;
+    EXPECT_LE(std::abs(gpu_loss - cpu_loss) / cpu_loss, loss_tol) << "step " << step;
+    const double cpu_norm = cpu_opt.clip_grad_norm(clip);
+    auto gpu_norm = gpu.clip_grad_norm(clip);
+    ASSERT_TRUE(gpu_norm.is_ok()) << gpu_norm.status().message();
+    EXPECT_LE(std::abs(*gpu_norm - cpu_norm) / cpu_norm, grad_tol) << "step " << step;
+    cpu_opt.step(lr);
+    ASSERT_TRUE(gpu.adamw_step(lr).is_ok());
+    if (step == 0) *first = cpu_loss;
+    *last_cpu = cpu_loss;
+    *last_gpu = gpu_loss;
+  }
 }
 
 }  // namespace lathe::testing
