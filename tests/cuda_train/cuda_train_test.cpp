@@ -224,22 +224,8 @@ TEST_P(CudaVsCpu, PackedBatchMatchesTheCpuTrainer) {
   auto gpu = to_gpu(*host);
   ASSERT_TRUE(gpu);
   MicroBatch mb = random_batch(host->config().vocab_size, 17);
-  const float scale = 1.0f / float(mb.n_supervised);
-  auto lc = host->forward_backward(mb, scale);
-  auto lg = gpu->forward_backward(mb, scale);
-  ASSERT_TRUE(lc.is_ok() && lg.is_ok()) << lc.status().message() << lg.status().message();
-  EXPECT_EQ(lg->n_supervised, lc->n_supervised);
   HfBf16Bounds check = lora_bounds("packed/" + family);
-  check.expect("loss", std::abs(lg->loss_sum - lc->loss_sum) / lc->loss_sum);
-  std::vector<float> g = grads_of(*gpu);
-  for (const ParamInfo& p : host->param_table())
-    check.expect(p.name, rel_error(g.data() + p.offset, host->grads().data() + p.offset, p.numel()));
-  check.expect_median();
-  // forward_loss gives the same loss without touching the gradients.
-  auto lf = gpu->forward_loss(mb);
-  ASSERT_TRUE(lf.is_ok()) << lf.status().message();
-  EXPECT_DOUBLE_EQ(lf->loss_sum, lg->loss_sum);
-  EXPECT_EQ(grads_of(*gpu), g);
+  expect_pass_matches_cpu(*host, *gpu, mb, check);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaVsCpu, ::testing::Values("llama", "qwen2", "qwen3"));

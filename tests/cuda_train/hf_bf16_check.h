@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuda_train/fixture_util.h"
+
 namespace lathe::testing {
 
 // HF's largest run-to-run spread between its two bf16 runs, rounded up.
@@ -69,5 +71,27 @@ class HfBf16Bounds {
   nlohmann::json case_ = nlohmann::json::object();
   std::vector<double> ratios_;
 };
+
+// One pass of mb on the CPU trainer and on its GPU copy: the GPU's loss and
+// every gradient of the host's table checked with `check` (and the median),
+// then forward_loss on the GPU giving the same loss and leaving the
+// gradients as they were.
+inline void expect_pass_matches_cpu(TrainableModel& host, CudaTrainableModel& gpu, const MicroBatch& mb,
+                                    HfBf16Bounds& check) {
+  const float scale = 1.0f / float(mb.n_supervised);
+  auto lc = host.forward_backward(mb, scale);
+  auto lg = gpu.forward_backward(mb, scale);
+  ASSERT_TRUE(lc.is_ok() && lg.is_ok()) << lc.status().message() << lg.status().message();
+  EXPECT_EQ(lg->n_supervised, lc->n_supervised);
+  check.expect("loss", std::abs(lg->loss_sum - lc->loss_sum) / lc->loss_sum);
+  std::vector<float> g = grads_of(gpu);
+  for (const ParamInfo& p : host.param_table())
+    check.expect(p.name, rel_error(g.data() + p.offset, host.grads().data() + p.offset, p.numel()));
+  check.expect_median();
+  auto lf = gpu.forward_loss(mb);
+  ASSERT_TRUE(lf.is_ok()) << lf.status().message();
+  EXPECT_DOUBLE_EQ(lf->loss_sum, lg->loss_sum);
+  EXPECT_EQ(grads_of(gpu), g);
+}
 
 }  // namespace lathe::testing
