@@ -366,6 +366,57 @@ TEST(CudaTrainer, AdamWStepsTrackTheCpuRun) {
   EXPECT_LT(last_cpu, 0.9 * first);
 }
 
+// Steps as the finetune e2e takes them: B starting at zero (a fresh LoRA),
+// three micro batches accumulated per step, clipping, AdamW, the 4-term
+// copies rewritten after each step. Before every step the CPU trainer gets
+// the GPU's own parameters (downloaded), so both compute the step's
+// accumulated gradients on the same adapter: a fault that builds up over
+// steps or passes (copies not refreshed, gradients not accumulated,
+// something kept from an earlier pass) puts them O(1) apart, bf16 a few
+// percent (HF's own bf16 errors on the fixtures: 1.5-7.4% of a tensor's
+// largest value). Each step's largest and median error are printed.
+TEST(CudaTrainer, AccumulatedStepsFromZeroBTrackTheCpuGradients) {
+  SKIP_WITHOUT_GPU();
+  auto host = load_host("llama");
+  ASSERT_TRUE(host);
+  const std::vector<ParamInfo>& table = host->param_table();
+  std::vector<float> start(host->params().begin(), host->params().end());
+  for (const ParamInfo& t : table)
+    if (t.name.find("lora_B") != std::string::npos) std::fill_n(start.begin() + t.offset, t.numel(), 0.0f);
+  std::copy(start.begin(), start.end(), host->params().begin());
+  auto gpu = to_gpu(*host);
+  ASSERT_TRUE(gpu);
+  const int64_t n = gpu->n_params();
+  const MicroBatch mbs[3] = {random_batch(host->config().vocab_size, 31), random_batch(host->config().vocab_size, 32),
+                             random_batch(host->config().vocab_size, 33)};
+  int64_t supervised = 0;
+  for (const MicroBatch& mb : mbs) supervised += mb.n_supervised;
+  const float scale = 1.0f / float(supervised);
+  std::vector<float> params(static_cast<size_t>(n));
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_TRUE(gpu->download_params(params).is_ok());
+    std::copy(params.begin(), params.end(), host->params().begin());
+    host->zero_grads();
+    ASSERT_TRUE(gpu->zero_grads().is_ok());
+    for (const MicroBatch& mb : mbs) {
+      ASSERT_TRUE(host->forward_backward(mb, scale).is_ok());
+      ASSERT_TRUE(gpu->forward_backward(mb, scale).is_ok());
+    }
+    const std::vector<float> g = grads_of(*gpu);
+    std::vector<double> errs;
+    for (const ParamInfo& t : table) {
+      const double err = rel_error(g.data() + t.offset, host->grads().data() + t.offset, t.numel());
+      EXPECT_LE(err, 0.25) << "step " << step << " " << t.name;
+      errs.push_back(err);
+    }
+    std::sort(errs.begin(), errs.end());
+    std::printf("step %d: accumulated LoRA gradients vs the CPU's: median %.4f, max %.4f\n", step,
+                errs[errs.size() / 2], errs.back());
+    ASSERT_TRUE(gpu->clip_grad_norm(1.0).is_ok());
+    ASSERT_TRUE(gpu->adamw_step(3e-3).is_ok());
+  }
+}
+
 TEST(CudaTrainer, RefusesWhatItDoesNotDo) {
   SKIP_WITHOUT_GPU();
   auto small = TrainableModel::load(data_dir() + "/models/llama", {});  // head_dim 16
