@@ -74,6 +74,9 @@ the LoRA terms inside the base GEMM's K (--no-beta-rounds --f32 lora_add
 --f32 blora_add), passes every case on the base pass (medians 0.63-0.78, the
 largest tensor 1.86 × HF on peft/qwen2), with one tensor of peft/qwen2 just
 over (2.08 ×) in one of three noise draws.
+The defaults still emulate that earlier device pass (whose dumps it matched
+bit for bit); the device now runs each projection as one GEMM rounding once,
+which those three flags emulate.
 
 Usage: python3 tools/emulate_cuda_train.py [--family llama] [--case peft|packed]
            [--f32 NAME ...] [--hf NAME ...] [--draws N] [--splitk N] [--no-beta-rounds]
@@ -97,7 +100,8 @@ RUN_SPREAD = 2.0  # the GPU tests' per-tensor factor over the larger of HF's two
 PROJ = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 
-# The GPU pass's bf16 rounding points (all on = the GPU as it is).
+# The GPU pass's bf16 rounding points (all on, with beta_rounds: the GPU before each projection became one
+# GEMM; today's device pass is --no-beta-rounds --f32 lora_add --f32 blora_add).
 ROUNDINGS = {
     "resid": "residual stream stored in bf16 by the fused norm's residual add: resid.mid (h_mid), resid.hs (layer outputs)",
     "norm": "RMSNorm outputs xn1, xn2, xf (and q/k norm outputs)",
@@ -546,23 +550,37 @@ def rel(got, want):
 
 
 class Case:
+    """One test case: its model, batch and the f32 reference (loss, gradients) errors are taken against.
+    FIXTURE_KIND's batch and reference come from FIXTURE_FILE (HF's f32 run); any other kind is
+    random_batch's packed documents against the emulation's own f32 pass (the CPU trainer's)."""
+    FIXTURE_KIND, FIXTURE_FILE = "peft", "lora_grads.safetensors"
+
     def __init__(self, family, kind, tol_file):
-        self.m = Model(family)
+        self.m = self.make_model(family)
         self.name = f"{kind}/{family}"
         self.tol = json.load(open(tol_file))["cases"][self.name]
-        if kind == "peft":
-            ref = load_file(os.path.join(DATA, family, "lora_grads.safetensors"))
+        if kind == self.FIXTURE_KIND:
+            ref = load_file(os.path.join(DATA, family, self.FIXTURE_FILE))
             self.batch = fixture_batch(ref)
-            self.want = (float(ref["loss"]), {n: ref[n].float() for n in ref if "lora_" in n})
-            got = run_pass(Pass(self.m, all_f32=True), self.m, self.batch)  # the emulation's own f32 pass
+            self.want = (float(ref["loss"]), {n: ref[n].float() for n in ref if self.is_grad(n)})
+            got = self.run_pass(Pass(self.m, all_f32=True), self.m, self.batch)  # the emulation's own f32 pass
             worst = max(rel(got[1][n], w) for n, w in self.want[1].items())
             assert abs(got[0] - self.want[0]) / self.want[0] < 1e-5 and worst < 1e-4, (self.name, got[0], worst)
         else:
             self.batch = random_batch(self.m.vocab)
-            self.want = run_pass(Pass(self.m, all_f32=True), self.m, self.batch)
+            self.want = self.run_pass(Pass(self.m, all_f32=True), self.m, self.batch)
+
+    def make_model(self, family):
+        return Model(family)
+
+    def run_pass(self, p, m, batch):
+        return run_pass(p, m, batch)
+
+    def is_grad(self, name):
+        return "lora_" in name
 
     def errors(self, p):
-        loss, grads = run_pass(p, self.m, self.batch)
+        loss, grads = self.run_pass(p, self.m, self.batch)
         out = {"loss": abs(loss - self.want[0]) / self.want[0]}
         for n, w in self.want[1].items():
             out[n] = rel(grads[n], w)
@@ -570,7 +588,7 @@ class Case:
 
     def tolerance(self, n):
         e = self.tol["loss"] if n == "loss" else self.tol["grads"][n]
-        return RUN_SPREAD * max(e["error"], e["eager"])
+        return RUN_SPREAD * max(e["error"], e["eager"], e.get("math", 0.0))  # every HF draw the file holds
 
     def ratios(self, errs):
         return {n: e / self.tolerance(n) for n, e in errs.items()}
