@@ -20,6 +20,7 @@
 #include "train/adamw.h"
 #include "train/cuda_model.h"
 #include "train/trainable_model.h"
+#include "../train/grad_fixture.h"  // rel_error
 
 #define SKIP_WITHOUT_GPU()                                                                              \
   do {                                                                                                  \
@@ -34,16 +35,6 @@ inline std::string data_dir() {
   if (const char* e = std::getenv("LATHE_TEST_DATA")) return e;
   if (std::filesystem::exists(LATHE_TEST_DATA "/grad_hd64")) return LATHE_TEST_DATA;
   return "tests/data";
-}
-
-// max|got − want| / max|want| (max|got − want| when want is all zero).
-inline double rel_error(const float* got, const float* want, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    ref = std::max(ref, std::abs(double(want[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
 }
 
 // Documents as lathe packs them: labels[j] predicts token j + 1.

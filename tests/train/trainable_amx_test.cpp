@@ -14,44 +14,16 @@
 #include "backends/cpu/gemm_bf16.h"
 #include "io/safetensors.h"
 #include "train/trainable_model.h"
+#include "grad_fixture.h"
 
 namespace lathe {
 namespace {
 
+using namespace lathe::testing;  // NOLINT: the shared fixture helpers
+
 const std::string kModels = LATHE_TEST_DATA "/models/";
 const std::string kGrad = LATHE_TEST_DATA "/grad/";
-constexpr double kBf16LossTol = 2e-3, kBf16GradTol = 3e-2;  // trainable_model_test.cpp's, for bf16-mixed
 
-// The fixture's batch as lathe's documents (as trainable_model_test does).
-MicroBatch fixture_batch(const SafetensorsFile& f) {
-  Tensor ids = f.tensor("input_ids").value(), labels = f.tensor("labels").value(), lens = f.tensor("lengths").value();
-  MicroBatch mb;
-  mb.n_rows = 1;
-  mb.cu_seqlens = {0};
-  const int64_t L = ids.size(1);
-  for (int64_t b = 0; b < std::min<int64_t>(2, ids.size(0)); ++b) {
-    const int64_t n = lens.data<int64_t>()[b];
-    for (int64_t j = 0; j < n; ++j) {
-      mb.input_ids.push_back(int32_t(ids.data<int64_t>()[b * L + j]));
-      mb.labels.push_back(j + 1 < n ? int32_t(labels.data<int64_t>()[b * L + j + 1]) : kIgnoreIndex);
-      mb.position_ids.push_back(int32_t(j));
-      mb.n_supervised += mb.labels.back() != kIgnoreIndex;
-    }
-    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
-    mb.max_seqlen = std::max(mb.max_seqlen, int32_t(n));
-  }
-  mb.row_starts = {0, int32_t(mb.input_ids.size())};
-  return mb;
-}
-
-double rel_error(const float* got, const float* want, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    ref = std::max(ref, std::abs(double(want[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
 
 class Bf16MixedAmx : public ::testing::TestWithParam<const char*> {
  protected:
@@ -72,7 +44,7 @@ TEST_P(Bf16MixedAmx, FusedTilesStayCloseToF32) {
   ASSERT_TRUE(f32.is_ok() && bf16.is_ok());
   auto file = SafetensorsFile::open(kGrad + family + "/lora_grads.safetensors");
   ASSERT_TRUE(file.is_ok());
-  const MicroBatch mb = fixture_batch(*file);
+  const MicroBatch mb = pack(read_docs(*file), {0, 1});  // the fixture's two documents
   (*bf16)->set_phase_timing(true);
   auto a = (*f32)->forward_backward(mb, 1.0f / float(mb.n_supervised));
   auto b = (*bf16)->forward_backward(mb, 1.0f / float(mb.n_supervised));

@@ -14,64 +14,17 @@
 
 #include "io/safetensors.h"
 #include "train/trainable_model.h"
+#include "grad_fixture.h"
 
 namespace lathe {
 namespace {
 
+using namespace lathe::testing;  // NOLINT: the shared fixture helpers
+
 const std::string kModels = LATHE_TEST_DATA "/models/";
 const std::string kGrad = LATHE_TEST_DATA "/grad/";
 
-// The fixture's right-padded batch as lathe's documents: labels shifted
-// (labels[j] predicts token j + 1), positions restarting per document.
-struct Docs {
-  std::vector<std::vector<int32_t>> ids, labels;
-};
 
-Docs read_docs(const SafetensorsFile& f) {
-  Tensor ids = f.tensor("input_ids").value(), labels = f.tensor("labels").value(), lens = f.tensor("lengths").value();
-  Docs d;
-  const int64_t L = ids.size(1);
-  for (int64_t b = 0; b < ids.size(0); ++b) {
-    const int64_t n = lens.data<int64_t>()[b];
-    std::vector<int32_t> x, y;
-    for (int64_t j = 0; j < n; ++j) {
-      x.push_back(int32_t(ids.data<int64_t>()[b * L + j]));
-      y.push_back(j + 1 < n ? int32_t(labels.data<int64_t>()[b * L + j + 1]) : kIgnoreIndex);
-    }
-    d.ids.push_back(x);
-    d.labels.push_back(y);
-  }
-  return d;
-}
-
-MicroBatch pack(const Docs& d, std::vector<size_t> which) {
-  MicroBatch mb;
-  mb.n_rows = 1;
-  mb.cu_seqlens = {0};
-  for (size_t i : which) {
-    for (size_t j = 0; j < d.ids[i].size(); ++j) {
-      mb.input_ids.push_back(d.ids[i][j]);
-      mb.labels.push_back(d.labels[i][j]);
-      mb.position_ids.push_back(int32_t(j));
-      mb.n_supervised += d.labels[i][j] != kIgnoreIndex;
-    }
-    mb.cu_seqlens.push_back(int32_t(mb.input_ids.size()));
-    mb.max_seqlen = std::max(mb.max_seqlen, int32_t(d.ids[i].size()));
-  }
-  mb.row_starts = {0, int32_t(mb.input_ids.size())};
-  return mb;
-}
-
-constexpr double kBf16LossTol = 2e-3, kBf16GradTol = 3e-2;  // see Bf16Mixed below
-
-double rel_error(const float* got, const float* want, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-    ref = std::max(ref, std::abs(double(want[i])));
-  }
-  return ref > 0 ? diff / ref : diff;
-}
 
 // family: a directory under tests/data/models, or an absolute path.
 std::unique_ptr<TrainableModel> load(const std::string& family, TrainableModelOptions opts) {
