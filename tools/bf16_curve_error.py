@@ -15,9 +15,16 @@ bf16 weights) regrouped to head_dim 64, data/sample/training.jsonl as
 "{input} {output}" examples (prompt unsupervised, EOS appended), and
 recipes/tiny_lora.yaml with the script's overrides (lr 1e-2, 5 warmup steps,
 so that 30 steps memorize the set): LoRA r 32 / alpha 32 on all seven
-projections, no dropout; AdamW, betas (0.9, 0.98), eps 1e-5, no weight decay;
-linear warmup then cosine to 1e-4 at the last step; gradient clipping at
-norm 1. Global batch 30 = the whole training set, so every step
+projections, no dropout, starting from lathe's own adapter initialization
+(its A draw, B = 0; lathe_init), so that HF trains from exactly the state
+both lathe runs start from. This matters: the job amplifies early rounding
+(Adam's first updates of a small gradient are nearly its sign), and how
+much depends on the draw. From PEFT's own draw (seed 1234) HF's bf16 runs
+ended within 2.2% of f32; from lathe's draw they end 4.4% (sdpa) and 10.9%
+(eager) above it. The f32 run from lathe's draw reproduces lathe's CPU
+curve to five digits, which checks that the job is the same. AdamW,
+betas (0.9, 0.98), eps 1e-5, no weight decay; linear warmup then cosine to
+1e-4 at the last step; gradient clipping at norm 1. Global batch 30 = the whole training set, so every step
 sees every example, one token-weighted mean loss.
 
 `step_errors` is the default (sdpa) attention; `step_errors_eager` the same
@@ -37,6 +44,7 @@ Usage: python3 tools/bf16_curve_error.py --lathe build/bin/lathe [--full]
 Needs torch, transformers, peft, tokenizers. Deterministic (one thread).
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -44,6 +52,7 @@ import subprocess
 import tempfile
 
 import peft
+import safetensors.torch
 import torch
 import transformers
 from tokenizers import Tokenizer
@@ -103,11 +112,38 @@ def lr_at(step, steps, peak=LR):  # lathe's lr_at, 0-based step
     return MIN_LR + (peak - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def curve(model_dir, dtype, attn_impl, data, steps):
+def lathe_init(lathe, model_dir, out):
+    """lathe's own adapter initialization (A drawn by lathe, B = 0), read from
+    the checkpoint of a one-step CPU run of the job: with B = 0 the first
+    step's gradient of every A is exactly zero, so A leaves that step as it
+    was drawn (AdamW without weight decay moves nothing with a zero
+    gradient); the Bs the step moved are reset to zero here."""
+    run = os.path.join(out, "init_run")
+    subprocess.run([lathe, "finetune", "--model", model_dir, "--data", os.path.join(ROOT, "data", "sample"),
+                    "--recipe", os.path.join(ROOT, "recipes", "tiny_lora.yaml"), "--run-dir", run, "--device", "cpu",
+                    "--progress", "lines", "trainer.max_steps=1", "optim.lr=0.01", "optim.sched.warmup_steps=5", "optim.sched.max_steps=30",
+                    "checkpoint.every_n_train_steps=1", "checkpoint.monitor=train_loss"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = glob.glob(os.path.join(run, "checkpoints", "step=000001*", "model-rank00000.safetensors"))[0]
+    init = {}
+    for name, t in safetensors.torch.load_file(ckpt).items():
+        peft_name = name.replace(".lora_A.weight", ".lora_A.default.weight").replace(
+            ".lora_B.weight", ".lora_B.default.weight")
+        init[peft_name] = t.float() if ".lora_A." in name else torch.zeros_like(t, dtype=torch.float32)
+    return init
+
+
+def curve(model_dir, dtype, attn_impl, data, steps, init=None):
     torch.manual_seed(1234)  # the same LoRA A draw in every run
     base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_impl)
     cfg = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=MODULES)
     model = peft.get_peft_model(base, cfg).train()
+    if init is not None:
+        named = dict(model.named_parameters())
+        assert set(init) == {n for n, p in named.items() if p.requires_grad}, "lathe's adapter names differ from PEFT's"
+        with torch.no_grad():
+            for n, t in init.items():
+                named[n].copy_(t)
     params = [p for p in model.parameters() if p.requires_grad]
     assert all(p.dtype == torch.float32 for p in params), "PEFT did not keep LoRA in f32"
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
@@ -174,13 +210,15 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         make_model(args.lathe, tmp)
         data = batch(tmp)
-        f32 = run(tmp, torch.float32, "eager", data, args.steps)
-        runs = {a: run(tmp, torch.bfloat16, a, data, args.steps) for a in ("sdpa", "eager")}
+        extra = () if args.full else (lathe_init(args.lathe, tmp, tmp),)
+        f32 = run(tmp, torch.float32, "eager", data, args.steps, *extra)
+        runs = {a: run(tmp, torch.bfloat16, a, data, args.steps, *extra) for a in ("sdpa", "eager")}
     err = {a: [round(abs(b - f) / f, 6) for b, f in zip(r, f32)] for a, r in runs.items()}
     what = ("HF full-parameter training, bf16 passes on f32 masters vs f32" if args.full else
             "HF + PEFT LoRA training, base bf16 (LoRA f32) vs f32")
     job = ("recipes/tiny_lora.yaml with peft.peft_scheme=none optim.lr=%g optim.sched.warmup_steps=5" % FULL_LR
-           if args.full else "recipes/tiny_lora.yaml with optim.lr=0.01 optim.sched.warmup_steps=5")
+           if args.full else "recipes/tiny_lora.yaml with optim.lr=0.01 optim.sched.warmup_steps=5; "
+           "adapter initialized as lathe initializes it (A: lathe's draw, B = 0)")
     doc = {"what": what + ": |loss_bf16 - loss_f32| / loss_f32 per step",
            "made_by": "python3 tools/bf16_curve_error.py --lathe LATHE%s --steps %d" % (
                " --full" if args.full else "", args.steps),
