@@ -11,19 +11,26 @@
 // on the same machine, is bench/generate_hf.py (same --batch).
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
-//                       [--persistent 1]
+//                       [--persistent 1] [--bulk 0] [--ring-kib 0] [--attn-chunk 0]
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
 // --persistent 0 turns off the persistent GEMV grids kCudaDecodeShapes
-// picks (CudaModelOptions::persistent_gemv).
+// picks (CudaModelOptions::persistent_gemv). --bulk 1 runs every decode
+// GEMV up to 4 sequences on the shared-memory ring (--ring-kib KiB per
+// block, 0: its default), --attn-chunk N the decode attention with chunks
+// of at least N keys; up to 4 sequences each shape's row is followed by the
+// A/B line: the same model's decode with the ring at 64, 96 and 160 KiB and
+// longer attention chunks (and with kCudaDecodeShapes when --bulk 1).
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
 // at the mean context, timed as a CUDA graph of back-to-back calls (each
 // call on its own copy of the weights, so nothing is served from L2), in
-// GB/s of weights (K/V for attention) beside the ~4.3 TB/s floor; and the
-// step those times add up to, beside the one measured.
+// GB/s of weights (K/V for attention) beside the ~4.3 TB/s floor; whole
+// layers chained as the step runs them (q|k|v, attention, o, gate|up,
+// down: what the boundaries cost) with kCudaDecodeShapes and on the ring;
+// and the step the per-step kernels add up to, beside the one measured.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -146,6 +153,7 @@ bool ok(const Status& st, const char* what) {
 // Seconds per call of body(i) (i = 0..calls−1), captured once as a graph of
 // `calls` calls and replayed: the best of 5 replays after a warm-up one.
 double time_graph(cu::CudaContext& ctx, int calls, const std::function<Status(int)>& body) {
+  if (!ok(body(0), "warm-up") || !ok(ctx.synchronize(), "synchronize")) return 0.0;  // one-time setup outside capture
   auto graph = cu::CudaGraph::capture(ctx, [&]() -> Status {
     for (int i = 0; i < calls; ++i) LATHE_TRY(body(i));
     return Status::ok();
@@ -254,30 +262,52 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
     return cu::gemv(ctx, gi);
   });
   std::string label = name + " " + std::to_string(w_rows) + "x" + std::to_string(g.k);
-  if (g.shape != 0) label += " (block shape " + std::to_string(g.shape) + ")";
+  if (g.shape == cu::kGemvBulkShape)
+    label += " (smem ring " + std::to_string(g.ring_kib ? g.ring_kib : cu::kGemvBulkRingKib) + " KiB)";
+  else if (g.shape != 0)
+    label += " (block shape " + std::to_string(g.shape) + ")";
   if (g.split.counts) label += " (split k)";
   if (g.persistent) label += " (persistent)";
   return KernelRow{label, t, double(w_bytes), per_step};
 }
 
-// The layer's GEMVs and the LM head with block shape `shape`, split k or
-// persistent grids (GemvArgs::persistent); the step runs the shapes of
-// kCudaDecodeShapes without split, persistent as step_persistent.
-void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
-               bool overlap, uint8_t shape, bool split, bool persistent, bool step_persistent,
-               std::vector<KernelRow>& rows) {
+// How the decode step runs its GEMVs: kCudaDecodeShapes (persistent as
+// CudaModelOptions::persistent_gemv) or every one on the shared-memory ring.
+struct StepGemvs {
+  bool persistent = true, bulk = false;
+  int ring_kib = 0, attention_min_chunk = 0;
+};
+
+// A grid of the kernel table: block shape (ring_kib for the shared-memory
+// ring), split k, persistent.
+struct Grid {
+  uint8_t shape = 0;
+  bool split = false, persistent = false;
+  int ring_kib = 0;
+};
+
+// One layer's GEMVs and the LM head as decode_layer() calls them (weights
+// unset), with `grid`; w_rows: each one's weight rows.
+struct LayerGemvs {
+  cu::GemvArgs qkv, o, gate_up, down, lm_head;
+  int64_t qkv_rows, o_rows, gate_up_rows, down_rows, lm_rows;
+};
+
+LayerGemvs layer_gemvs(const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx, bool overlap,
+                       const Grid& grid) {
   using E = cu::GemvEpilogue;
   const int64_t hd = c.head_dim, hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd, kv_dim = int64_t(c.num_key_value_heads) * hd;
   const bool fused_norm = batch <= 4;  // as the decode step: larger batches take a norm kernel first
-  // Calls per step of this grid: decode_layer() runs the grids of kCudaDecodeShapes up to 4 rows, shape 0 above.
-  auto per_step = [&](lathe::CudaGemvGrid step, int calls) {
-    const bool small = batch <= 4;
-    const bool same = shape == (small ? step.shape : 0) && persistent == (small && step.persistent && step_persistent);
-    return !split && same ? calls : 0;
+  auto plain = [&](cu::GemvArgs g) {
+    if (grid.split) g.split = kb.split;
+    g.rows = batch;
+    g.overlap = overlap;
+    g.shape = grid.shape;
+    g.ring_kib = static_cast<uint16_t>(grid.ring_kib);
+    g.persistent = grid.persistent;
+    return g;
   };
-  const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
-  const int layers = c.num_hidden_layers;
   // The normed input: f32 stream + norm weights in the kernel, or bf16 rows normed before.
   auto normed = [&](cu::GemvArgs g) {
     if (fused_norm) {
@@ -287,68 +317,121 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
     } else {
       g.x = kb.x;
     }
-    if (split) g.split = kb.split;
-    g.rows = batch;
-    g.overlap = overlap;
-    g.shape = shape;
-    g.persistent = persistent;
-    return g;
+    return plain(g);
   };
-  auto plain = [&](cu::GemvArgs g) {
-    if (split) g.split = kb.split;
-    g.rows = batch;
-    g.overlap = overlap;
-    g.shape = shape;
-    g.persistent = persistent;
-    return g;
+  LayerGemvs l;
+  l.qkv = normed({.n = q_dim + 2 * kv_dim, .k = hidden, .epilogue = E::kRopeAppend});
+  l.qkv.rope = {.q_out = kb.q, .k_caches = kb.cache_ptrs, .v_caches = kb.cache_ptrs + batch, .pos = kb.pos,
+                .cos = kb.cos, .sin = kb.sin, .n_head = c.num_attention_heads, .n_head_kv = c.num_key_value_heads,
+                .head_dim = static_cast<int>(hd), .max_ctx = max_ctx};
+  l.o = plain({.x = kb.attn, .out = kb.h, .n = hidden, .k = q_dim, .epilogue = E::kAddF32});
+  l.gate_up = normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32});
+  l.down = plain({.out = kb.h, .n = hidden, .k = ffn, .epilogue = E::kAddF32, .x_f32 = kb.act});
+  l.lm_head = normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32});
+  l.qkv_rows = q_dim + 2 * kv_dim, l.o_rows = hidden, l.gate_up_rows = 2 * ffn, l.down_rows = hidden;
+  l.lm_rows = c.vocab_size;
+  return l;
+}
+
+// The layer's GEMVs and the LM head one at a time with `grid`, marked with
+// their calls per step where the step runs them so.
+void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
+               bool overlap, const Grid& grid, const StepGemvs& step, std::vector<KernelRow>& rows) {
+  // Calls per step of this grid: decode_layer() runs the grids of kCudaDecodeShapes (or the ring) up to 4 rows,
+  // shape 0 above.
+  auto per_step = [&](lathe::CudaGemvGrid g, int calls) {
+    const bool small = batch <= 4;
+    if (grid.split) return 0;
+    if (small && step.bulk) return grid.shape == cu::kGemvBulkShape && grid.ring_kib == step.ring_kib ? calls : 0;
+    const bool same =
+        grid.shape == (small ? g.shape : 0) && grid.persistent == (small && g.persistent && step.persistent);
+    return same ? calls : 0;
   };
-  cu::GemvArgs qkv = normed({.n = q_dim + 2 * kv_dim, .k = hidden, .epilogue = E::kRopeAppend});
-  qkv.rope = {.q_out = kb.q, .k_caches = kb.cache_ptrs, .v_caches = kb.cache_ptrs + batch, .pos = kb.pos,
-              .cos = kb.cos, .sin = kb.sin, .n_head = c.num_attention_heads, .n_head_kv = c.num_key_value_heads,
-              .head_dim = static_cast<int>(hd), .max_ctx = max_ctx};
-  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", q_dim + 2 * kv_dim, qkv, per_step(sh.qkv, layers)));
-  rows.push_back(time_gemv(ctx, kb, "o +residual", hidden,
-                           plain({.x = kb.attn, .out = kb.h, .n = hidden, .k = q_dim, .epilogue = E::kAddF32}),
-                           per_step(sh.o, layers)));
-  rows.push_back(time_gemv(ctx, kb, "norm+gate|up+swiglu", 2 * ffn,
-                           normed({.out = kb.act, .n = ffn, .k = hidden, .epilogue = E::kSwigluF32}),
-                           per_step(sh.gate_up, layers)));
-  rows.push_back(time_gemv(ctx, kb, "down +residual", hidden,
-                           plain({.out = kb.h, .n = hidden, .k = ffn, .epilogue = E::kAddF32, .x_f32 = kb.act}),
-                           per_step(sh.down, layers)));
-  rows.push_back(time_gemv(ctx, kb, "norm+lm_head", c.vocab_size,
-                           normed({.out = kb.out, .n = c.vocab_size, .k = hidden, .epilogue = E::kStoreF32}),
-                           per_step(sh.lm_head, 1)));
+  const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
+  const int layers = c.num_hidden_layers;
+  const LayerGemvs l = layer_gemvs(kb, c, batch, max_ctx, overlap, grid);
+  rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", l.qkv_rows, l.qkv, per_step(sh.qkv, layers)));
+  rows.push_back(time_gemv(ctx, kb, "o +residual", l.o_rows, l.o, per_step(sh.o, layers)));
+  rows.push_back(time_gemv(ctx, kb, "norm+gate|up+swiglu", l.gate_up_rows, l.gate_up, per_step(sh.gate_up, layers)));
+  rows.push_back(time_gemv(ctx, kb, "down +residual", l.down_rows, l.down, per_step(sh.down, layers)));
+  rows.push_back(time_gemv(ctx, kb, "norm+lm_head", l.lm_rows, l.lm_head, per_step(sh.lm_head, 1)));
+}
+
+cu::AttentionDecodeBatchArgs attention_args(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c,
+                                            int batch, int ctx_len, bool overlap) {
+  return {.q = kb.q, .k_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs),
+          .v_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs + batch), .pos = kb.pos, .out = kb.attn,
+          .workspace = kb.workspace, .n_seqs = batch, .max_ctx = ctx_len, .n_head = c.num_attention_heads,
+          .n_head_kv = c.num_key_value_heads, .head_dim = c.head_dim, .scale = 0.088f, .stream = ctx.stream(),
+          .overlap = overlap};
+}
+
+// A layer's five kernels chained as the step runs them (q|k|v+RoPE,
+// attention, o, gate|up, down), each layer on its own copy of the weights
+// where the pool holds them: what the boundaries between kernels cost.
+KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int ctx_len,
+                     bool overlap, const std::string& label, const std::function<Grid(int)>& grid_of,
+                     int min_chunk = 0) {
+  const LayerGemvs l[5] = {layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(0)),
+                           layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(1)),
+                           layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(2)),
+                           layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(3)), {}};
+  const int64_t k = c.hidden_size;
+  const int64_t elems = (l[0].qkv_rows + l[0].o_rows + l[0].gate_up_rows) * k + l[0].down_rows * c.intermediate_size;
+  const int copies = static_cast<int>(std::max<int64_t>(1, int64_t(kb.pool_bytes / 2) / elems));
+  const int calls = 16;
+  const auto* pool = static_cast<const bf16_bits*>(kb.pool.data());
+  const double t = time_graph(ctx, calls, [&](int i) -> Status {
+    const bf16_bits* w = pool + int64_t(i % copies) * elems;
+    cu::GemvArgs qkv = l[0].qkv, o = l[1].o, gu = l[2].gate_up, down = l[3].down;
+    qkv.w = w, o.w = w + l[0].qkv_rows * k, gu.w = o.w + l[0].o_rows * k, down.w = gu.w + l[0].gate_up_rows * k;
+    LATHE_TRY(cu::gemv(ctx, qkv));
+    LATHE_TRY(cu::attention_decode_batch_chunked(attention_args(ctx, kb, c, batch, ctx_len, overlap), min_chunk));
+    LATHE_TRY(cu::gemv(ctx, o));
+    LATHE_TRY(cu::gemv(ctx, gu));
+    return cu::gemv(ctx, down);
+  });
+  const std::string chunk = min_chunk ? ", attention chunks >= " + std::to_string(min_chunk) : "";
+  return KernelRow{"layer chained (" + label + chunk + ")", t, double(elems) * 2, 0};
 }
 
 // The decode step's kernels at this shape and batch, as decode_layer() calls them.
-void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, bool persistent, double step_s) {
+void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const StepGemvs& step, double step_s) {
   const ModelConfig& c = s.cfg;
   auto ctx = cu::CudaContext::create(0);
   KernelBuffers kb;
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
-  for (uint8_t shape = 0; shape < 4; ++shape)
-    gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, false, persistent, rows);
-  // Persistent grids (the CUDA-core path: up to 4 rows).
+  for (uint8_t shape = 0; shape < 4; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {shape}, step, rows);
+  // The shared-memory ring (up to 4 rows) at a few sizes; split k (GemvArgs::split) at shape 0.
   if (batch <= 4)
-    for (uint8_t shape = 0; shape < 4; ++shape)
-      gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, false, true, persistent, rows);
-  // Split k (GemvArgs::split), not in the decode step: what it would give.
-  for (uint8_t shape : {0, 2}) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, shape, true, false, persistent, rows);
+    for (int kib : {64, 0, 160})
+      gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = cu::kGemvBulkShape, .ring_kib = kib}, step, rows);
+  gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.split = true}, step, rows);
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
-  const double t_attn = time_graph(*ctx, 64, [&](int) {
-    return cu::attention_decode_batch(
-        {.q = kb.q, .k_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs),
-         .v_caches = reinterpret_cast<const void* const*>(kb.cache_ptrs + batch), .pos = kb.pos, .out = kb.attn,
-         .workspace = kb.workspace, .n_seqs = batch, .max_ctx = mean_ctx, .n_head = c.num_attention_heads,
-         .n_head_kv = c.num_key_value_heads, .head_dim = c.head_dim, .scale = 0.088f, .stream = ctx->stream(),
-         .overlap = overlap});
-  });
-  rows.push_back({"attention, ctx " + std::to_string(mean_ctx), t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
-                  c.num_hidden_layers});
+  for (int chunk : {0, 64, 128}) {
+    const double t_attn = time_graph(*ctx, 64, [&](int) {
+      return cu::attention_decode_batch_chunked(attention_args(*ctx, kb, c, batch, mean_ctx, overlap), chunk);
+    });
+    rows.push_back({"attention, ctx " + std::to_string(mean_ctx) +
+                        (chunk ? " (chunks >= " + std::to_string(chunk) + " keys)" : ""),
+                    t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
+                    chunk == step.attention_min_chunk ? c.num_hidden_layers : 0});
+  }
+  // Whole layers: the kCudaDecodeShapes grids, then every GEMV on the ring.
+  const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
+  const bool small = batch <= 4;
+  rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "kCudaDecodeShapes", [&](int i) {
+    const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
+    return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent};
+  }));
+  if (small)
+    for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 64}, {160, 64}, {160, 128}})
+      rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring " + std::to_string(kib) + " KiB",
+                                [&](int) { return Grid{.shape = cu::kGemvBulkShape, .ring_kib = kib}; }, chunk));
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
-              "x0: a block shape the step does not run there)\n", s.name, batch);
+              "x0: a block shape the step does not run there; layer rows: GB/s of the layer's GEMV weights)\n",
+              s.name, batch);
   std::printf("| kernel | us | GB/s | of 4.3 TB/s | per step |\n|---|---|---|---|---|\n");
   double sum = 0.0;
   for (const KernelRow& r : rows) {
@@ -363,14 +446,16 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, bool p
   std::fflush(stdout);
 }
 
-double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, bool persistent) {
+double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, const StepGemvs& step) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
     return 0.0;
   }
   lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch,
-                               .overlap_launches = overlap, .persistent_gemv = persistent};
+                               .overlap_launches = overlap, .persistent_gemv = step.persistent,
+                               .bulk_gemv = step.bulk, .bulk_ring_kib = step.ring_kib,
+                               .attention_min_chunk = step.attention_min_chunk};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -389,6 +474,23 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9,
               batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
               tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
+  // The A/B of the GEMVs' shared-memory ring (up to 4 sequences): the same model the other way.
+  if (batch <= 4) {
+    std::printf("  %s decode tok/s (graph)", s.name);
+    if (step.bulk) {
+      m.set_bulk_gemv(false);
+      const double s_step = time_model(m, prompt, n_decode, batch, true, 2).decode_s;
+      std::printf(" with kCudaDecodeShapes: %.1f;", double(batch) * n_decode / s_step);
+    }
+    for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 64}, {160, 64}, {160, 128}}) {
+      m.set_bulk_gemv(true, kib, chunk);
+      const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
+      const std::string with_chunk = chunk ? ", attention chunks >= " + std::to_string(chunk) : "";
+      std::printf(" smem ring %d KiB%s: %.1f (%.0f%%);", kib, with_chunk.c_str(), tps, 100.0 * tps / floor_tps);
+    }
+    std::printf("\n");
+    m.set_bulk_gemv(step.bulk, step.ring_kib, step.attention_min_chunk);
+  }
   std::fflush(stdout);
   return graph.decode_s / n_decode;
 }
@@ -397,7 +499,8 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
 
 int main(int argc, char** argv) {
   std::string which = "all";
-  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1;
+  int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1, bulk = 0, ring_kib = 0,
+      attn_chunk = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
@@ -406,6 +509,9 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--overlap")) overlap = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--kernels")) kernels = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--persistent")) persistent = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--bulk")) bulk = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--ring-kib")) ring_kib = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--attn-chunk")) attn_chunk = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -423,14 +529,15 @@ int main(int argc, char** argv) {
               "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
               "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  const StepGemvs step{
+      .persistent = persistent != 0, .bulk = bulk != 0, .ring_kib = ring_kib, .attention_min_chunk = attn_chunk};
   std::vector<std::pair<const Shape*, double>> ran;  // shape, seconds per decode step
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
     if (which != "all" && !(which == "1b" && is_1b) && !(which == "8b" && !is_1b)) continue;
-    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, persistent != 0)});
+    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, step)});
   }
   if (kernels)
-    for (const auto& [s, step_s] : ran)
-      bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, persistent != 0, step_s);
+    for (const auto& [s, step_s] : ran) bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, step, step_s);
   return 0;
 }

@@ -29,7 +29,8 @@
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
-// shape measured fastest for it (kCudaDecodeShapes).
+// shape measured fastest for it (kCudaDecodeShapes), or with bulk_gemv the
+// shared-memory ring.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -508,12 +509,13 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads, window = quirks.sliding_window;
   if (flash) {
-    return cuda::attention_decode_batch({.q = buf.q, .k_caches = reinterpret_cast<const void* const*>(k_ptrs(l)),
-                                         .v_caches = reinterpret_cast<const void* const*>(v_ptrs(l)),
-                                         .pos = buf.positions, .out = buf.attn, .workspace = buf.attn_workspace,
-                                         .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
-                                         .head_dim = static_cast<int>(hd), .window = window, .scale = scale,
-                                         .stream = ctx.stream(), .overlap = overlap});
+    return cuda::attention_decode_batch_chunked(
+        {.q = buf.q, .k_caches = reinterpret_cast<const void* const*>(k_ptrs(l)),
+         .v_caches = reinterpret_cast<const void* const*>(v_ptrs(l)), .pos = buf.positions, .out = buf.attn,
+         .workspace = buf.attn_workspace, .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
+         .head_dim = static_cast<int>(hd), .window = window, .scale = scale, .stream = ctx.stream(),
+         .overlap = overlap},
+        opts.attention_min_chunk);
   }
   for (int s = 0; s < b; ++s) {
     LATHE_TRY(cuda::attention_simple(ctx, {.q = buf.q + s * q_dim, .k_cache = k_at(l, s), .v_cache = v_at(l, s),
@@ -531,7 +533,8 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
 // g with the grid of kCudaDecodeShapes up to kFusedNormRows rows (shape 0 above).
 cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) const {
   const bool small = g.rows <= kFusedNormRows;
-  g.shape = small ? grid.shape : 0;
+  g.shape = small ? (opts.bulk_gemv ? cuda::kGemvBulkShape : grid.shape) : 0;
+  g.ring_kib = static_cast<uint16_t>(std::clamp(opts.bulk_ring_kib, 0, 224));
   g.persistent = small && grid.persistent && opts.persistent_gemv;
   g.overlap = overlap;
   return g;
@@ -719,6 +722,11 @@ void CudaCausalLM::set_use_graphs(bool on) {
 void CudaCausalLM::set_persistent_gemv(bool on) {
   impl_->opts.persistent_gemv = on;
   for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
+}
+void CudaCausalLM::set_bulk_gemv(bool on, int ring_kib, int attention_min_chunk) {
+  CudaModelOptions& o = impl_->opts;
+  o.bulk_gemv = on, o.bulk_ring_kib = ring_kib, o.attention_min_chunk = attention_min_chunk;
+  set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 
 Status CudaCausalLM::forward(std::span<const int32_t> tokens, std::span<float> logits, bool all_logits) {

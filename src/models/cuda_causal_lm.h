@@ -52,6 +52,12 @@ struct CudaModelOptions {
   bool simple_attention = false;  // the plain attention kernel for every head_dim (a slow twin for tests)
   bool overlap_launches = true;   // decode kernels as programmatic dependent launches where the GPU has them (sm_90+)
   bool persistent_gemv = true;    // persistent GEMV grids where kCudaDecodeShapes picks them (none today)
+  // Every decode GEMV up to 4 sequences on the shared-memory ring
+  // (GemvArgs::shape kGemvBulkShape, gemv_bulk.cu) instead of
+  // kCudaDecodeShapes, with ring_kib KiB per block (0: its default).
+  bool bulk_gemv = false;
+  int bulk_ring_kib = 0;
+  int attention_min_chunk = 0;  // decode attention: keys per block at least (0: its default)
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -78,6 +84,8 @@ class CudaCausalLM {
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
+  // CudaModelOptions::bulk_gemv, bulk_ring_kib, attention_min_chunk; drops captured graphs.
+  void set_bulk_gemv(bool on, int ring_kib = 0, int attention_min_chunk = 0);
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive
   // [rows, vocab] with rows = tokens.size() when all_logits (at most

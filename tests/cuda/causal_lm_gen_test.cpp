@@ -262,10 +262,11 @@ std::vector<int32_t> reference_prompt(const std::string& family, int64_t row) {
 // left out does not move. Bad requests change nothing.
 constexpr int kBatch = 4, kBatchSteps = 6;
 
-void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple) {
+void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple, bool bulk = false) {
   const int max_seq = int(prompt.size()) + kBatchSteps + 1;
-  auto batch = load_gpu(dir, {.max_seq = max_seq, .max_batch = kBatch, .simple_attention = simple});
-  auto alone = load_gpu(dir, {.max_seq = max_seq, .simple_attention = simple});
+  auto batch =
+      load_gpu(dir, {.max_seq = max_seq, .max_batch = kBatch, .simple_attention = simple, .bulk_gemv = bulk});
+  auto alone = load_gpu(dir, {.max_seq = max_seq, .simple_attention = simple, .bulk_gemv = bulk});
   const int vocab = batch->config().vocab_size;
   std::vector<std::vector<int32_t>> fed(kBatch);  // each sequence's tokens: prompt, then decoded inputs
   std::vector<std::vector<float>> got(kBatch);    // each sequence's logits after its prompt, then per step
@@ -469,6 +470,27 @@ TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
     SCOPED_TRACE(simple ? "plain attention" : "flash attention");
     check_batch_decode(dir.str(), prompt, simple);
   }
+}
+
+// The decode GEMVs on the shared-memory ring (CudaModelOptions::bulk_gemv):
+// the CPU's logits within the same tolerance, graph replay and overlapped
+// launches bitwise the eager and ordinary runs, batched sequences bitwise
+// their own logits.
+TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_bulk");
+  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  auto cpu = load_cpu(dir.str());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  const int max_seq = int(prompt.size()) + kGreedyTokens;
+  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .bulk_gemv = true});
+  auto off = load_gpu(dir.str(), {.max_seq = max_seq, .overlap_launches = false, .bulk_gemv = true});
+  check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
+  check_graph_replay(*on, prompt);
+  EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
+  check_batch_decode(dir.str(), prompt, /*simple=*/false, /*bulk=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,

@@ -3,7 +3,8 @@
 // cores when k is a multiple of 32, past 16 in two launches), output counts
 // that do not fill the last block, k with fewer steps than warps, with and
 // without bias, f32 inputs plain and RMSNorm'd in the kernel, persistent
-// grids; and the f32 residual stream's norm. Tolerances as in
+// grids, the shared-memory ring (kGemvBulkShape) at every ring size; and the
+// f32 residual stream's norm. Tolerances as in
 // gemm_test.cpp: inputs are exact bf16 values and accumulation is f32, so an
 // f32 output is within ~k·2⁻²⁴ of the reference (1e-4 of max|out| allowed);
 // a bf16 output adds one rounding (2⁻⁹ relative: 4e-3 of max|out| allowed).
@@ -81,7 +82,7 @@ TEST(CudaGemv, EveryEpilogueRowCountAndShape) {
 TEST(CudaGemv, EveryBlockShape) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
-  for (uint8_t shape : {0, 1, 2, 3})
+  for (uint8_t shape : {0, 1, 2, 3, int(kGemvBulkShape)})
     for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32})
       for (const Shape2& s : {Shape2{33, 96}, Shape2{130, 4096}, Shape2{20, 2056}})
         for (int64_t rows : {1, 2, 3, 4, 5, 16}) {
@@ -152,12 +153,13 @@ TEST(CudaGemv, F32InputPlainAndNormed) {
   CudaContext ctx = make_context();
   uint32_t seed = 500;
   const float eps = 1e-5f;
+  for (uint8_t shape : {0, int(kGemvBulkShape)})
   for (bool normed : {false, true})
     for (GemvEpilogue e : {GemvEpilogue::kStoreBf16, GemvEpilogue::kStoreF32, GemvEpilogue::kSwigluF32})
       for (const Shape2& s : {Shape2{33, 96}, Shape2{130, 4096}})
         for (int64_t rows : {1, 3, 4, 5, 16}) {
-          SCOPED_TRACE(::testing::Message() << "rows=" << rows << " n=" << s.n << " k=" << s.k << " epilogue="
-                                            << static_cast<int>(e) << " normed=" << normed);
+          SCOPED_TRACE(::testing::Message() << "shape=" << int(shape) << " rows=" << rows << " n=" << s.n << " k="
+                                            << s.k << " epilogue=" << static_cast<int>(e) << " normed=" << normed);
           const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * s.n : s.n;
           const bool tensor_cores = rows > 4 && s.k % 32 == 0;
           std::vector<float> h = random_bf16(rows * s.k, seed += 3, 2.0f);
@@ -178,7 +180,7 @@ TEST(CudaGemv, F32InputPlainAndNormed) {
           DeviceBuffer dout = upload(ctx, std::vector<float>(size_t(rows * s.n)));
           Status st = gemv(ctx, {.w = dptr<bf16_bits>(dw), .out = dout.data(), .rows = rows, .n = s.n, .k = s.k,
                                  .epilogue = e, .x_f32 = dptr<float>(dh),
-                                 .norm_w = normed ? dptr<bf16_bits>(dn) : nullptr, .eps = eps});
+                                 .norm_w = normed ? dptr<bf16_bits>(dn) : nullptr, .eps = eps, .shape = shape});
           ASSERT_TRUE(st.is_ok()) << st.message();
           std::vector<float> got = f32_out ? download<float>(ctx, dout, rows * s.n) : download_bf16(ctx, dout, rows * s.n);
           const double tol = f32_out && !(tensor_cores && normed) ? 1e-4 : 4e-3;
@@ -200,10 +202,12 @@ TEST(CudaGemv, RopeAppendEpilogue) {
   const int64_t n = (n_head + 2 * n_kv) * hd, kv = int64_t(n_kv) * hd;
   const float eps = 1e-5f, sentinel = 3.0f;
   uint32_t seed = 900;
+  for (uint8_t shape : {0, int(kGemvBulkShape)})
   for (int64_t k : {96, 40})
     for (bool normed : {false, true})
       for (int64_t rows : {1, 2, 4, 5, 16, 20}) {
-        SCOPED_TRACE(::testing::Message() << "rows=" << rows << " k=" << k << " normed=" << normed);
+        SCOPED_TRACE(::testing::Message() << "shape=" << int(shape) << " rows=" << rows << " k=" << k
+                                          << " normed=" << normed);
         const bool tensor_cores = rows > 4 && k % 32 == 0;
         std::vector<float> h = random_bf16(rows * k, seed += 7, 2.0f), nw = random_bf16(k, seed + 1);
         std::vector<float> w = random_bf16(n * k, seed + 2, 0.05f), bias = random_bf16(n, seed + 3);
@@ -255,7 +259,7 @@ TEST(CudaGemv, RopeAppendEpilogue) {
         }
         DeviceBuffer dptrs = upload(ctx, ptrs);
         GemvArgs g{.w = dptr<bf16_bits>(dw), .bias = dptr<bf16_bits>(db), .rows = rows, .n = n, .k = k,
-                   .epilogue = GemvEpilogue::kRopeAppend};
+                   .epilogue = GemvEpilogue::kRopeAppend, .shape = shape};
         if (normed) {
           g.x_f32 = dptr<float>(dh);
           g.norm_w = dptr<bf16_bits>(dn);
@@ -439,6 +443,82 @@ TEST(CudaGemv, PersistentGridEqualsOneBlockPerTileBitwise) {
           };
           EXPECT_TRUE(run(true) == run(false));
         }
+}
+
+// The shared-memory ring (kGemvBulkShape): each output is the same sums in
+// the same order whatever the ring's size (2 slots, wrapped many times, to
+// all of an SM's memory), the blocks per SM and the number of x rows:
+// bitwise, for each epilogue (RoPE + append: q and both caches), bf16 x and
+// f32 x normed in the kernel, k of several stages with a short last one,
+// blocks of many tiles and outputs that do not fill the last one; and
+// within the f32 tolerance of the double reference.
+TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t k = 2056, n = 4099, max_ctx = 4;
+  const int n_head = 48, n_kv = 8, hd = 64;  // RoPE: 4096 weight rows, 2048 pairs
+  const int64_t n_rope = int64_t(n_head + 2 * n_kv) * hd, kv = int64_t(n_kv) * hd;
+  const std::vector<float> w = random_bf16(2 * n * k, 70, 0.05f), x = random_bf16(4 * k, 72);
+  const std::vector<float> out0 = random_bf16(4 * n_rope, 76);
+  DeviceBuffer dw = upload_bf16(ctx, w), dnorm = upload_bf16(ctx, random_bf16(k, 71));
+  DeviceBuffer dx = upload_bf16(ctx, x), dh = upload(ctx, random_bf16(4 * k, 73, 2.0f));
+  DeviceBuffer dcos = upload(ctx, random_bf16(4 * hd / 2, 74)), dsin = upload(ctx, random_bf16(4 * hd / 2, 75));
+  DeviceBuffer dpos = upload(ctx, std::vector<int32_t>{0, 3, 1, 2});
+  struct Ring {
+    uint16_t kib;
+    uint8_t per_sm;
+  };
+  for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32,
+                         GemvEpilogue::kRopeAppend})
+    for (bool normed : {false, true}) {
+      const bool rope = e == GemvEpilogue::kRopeAppend;
+      const int64_t n_out = rope ? n_rope : n;
+      auto run = [&](int64_t first, int64_t rows, Ring ring) {
+        std::vector<float> o0(out0.begin() + first * n_out, out0.begin() + (first + rows) * n_out);
+        DeviceBuffer out = upload(ctx, o0);  // kAddF32 adds to it
+        DeviceBuffer q = upload_bf16(ctx, std::vector<float>(size_t(rows * n_head * hd)));
+        DeviceBuffer caches = upload_bf16(ctx, std::vector<float>(size_t(2 * rows * max_ctx * kv), 3.0f));
+        std::vector<bf16_bits*> ptrs(size_t(2 * rows));
+        for (int64_t r = 0; r < 2 * rows; ++r) ptrs[r] = dptr<bf16_bits>(caches) + r * max_ctx * kv;
+        DeviceBuffer dptrs = upload(ctx, ptrs);
+        GemvArgs g{.w = dptr<bf16_bits>(dw), .out = rope ? nullptr : out.data(), .rows = rows, .n = n_out, .k = k,
+                   .epilogue = e, .shape = kGemvBulkShape, .ring_kib = ring.kib, .blocks_per_sm = ring.per_sm};
+        if (normed) {
+          g.x_f32 = dptr<float>(dh) + first * k;
+          g.norm_w = dptr<bf16_bits>(dnorm);
+        } else {
+          g.x = dptr<bf16_bits>(dx) + first * k;
+        }
+        if (rope)
+          g.rope = {.q_out = dptr<bf16_bits>(q), .k_caches = dptr<bf16_bits*>(dptrs),
+                    .v_caches = dptr<bf16_bits*>(dptrs) + rows, .pos = dptr<int32_t>(dpos) + first,
+                    .cos = dptr<float>(dcos) + first * hd / 2, .sin = dptr<float>(dsin) + first * hd / 2,
+                    .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .max_ctx = static_cast<int>(max_ctx)};
+        Status st = gemv(ctx, g);
+        EXPECT_TRUE(st.is_ok()) << st.message();
+        if (!rope) return download<float>(ctx, out, rows * n_out);
+        std::vector<float> got = download_bf16(ctx, q, rows * n_head * hd);
+        const std::vector<float> c = download_bf16(ctx, caches, 2 * rows * max_ctx * kv);
+        got.insert(got.end(), c.begin(), c.end());
+        return got;
+      };
+      for (int64_t rows : {1, 2, 3, 4}) {
+        SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " rows=" << rows
+                                          << " normed=" << normed);
+        const std::vector<float> base = run(0, rows, {0, 0});
+        for (Ring ring : {Ring{32, 1}, Ring{224, 1}, Ring{48, 3}})
+          EXPECT_TRUE(run(0, rows, ring) == base) << "ring " << ring.kib << " KiB, " << int(ring.per_sm) << "/SM";
+        if (!rope && !normed) {
+          const std::vector<float> want = reference(x, w, {}, out0, rows, n, k, e);
+          EXPECT_LE(rel_error(base, want), 1e-4);
+        }
+        if (rope || rows == 1) continue;
+        for (int64_t r = 0; r < rows; ++r) {  // each row alone: its part of the rows' output
+          const std::vector<float> alone = run(r, 1, {0, 0});
+          EXPECT_TRUE(std::equal(alone.begin(), alone.end(), base.begin() + r * n_out)) << "row " << r;
+        }
+      }
+    }
 }
 
 TEST(CudaGemv, RefusesUnalignedK) {

@@ -9,12 +9,15 @@
 // itself in the workspace after writing its partial result, and the one that
 // brings the count to the number of chunks merges and resets the count, so a
 // decode step is one attention kernel. The batched kernel can be a
-// programmatic dependent launch (decode_launch.cuh). Several new tokens
+// programmatic dependent launch (decode_launch.cuh); its chunks can be made
+// longer (attention_decode_batch_chunked, decode_ops.h) so that fewer blocks
+// leave the SMs room for the next kernel's. Several new tokens
 // (prefill) go to the tensor-core forward kernel with the queries offset by
 // pos0.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/decode_launch.cuh"
+#include "backends/cuda/decode_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -189,9 +192,10 @@ Status launch_decode(const DecodeParams& p, int n_tokens, cudaStream_t st, bool 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 // Chunks of at least kMinChunk keys (kMinChunkMany for rows ≥ kManyRows
-// (token, head) pairs), at most kMaxSplits of them, for `len` keys.
-void plan_splits(int len, int rows, int* chunk, int* n_splits) {
-  const int min_chunk = rows >= kManyRows ? kMinChunkMany : kMinChunk;
+// (token, head) pairs; `at_least` when set), at most kMaxSplits of them, for
+// `len` keys.
+void plan_splits(int len, int rows, int* chunk, int* n_splits, int at_least = 0) {
+  const int min_chunk = at_least > 0 ? at_least : rows >= kManyRows ? kMinChunkMany : kMinChunk;
   int n = std::min(kMaxSplits, std::max(1, (len + min_chunk - 1) / min_chunk));
   *chunk = std::max(1, (len + n - 1) / n);
   *n_splits = std::max(1, (len + *chunk - 1) / *chunk);
@@ -245,8 +249,11 @@ Status attention_decode(const AttentionDecodeArgs& a) {
                              [&](auto d) { return attn::launch_decode<decltype(d)::value>(p, 1, st, false); });
 }
 
-Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
+Status attention_decode_batch(const AttentionDecodeBatchArgs& a) { return attention_decode_batch_chunked(a, 0); }
+
+Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min_chunk) {
   const char* kName = "attention_decode_batch: ";
+  if (min_chunk < 0) return invalid_argument(kName, "negative min_chunk ", min_chunk);
   LATHE_TRY(attn::check_shape(kName, a.head_dim, a.n_head, a.n_head_kv, a.window));
   if (a.n_seqs < 0 || a.max_ctx < 0) return invalid_argument(kName, "negative n_seqs or max_ctx");
   if (a.n_seqs == 0) return Status::ok();
@@ -257,7 +264,7 @@ Status attention_decode_batch(const AttentionDecodeBatchArgs& a) {
   using attn::bf16;
   const int len = a.window > 0 ? std::min(a.window, std::max(1, a.max_ctx)) : std::max(1, a.max_ctx);
   int chunk = 0, n_splits = 0;
-  attn::plan_splits(len, a.n_seqs * a.n_head, &chunk, &n_splits);
+  attn::plan_splits(len, a.n_seqs * a.n_head, &chunk, &n_splits, min_chunk);
   attn::DecodeParams p{static_cast<const bf16*>(a.q), nullptr, nullptr, static_cast<bf16*>(a.out), a.lse,
                        static_cast<float*>(a.workspace), a.n_head, a.n_head_kv, 0, a.window, chunk, n_splits,
                        a.scale, reinterpret_cast<const bf16* const*>(a.k_caches),

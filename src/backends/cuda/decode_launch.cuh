@@ -24,22 +24,28 @@ __device__ __forceinline__ void wait_prior_grid() {
 #endif
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent
-// launch when overlap.
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
+// dependent launch when overlap.
 template <class... Params, class... Args>
-cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool overlap,
-                              Args&&... args) {
+cudaError_t launch_overlapped_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                   bool overlap, Args&&... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = overlap ? &attr : nullptr;
   cfg.numAttrs = overlap ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+// The same without dynamic shared memory.
+template <class... Params, class... Args>
+cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool overlap,
+                              Args&&... args) {
+  return launch_overlapped_smem(kernel, grid, block, 0, stream, overlap, std::forward<Args>(args)...);
 }
 
 }  // namespace lathe::cuda

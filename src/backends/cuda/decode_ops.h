@@ -71,6 +71,10 @@ struct GemvRope {
   const float* sin = nullptr;            // [rows, head_dim / 2]
   int n_head = 0, n_head_kv = 0, head_dim = 0, max_ctx = 0;
 };
+// GemvArgs::shape of the shared-memory ring and its default size: two
+// blocks of it (this kernel's and the next one's) fit in an SM's 228 KiB.
+constexpr uint8_t kGemvBulkShape = 4;
+constexpr int kGemvBulkRingKib = 96;
 struct GemvArgs {
   const bf16_bits* x = nullptr;     // [rows, k]
   const bf16_bits* w = nullptr;     // [n, k] (kSwigluBf16: [2·n, k])
@@ -94,11 +98,18 @@ struct GemvArgs {
   // weight rows per block, 2 chunks of each in flight per thread; 1: 128
   // threads, 4 rows, 4 in flight; 2: 256 threads, 8 rows, 1 in flight;
   // 3: 128 threads, 16 rows, 1 in flight (half the blocks of 0, each twice
-  // as long). Tensor cores: 16 (the default), 32 or 64 weight rows per
-  // block (shape 3 is the default there). Shapes
+  // as long); kGemvBulkShape (4, up to 4 rows; more take shape 0): the
+  // weights stream into a ring of shared memory through bulk copies
+  // (gemv_bulk.cu), a block per SM. Tensor cores: 16 (the default), 32 or
+  // 64 weight rows per block (shape 3 and 4 are the default there). Shapes
   // differ only in the order of the f32 sums; the bench compares their
   // speed.
   uint8_t shape = 0;
+  // kGemvBulkShape: the ring's shared memory per block in KiB (0:
+  // kGemvBulkRingKib), all of it filled before the kernel waits for the
+  // previous one, and the blocks per SM (0: 1).
+  uint16_t ring_kib = 0;
+  uint8_t blocks_per_sm = 0;
   // With split set, a grid of under 4 waves of resident blocks (n small for
   // the SM count) splits k into up to 8 slices, the last block of a tile
   // adding the slices' sums in order (deterministic; up to 4 rows the slice
@@ -168,6 +179,13 @@ struct RopeAppendArgs {
   bool overlap = false;
 };
 Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
+
+// attention_decode_batch (attention.h) with chunks of at least min_chunk
+// keys per block (0: its default, 32 keys below 256 (sequence, head) pairs,
+// 128 from there): fewer, longer blocks leave room on the SMs for the next
+// kernel's blocks, which fill their weight rings meanwhile (gemv_bulk.cu).
+struct AttentionDecodeBatchArgs;
+Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min_chunk);
 
 // Whether device supports `overlap` (compute capability 9.0 or later).
 bool supports_overlap(int device);

@@ -13,6 +13,7 @@ Status broadcast_rows(CudaContext&, bf16_bits*, const bf16_bits*, int64_t, int64
 Status embedding_f32(CudaContext&, const EmbeddingF32Args&) { return no_cuda(); }
 Status residual_norm(CudaContext&, const ResidualNormArgs&) { return no_cuda(); }
 Status rope_append(CudaContext&, const RopeAppendArgs&) { return no_cuda(); }
+Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs&, int) { return no_cuda(); }
 bool supports_overlap(int) { return false; }
 
 }  // namespace lathe::cuda
