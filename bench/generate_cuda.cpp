@@ -403,11 +403,10 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
   for (uint8_t shape = 0; shape < 4; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {shape}, step, rows);
-  // The shared-memory ring (up to 4 rows) at a few sizes; split k (GemvArgs::split) at shape 0.
+  // The shared-memory ring (up to 4 rows) at a few sizes (split k and persistent grids: measured slower, gemv.cu).
   if (batch <= 4)
     for (int kib : {64, 0, 160})
       gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = cu::kGemvBulkShape, .ring_kib = kib}, step, rows);
-  gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.split = true}, step, rows);
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
   for (int chunk : {0, 64, 128}) {
     const double t_attn = time_graph(*ctx, 64, [&](int) {
@@ -482,7 +481,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
       const double s_step = time_model(m, prompt, n_decode, batch, true, 2).decode_s;
       std::printf(" with kCudaDecodeShapes: %.1f;", double(batch) * n_decode / s_step);
     }
-    for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 64}, {160, 64}, {160, 128}}) {
+    for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {160, 64}, {160, 128}}) {
       m.set_bulk_gemv(true, kib, chunk);
       const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
       const std::string with_chunk = chunk ? ", attention chunks >= " + std::to_string(chunk) : "";
