@@ -263,7 +263,8 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
   });
   std::string label = name + " " + std::to_string(w_rows) + "x" + std::to_string(g.k);
   if (g.shape == cu::kGemvBulkShape)
-    label += " (smem ring " + std::to_string(g.ring_kib ? g.ring_kib : cu::kGemvBulkRingKib) + " KiB)";
+    label += " (smem ring " + std::to_string(g.ring_kib ? g.ring_kib : cu::kGemvBulkRingKib) + " KiB" +
+             (g.blocks_per_sm > 1 ? ", " + std::to_string(g.blocks_per_sm) + "/SM)" : ")");
   else if (g.shape != 0)
     label += " (block shape " + std::to_string(g.shape) + ")";
   if (g.split.counts) label += " (split k)";
@@ -283,7 +284,7 @@ struct StepGemvs {
 struct Grid {
   uint8_t shape = 0;
   bool split = false, persistent = false;
-  int ring_kib = 0;
+  int ring_kib = 0, per_sm = 0;
 };
 
 // One layer's GEMVs and the LM head as decode_layer() calls them (weights
@@ -305,6 +306,7 @@ LayerGemvs layer_gemvs(const KernelBuffers& kb, const ModelConfig& c, int batch,
     g.overlap = overlap;
     g.shape = grid.shape;
     g.ring_kib = static_cast<uint16_t>(grid.ring_kib);
+    g.blocks_per_sm = static_cast<uint8_t>(grid.per_sm);
     g.persistent = grid.persistent;
     return g;
   };
@@ -342,7 +344,8 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   auto per_step = [&](lathe::CudaGemvGrid g, int calls) {
     const bool small = batch <= 4;
     if (grid.split) return 0;
-    if (small && step.bulk) return grid.shape == cu::kGemvBulkShape && grid.ring_kib == step.ring_kib ? calls : 0;
+    if (small && step.bulk)
+      return grid.shape == cu::kGemvBulkShape && grid.ring_kib == step.ring_kib && grid.per_sm == 0 ? calls : 0;
     const bool same =
         grid.shape == (small ? g.shape : 0) && grid.persistent == (small && g.persistent && step.persistent);
     return same ? calls : 0;
@@ -405,8 +408,9 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   for (uint8_t shape = 0; shape < 4; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {shape}, step, rows);
   // The shared-memory ring (up to 4 rows) at a few sizes (split k and persistent grids: measured slower, gemv.cu).
   if (batch <= 4)
-    for (int kib : {64, 0, 160})
-      gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = cu::kGemvBulkShape, .ring_kib = kib}, step, rows);
+    for (auto [kib, per_sm] : {std::pair{64, 0}, {0, 0}, {160, 0}, {96, 2}})
+      gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = cu::kGemvBulkShape, .ring_kib = kib, .per_sm = per_sm},
+                step, rows);
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
   for (int chunk : {0, 64, 128}) {
     const double t_attn = time_graph(*ctx, 64, [&](int) {
@@ -428,6 +432,10 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
     for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 64}, {160, 64}, {160, 128}})
       rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring " + std::to_string(kib) + " KiB",
                                 [&](int) { return Grid{.shape = cu::kGemvBulkShape, .ring_kib = kib}; }, chunk));
+  if (small)  // o's ring as large as fits beside the attention, the others 96 KiB
+    rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring 96 KiB, o 192 KiB", [&](int i) {
+      return Grid{.shape = cu::kGemvBulkShape, .ring_kib = i == 1 ? 192 : 96};
+    }, 64));
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
               "x0: a block shape the step does not run there; layer rows: GB/s of the layer's GEMV weights)\n",
               s.name, batch);
