@@ -92,8 +92,8 @@ void add_finetune(CLI::App& app, int* rc) {
   cmd->add_option("--progress", fl->progress, "Progress display: auto (a bar on a terminal), bar or lines")
       ->capture_default_str();
   cmd->add_option("--device", fl->device,
-                  "cpu, cuda or cuda:N; auto: the GPU when one is present and the model suits it (LoRA without "
-                  "dropout or full SFT that fits its memory; head_dim 32/64/128), else the CPU")
+                  "cpu, cuda or cuda:N; auto: the GPU when one is present and the model suits it (LoRA, or "
+                  "full SFT that fits its memory; head_dim 32/64/128), else the CPU")
       ->capture_default_str();
   cmd->add_option("overrides", fl->overrides, "key=value recipe overrides, e.g. peft.dim=16 trainer.max_steps=200");
   cmd->callback([fl, rc] { *rc = report("finetune", finetune(*fl)); });

@@ -51,6 +51,8 @@ Status check_shape(const CudaModelShape& s, const CudaTrainOptions& o) {
     return invalid_argument("cuda trainer: ", s.inv_freq.size(), " RoPE frequencies for head_dim ", s.head_dim);
   if (o.max_tokens <= 0) return invalid_argument("cuda trainer: max_tokens must be positive");
   if (o.lora_r <= 0) return invalid_argument("cuda trainer: LoRA r must be positive");
+  if (!(o.lora_dropout >= 0.0f && o.lora_dropout < 1.0f))
+    return invalid_argument("cuda trainer: LoRA dropout ", o.lora_dropout, " must be in [0, 1)");
   return Status::ok();
 }
 
@@ -219,6 +221,13 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   x.dh_bf = c.take<cuda::bf16_bits>(T * m.ld_dh_bf);
   x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));
   x.dh = c.take<float>(T * H);
+  // LoRA dropout only: a projection's input gradient summed in f32 and one
+  // member's f32 du·A (before that, its masked input in bf16), as wide as
+  // the widest input carrying LoRA. Nothing without dropout.
+  const int64_t drop_in = m.dropout() ? m.max_lora_in() : 0;
+  x.drop_acc = c.take<float>(T * drop_in);
+  x.drop_tmp = c.take<float>(T * drop_in);
+  if (!drop_in) x.drop_acc = x.drop_tmp = nullptr;
 }
 
 // Buffers every layer reuses, workspaces and the batch's inputs.
@@ -312,7 +321,8 @@ void lay_out(CudaModelImpl& m) {
       G.out += out[j];
       if (m.o.full_sft || !m.o.targets[size_t(j)]) continue;  // full SFT: no LoRA, whatever targets says
       G.loras.push_back(int(m.loras.size()));
-      m.loras.push_back({.r = r, .in = in[j], .out = out[j], .col = col, .slot = int64_t(G.loras.size()) - 1});
+      m.loras.push_back({.r = r, .in = in[j], .out = out[j], .col = col, .slot = int64_t(G.loras.size()) - 1,
+                         .layer = l, .proj = j});
       const std::string key = "base_model.model.model.layers." + std::to_string(l) + "." + kProjPath[j] + ".lora_";
       m.table.push_back({key + "A.weight", total, {r, in[j]}});
       m.factors.push_back({.src = total, .rows = r, .cols = in[j], .by_row = 0});
@@ -665,5 +675,7 @@ cuda::CudaAdamW& CudaTrainableModel::optimizer() { return *impl_->adamw; }
 cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }
 int64_t CudaTrainableModel::layers_kept() const { return impl_->keep_layers; }
+uint64_t CudaTrainableModel::passes_run() const { return impl_->passes; }
+void CudaTrainableModel::set_passes_run(uint64_t n) { impl_->passes = n; }
 
 }  // namespace lathe

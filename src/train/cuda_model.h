@@ -20,6 +20,15 @@
 //             rounding dy·W + du·A once.
 // (train/cuda_model_impl.h has the extended weights' layout.)
 //
+// LoRA dropout (p > 0) draws the CPU trainer's masks (nn/lora.h: a hash of
+// the pass, the adapter and the element; q, k and v each their own) and
+// regenerates them where needed instead of storing them: u = (mask∘x)·Aᵀ
+// ·s/(1 − p) (mask∘x is exact bf16) by one GEMM per member, dA from the
+// same masked x, and dx = dy·W + Σ mask∘(du·A)/(1 − p) summed in f32 and
+// rounded once: the A part leaves the fused backward GEMM (a GEMM per
+// member and a masked add). Without dropout nothing of this runs or is
+// allocated.
+//
 // Speed: q|k|v and gate|up are one GEMM each (weights stored stacked), and
 // so are the LoRA x·Aᵀ of their members; the LoRA B product rides in the
 // base GEMM (no separate pass over the output); small kernels split q|k|v
@@ -45,9 +54,9 @@
 // This file depends only on core, ops and the CUDA backend (the benchmark
 // links it alone); train/cuda_trainable.h builds one from a loaded
 // TrainableModel for the Trainer. With CudaTrainOptions::full_sft every
-// weight trains instead (cuda_model_sft.cpp). Refused: LoRA dropout > 0,
-// head_dim other than 32, 64 or 128 (the attention kernels' sizes), and a
-// full SFT the device's memory cannot hold.
+// weight trains instead (cuda_model_sft.cpp). Refused: head_dim other than
+// 32, 64 or 128 (the attention kernels' sizes), and a full SFT the device's
+// memory cannot hold.
 // Threads: one thread drives one model.
 #pragma once
 
@@ -98,6 +107,11 @@ struct CudaTrainOptions {
   // Train every weight (f32 masters and gradients, TrainableModel's
   // full-SFT table) instead of LoRA; targets and lora_r are then unused.
   bool full_sft = false;
+  // LoRA dropout p on each adapter's input (peft.dropout, [0, 1)), its masks
+  // the CPU trainer's for the same seed (TrainableModelOptions::seed) and
+  // pass count (passes_run()).
+  float lora_dropout = 0.0f;
+  uint64_t seed = 1234;
   cuda::CudaAdamWConfig adamw;
 };
 
@@ -150,6 +164,11 @@ class CudaTrainableModel {
 
   int64_t arena_bytes() const;  // device memory this model holds
   int64_t layers_kept() const;  // selective: layers that rerun no GEMM (max_arena_bytes)
+  // Where the dropout mask stream stands, as TrainableModel::passes_run():
+  // passes run so far (forward_backward and forward_loss alike; each draws
+  // its masks from its index). Set it from a checkpoint to resume the masks.
+  uint64_t passes_run() const;
+  void set_passes_run(uint64_t n);
 
   // A copy, as f32, of one device buffer's first n_tokens rows as the last
   // pass left it, for comparing the pass with tools/emulate_cuda_train.py:

@@ -33,7 +33,8 @@
 // LoRA has lw = 0 (ldw = ldx = in). The buffers a GEMM reads as x_ext (xn1,
 // attn, xn2, act) and dy_ext (the q|k|v scratch, gate|up, dh_bf) are
 // allocated with the extra columns; their producers write rows with a
-// stride (at x_col).
+// stride (at x_col). With LoRA dropout the A products leave the fused
+// GEMMs (each member reads its own masked x): cuda_model_dropout.cpp.
 #pragma once
 
 #include <array>
@@ -93,6 +94,8 @@ struct CLora {
   int64_t col = 0;   // first column of the member in its group's output
   int64_t slot = 0;  // position among the group's LoRA members
   int64_t u_col = 0;  // first column of its s·u4 in the group's x_ext
+  int64_t layer = 0;  // where it sits: its dropout mask's seed derives from both
+  int proj = 0;       // HF order q, k, v, o, gate, up, down
 };
 
 struct CBlock {
@@ -122,6 +125,10 @@ struct CScratch {
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh (row stride ld_dh_bf)
   float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
+  // LoRA dropout only (else null), [T, max_lora_in()] each: a group's input
+  // gradient summed in f32, and a member's f32 du·A or, before it, its
+  // masked input (bf16, packed).
+  float *drop_acc = nullptr, *drop_tmp = nullptr;
   float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)
   int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *cu_seqlens = nullptr;
@@ -198,6 +205,14 @@ struct CudaModelImpl {
   std::optional<cuda::CudaAdamW> adamw;
   CSft sft;  // full SFT only
   std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on
+  // LoRA dropout (cuda_model_dropout.cpp): passes run so far (training and
+  // evaluation alike, as TrainableModel counts them) and this pass's base
+  // of the masks' seeds.
+  uint64_t passes = 0, dropout_base = 0;
+  bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft; }
+  int64_t max_lora_in() const;  // the widest input of a group with LoRA members
+  void start_pass();            // draws dropout_base, counts the pass
+  cuda::LoraDropoutMask mask_of(const CLora& a) const;
   // Charges what is enqueued from here on to phase p (no-op without a timer).
   Status phase(CudaPhase p) { return timer ? timer->mark(ctx, p) : Status::ok(); }
 
@@ -222,6 +237,11 @@ struct CudaModelImpl {
   Status layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status attention_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status lora_u(int64_t l, int g, bf16p x_ext, int64_t n);
+  // With dropout (cuda_model_dropout.cpp): the members' x·A4ᵀ on their own
+  // masked inputs into x.lora_f32; their dA; and dx = dy·W + Σ masked du·A.
+  Status lora_u_dropout_products(const CGroup& G, const bf16p x_ext, int64_t n);
+  Status lora_da_dropout(const CGroup& G, const bf16p x_ext, const bf16p dy_ext, int64_t ld_dy, int64_t n);
+  Status lora_dx_dropout(const CGroup& G, const bf16p dy_ext, int64_t ld_dy, bf16p dx, int64_t n);
   Status group_forward(int64_t l, int g, bf16p x_ext, bf16p y, int64_t ld_y, int64_t n);
   Status group_backward(int64_t l, int g, bf16p x_ext, bf16p dy_ext, int64_t ld_dy, bf16p dx, int64_t n);
   Status norm(const bf16p x, const bf16p residual, bf16p h_out, const bf16p w, bf16p y, float* rstd, int64_t rows,

@@ -61,16 +61,22 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
 // writes the 4-term split (hi, hi, hi, lo) of s·u straight into the x_ext
 // row (member 0 left of x when it has company, the rest right of it). The
 // same kernels on the same x give bitwise the same u, so a recomputation
-// reruns this.
+// reruns this. With dropout each member's product reads its own masked x
+// (its mask regenerated: the same again in a recomputation) and the sum
+// scales by s/(1 − p).
 Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), left = G.x_col > 0 ? 1 : 0;
-  LATHE_TRY(cuda::gemm(ctx, {.a = xe + G.x_col, .b = G.a4(), .c = x.lora_f32, .m = n, .n = G.lw, .k = G.in,
-                             .trans_b = true, .c_dtype = DType::F32, .lda = G.ldx, .ldb = G.ldw}));
+  if (dropout())
+    LATHE_TRY(lora_u_dropout_products(G, xe, n));
+  else
+    LATHE_TRY(cuda::gemm(ctx, {.a = xe + G.x_col, .b = G.a4(), .c = x.lora_f32, .m = n, .n = G.lw, .k = G.in,
+                               .trans_b = true, .c_dtype = DType::F32, .lda = G.ldx, .ldb = G.ldw}));
+  const float scale = dropout() ? o.lora_scale * (1.0f / (1.0f - o.lora_dropout)) : o.lora_scale;
   cuda::LoraPartsArgs parts{.src = x.lora_f32, .rows = n, .cols = r, .n_groups = 1, .n_parts = 3,
-                            .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r, .scale = o.lora_scale,
+                            .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r, .scale = scale,
                             .split = xe, .split_ld = G.ldx};
   if (left) LATHE_TRY(cuda::lora_sum_parts(ctx, parts));  // member 0, left of x
   parts.src = x.lora_f32 + left * 4 * r;
@@ -106,7 +112,8 @@ Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t
 // (dy and x are bf16), summed into the f32 gradients. Then dx =
 // dy_ext·[W ; A4 planes] = dy·W + du·A, K = out + lw, ONE GEMM rounded once
 // (dx packed). The LoRA gradients read x_ext before dx is written, so dx may
-// overlay x_ext.
+// overlay x_ext. With dropout, dA and dx take the masks (lora_da_dropout,
+// lora_dx_dropout); dB and du do not.
 Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
   if (o.full_sft) LATHE_TRY(sft_group_grads(l, g, xe, dye, ld_dy, n));  // before dx overwrites anything
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
@@ -129,6 +136,10 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
     LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
                                          .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
                                          .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy}));
+    if (dropout()) {  // dA from the masked x; dx with the masked du·A
+      LATHE_TRY(lora_da_dropout(G, xe, dye, ld_dy, n));
+      return lora_dx_dropout(G, dye, ld_dy, dx, n);
+    }
     for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
       const CLora& a = loras[size_t(k)];
       LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe + G.x_col, .c = part,
@@ -304,6 +315,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   int n_docs = 0, max_seqlen = 0;
   LATHE_TRY(phase(kPhInput));
   LATHE_TRY(upload_batch(mb, &n_docs, &max_seqlen));
+  start_pass();
   LATHE_TRY(phase(kPhElementwise));
   const int64_t n = mb.n_tokens(), H = s.hidden, L = s.n_layer;
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = x.inv_freq, .positions = x.positions, .cos = x.cos, .sin = x.sin,

@@ -1,6 +1,6 @@
 // upload_to_cuda: reads the host TrainableModel's internals (shape, quirks,
-// the f32 base, the LoRA or full-SFT table) and fills a CudaTrainableModel
-// with them; parse_device for the CLI and the Trainer. Under full SFT the
+// the f32 base, the LoRA or full-SFT table, LoRA dropout's seed and pass
+// count) and fills a CudaTrainableModel with them; parse_device for the CLI and the Trainer. Under full SFT the
 // host's base pointers are its trainable weights: the same upload serves.
 #include "train/cuda_trainable.h"
 
@@ -31,8 +31,6 @@ const char* const kLeaf[kNumProj] = {"self_attn.q_proj", "self_attn.k_proj", "se
                                      "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 Status check_supported(const TrainableModelImpl& h) {
-  if (!h.opts.full_sft && h.opts.lora.dropout > 0)
-    return unsupported("--device cuda: LoRA dropout ", h.opts.lora.dropout, " is not implemented on the GPU (set peft.dropout=0)");
   if (h.quirks.o_bias || h.quirks.mlp_bias)
     return unsupported("--device cuda: o_proj / MLP biases are not implemented on the GPU");
   if (h.blocks.empty()) return invalid_argument("--device cuda: the model has no layers");
@@ -88,7 +86,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                      .recompute = recompute.value_or(h.opts.activations_checkpoint ? CudaRecompute::kFull
                                                                                    : CudaRecompute::kNone),
                      .max_arena_bytes = max_arena_bytes, .keep_layers = keep_layers, .full_sft = h.opts.full_sft,
-                     .adamw = adamw};
+                     .lora_dropout = h.opts.lora.dropout, .seed = h.opts.seed, .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainableModel> g, CudaTrainableModel::create(s, o));
   const std::vector<ParamInfo>& want = host.param_table();
@@ -99,6 +97,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
   if (!same) return error(StatusCode::kInternal, "--device cuda: the GPU's parameter layout differs from the host model's");
   LATHE_TRY(upload_base(h, *g));
   if (g->n_params() > 0) LATHE_TRY(g->upload_params(host.params().subspan(0, size_t(g->n_params()))));
+  g->set_passes_run(host.passes_run());  // the dropout masks go on where the host's stand
   LATHE_TRY(g->context().synchronize());
   return g;
 }

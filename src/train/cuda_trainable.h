@@ -25,7 +25,7 @@ struct DeviceChoice {
 // else the CPU. "cpu", "cuda" (= cuda:0), "cuda:N". Errors name the value.
 Result<DeviceChoice> parse_device(const std::string& text);
 
-// Refuses what the GPU path does not do (LoRA dropout, o/MLP biases,
+// Refuses what the GPU path does not do (o/MLP biases,
 // head_dim other than 32/64/128, a full SFT larger than the device's
 // memory) with a message saying so. Without a
 // recompute mode the host's activations_checkpoint picks full or none;

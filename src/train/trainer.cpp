@@ -273,6 +273,7 @@ Status TrainerImpl::state_to_host() {
     std::copy(v.begin(), v.end(), adamw->exp_avg_sq(i).begin());
   }
   adamw->set_steps_taken(gpu->optimizer().steps_taken());
+  model->set_passes_run(gpu->passes_run());  // the dropout stream, for the checkpoint
   return Status::ok();
 }
 
@@ -283,6 +284,7 @@ Status TrainerImpl::state_to_device() {
     LATHE_TRY(gpu->optimizer().write_moments(gpu->context(), i, adamw->exp_avg(i), adamw->exp_avg_sq(i)));
   }
   gpu->optimizer().set_steps_taken(adamw->steps_taken());
+  gpu->set_passes_run(model->passes_run());
   return Status::ok();
 }
 

@@ -16,6 +16,11 @@
 // stride): the GPU trainer keeps A4 and B4 inside its projections' extended
 // weights and the split activations inside the extended GEMM inputs, so the
 // LoRA terms ride in the base GEMM's K dimension (train/cuda_model_impl.h).
+// LoRA dropout (lora_dropout.cu) draws the CPU trainer's masks: element
+// i = row·cols + col of a projection's input [rows, cols] survives when
+// nn/lora.h's lora_dropout_keep(seed, i, p) says so (the same hash, ported).
+// The masked input stays exact bf16 (x or 0); the 1/(1 − p) is applied in
+// f32 by the caller (a GEMM's or lora_sum_parts' scale).
 // Calls enqueue on the context's stream; in a build without CUDA they return
 // "no CUDA" (lora_stub.cpp).
 #pragma once
@@ -64,5 +69,37 @@ struct LoraPartsArgs {
   int64_t split_ld = 0;  // split's row stride in elements; 0: n_groups·4·cols
 };
 Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a);
+
+// One adapter's dropout mask in one pass.
+struct LoraDropoutMask {
+  uint64_t seed = 0;  // the adapter's seed for the pass
+  float p = 0.0f;     // drop probability, [0, 1)
+};
+
+// out[row, col] = x[row, col] where the mask keeps (row·cols + col), else 0.
+struct LoraDropoutApplyArgs {
+  const bf16_bits* x = nullptr;  // [rows, cols], rows ld_x elements apart
+  int64_t ld_x = 0;              // 0: cols
+  bf16_bits* out = nullptr;      // [rows, cols], rows ld_out apart; must not overlap x
+  int64_t ld_out = 0;            // 0: cols
+  int64_t rows = 0, cols = 0;
+  LoraDropoutMask mask;
+};
+Status lora_dropout_apply(CudaContext& ctx, const LoraDropoutApplyArgs& a);
+
+// acc[row, col] += scale · src[row, col] (one fused multiply-add) where the
+// mask keeps (row·cols + col) (f32, both packed [rows, cols]); with out,
+// also out[row, col] = bf16(the new acc) (rows ld_out apart: the one
+// rounding of a gradient summed in f32). out must not overlap src or acc.
+struct LoraDropoutAddArgs {
+  const float* src = nullptr;
+  float* acc = nullptr;
+  float scale = 1.0f;
+  bf16_bits* out = nullptr;  // or null
+  int64_t ld_out = 0;        // 0: cols
+  int64_t rows = 0, cols = 0;
+  LoraDropoutMask mask;
+};
+Status lora_dropout_add(CudaContext& ctx, const LoraDropoutAddArgs& a);
 
 }  // namespace lathe::cuda
