@@ -3,7 +3,9 @@
 
 M="$TMP/tiny"
 "$LATHE" init-model --preset tiny --out "$M" --seed 1 --dtype f32 >/dev/null
-ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines
+# On the CPU, also where a GPU is present: these runs compare losses bit for
+# bit (the GPU's resume is checked in cuda_resume_e2e.sh and cuda_dropout_e2e.sh).
+ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines --device cpu
       peft.dim=8 peft.alpha=16 peft.dropout=0.1 trainer.max_steps=12 trainer.val_check_interval=4
       data.seq_length=128 data.micro_batch_size=5 data.global_batch_size=10 optim.lr=0.003
       optim.sched.warmup_steps=2 optim.sched.max_steps=12 checkpoint.every_n_train_steps=2 checkpoint.save_top_k=2)
