@@ -5,7 +5,8 @@
 # dropout_passes carries the mask stream), so its losses match the
 # uninterrupted run's to a relative 1e-5 (cuda_resume_e2e.sh's band: the
 # device is deterministic but for the order of two atomic sums) and its
-# last checkpoint saves the same dropout_passes. A run without dropout must
+# last checkpoint saves the same dropout_passes (as does the CPU trainer's run
+# of the recipe: 24 training passes and 3 validations). A run without dropout must
 # differ from the dropout run by more than 10x that band (the masks are
 # drawn at all), and a resume whose masks restarted from pass 0 would not
 # match. The model is the tiny preset regrouped to head_dim 64
@@ -22,14 +23,14 @@ skip() { echo "cuda dropout e2e: SKIP: $*"; exit 77; }
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 source "$SRC/tests/cli/cuda_common.sh"  # skips without a GPU; the head_dim-64 model in $M
 
-ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines --device cuda peft.dim=8 peft.alpha=16
+ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines peft.dim=8 peft.alpha=16
       trainer.max_steps=12 trainer.val_check_interval=4 data.seq_length=128 data.micro_batch_size=5
       data.global_batch_size=10 optim.lr=0.003 optim.sched.warmup_steps=2 optim.sched.max_steps=12
       checkpoint.every_n_train_steps=2 checkpoint.save_top_k=2 checkpoint.async_save=false)
 run() {  # run NAME [overrides...]: fails the script when lathe does
   local name="$1"
   shift
-  "$LATHE" finetune "${ARGS[@]}" --run-dir "$TMP/${name%%.*}" "$@" >/dev/null 2>"$TMP/$name.log" \
+  "$LATHE" finetune "${ARGS[@]}" --device cuda --run-dir "$TMP/${name%%.*}" "$@" >/dev/null 2>"$TMP/$name.log" \
     || { cat "$TMP/$name.log" >&2; fail "run $name"; }
   grep -q "device: cuda:0" "$TMP/$name.log" || fail "run $name did not train on cuda:0: $(grep device "$TMP/$name.log")"
 }
@@ -64,6 +65,10 @@ echo "dropout 0.1, stopped at step 8 and resumed vs uninterrupted: largest relat
 python3 -c "import sys; sys.exit(0 if float('$d') <= 1e-5 else 1)" || fail "the resumed dropout run differs from the uninterrupted one"
 [ "$(passes a)" = "$(passes c)" ] || fail "dropout_passes: uninterrupted $(passes a), resumed $(passes c)"
 echo "dropout_passes at step 12: $(passes a) in both"
+# The CPU trainer on the same recipe counts the same passes (training and validation).
+"$LATHE" finetune "${ARGS[@]}" --run-dir "$TMP/cpu" --device cpu peft.dropout=0.1 >/dev/null 2>"$TMP/cpu.log" \
+  || { cat "$TMP/cpu.log" >&2; fail "run cpu"; }
+[ "$(passes cpu)" = "$(passes a)" ] || fail "dropout_passes: cpu $(passes cpu), cuda $(passes a)"
 
 run z peft.dropout=0
 losses z
