@@ -13,7 +13,7 @@
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]
-//                         [--arena-gib X] [--profile 0|1] [--full 0|1]
+//                         [--arena-gib X] [--profile 0|1] [--full 0|1] [--dropout P]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
 // 10 timed steps after 3 warm-up steps, recomputation none for 1B and
 // selective for 8B (--recompute 0 / 1 mean none / full). --arena-gib is
@@ -22,7 +22,9 @@
 // and the CUDA context room under a 40 GB (37.25 GiB) device peak.
 // --full 1 trains every weight instead of LoRA (full SFT: f32 masters,
 // gradients and moments; the model FLOPs add the weight gradients, 8B does
-// not fit one H200 and is refused with the memory it needs).
+// not fit one H200 and is refused with the memory it needs). --dropout P
+// runs LoRA dropout p (masks regenerated in each pass; not counted in the
+// model FLOPs).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +68,7 @@ struct Args {
   double arena_gib = -1;  // < 0: the shape's default
   int profile = 1;
   int full = 0;
+  float dropout = 0.0f;
 };
 
 double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r, bool full) {
@@ -153,7 +156,7 @@ int run_shape(const BenchShape& s, const Args& a) {
   const double arena_gib = a.arena_gib >= 0 ? a.arena_gib : s.arena_gib;
   CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
                        .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30)),
-                       .full_sft = a.full != 0};
+                       .full_sft = a.full != 0, .lora_dropout = a.dropout};
   auto model = CudaTrainableModel::create(shape, opt);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -188,6 +191,7 @@ int run_shape(const BenchShape& s, const Args& a) {
   std::printf("| shape | batch x seq | recompute | tokens/s | ms/step | arena GiB | device GiB used | model TFLOP/s | of 810 | loss |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   std::string mode = std::string(a.full ? "full SFT, " : "") + mode_name[int(recompute)];
+  if (a.dropout > 0) mode += ", dropout " + std::to_string(a.dropout).substr(0, 4);
   if (m.layers_kept() > 0) mode += " (" + std::to_string(m.layers_kept()) + " layers keep q/k/v, h_mid)";
   std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
               (long long)mbs, (long long)a.seq, mode.c_str(), tps, 1e3 * dt / double(a.steps),
@@ -214,6 +218,7 @@ int main(int argc, char** argv) {
     else if (k == "--profile") a.profile = std::atoi(v);
     else if (k == "--arena-gib") a.arena_gib = std::atof(v);
     else if (k == "--full") a.full = std::atoi(v);
+    else if (k == "--dropout") a.dropout = float(std::atof(v));
     else {
       std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
       return 2;
