@@ -5,7 +5,8 @@
 // convention; the kernels do more because the backward recomputes the
 // scores) beside the ~810 TFLOP/s bf16 GEMM peak; each for the fast kernels
 // and the simple ones they are checked against, and forward and backward in
-// their Hopper (wgmma) builds where the device runs them (head_dim 64, 128).
+// their Hopper (wgmma) builds where the device runs them (head_dim 64, 128),
+// and the one-kernel ("fused") backward.
 // Decode: one token against a KV cache of n_ctx rows, in GB/s of K and V
 // read (the floor is the device's copy bandwidth). Inputs are random bf16; timings are the median of runs
 // after a warm-up, synchronizing the stream around each.
@@ -69,8 +70,10 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   cuda::DeviceBuffer d_out = random_bf16(nq, 4), out = random_bf16(nq, 5);
   cuda::DeviceBuffer dq = random_bf16(nq, 6), dk = random_bf16(nkv, 7), dv = random_bf16(nkv, 8);
   cuda::DeviceBuffer lse = std::move(cuda::DeviceBuffer::alloc(0, size_t(n) * kHeads * 4).value());
-  cuda::DeviceBuffer ws =
-      std::move(cuda::DeviceBuffer::alloc(0, cuda::attention_varlen_backward_workspace_bytes(n, kHeads)).value());
+  cuda::DeviceBuffer ws = std::move(
+      cuda::DeviceBuffer::alloc(
+          0, cuda::attention_varlen_backward_workspace_bytes(n, kHeads, d, cuda::AttnBwdKernels::kFused))
+          .value());
   std::vector<int32_t> cu(size_t(docs) + 1);
   for (int i = 0; i <= docs; ++i) cu[size_t(i)] = i * kSeq;
   cuda::DeviceBuffer cu_dev = std::move(cuda::DeviceBuffer::alloc(0, cu.size() * 4).value());
@@ -105,6 +108,8 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
     }
     time_backward(simple, cuda::AttnBwdKernels::kMma, 0);
   }
+  std::printf("  d=%-3d %-9s %48s", d, "fused", "");  // the one-kernel backward (its forward is fast w32)
+  time_backward(false, cuda::AttnBwdKernels::kFused, 0);
   auto info = cuda::device_info(0);
   if (info.is_ok() && info.value().sm_major == 9 && (d == 64 || d == 128)) {
     for (int rows : {64, 128}) {  // one or two warpgroups per block

@@ -27,6 +27,8 @@ std::string log_level() { return get("LATHE_LOG_LEVEL", "info"); }
 
 std::string cpu_gemm() { return get("LATHE_CPU_GEMM"); }
 
+std::string attn_bwd_kernels() { return get("LATHE_ATTN_BWD"); }
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

@@ -8,12 +8,14 @@
 // throughout), gradients 2e-2 (P and dS rounded to bf16 before their
 // products). Forward and backward each run both kernels (fast and simple);
 // the backward's fast kernels also in their Hopper (wgmma) build where the
-// device runs it. A strided output is checked bitwise against the packed one.
+// device runs it, and the one-kernel (fused) backward, whose run-to-run bits
+// are checked too. A strided output is checked bitwise against the packed one.
 // Without a GPU the kernel tests skip themselves.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backends/cuda/attention.h"
@@ -50,10 +52,11 @@ Bf16Input upload(Shape shape, uint32_t seed) {
   return in;
 }
 
-cuda::DeviceBuffer device_zeros(size_t bytes) {
+// A device buffer with every byte `fill`.
+cuda::DeviceBuffer device_zeros(size_t bytes, unsigned char fill = 0) {
   auto buf = cuda::DeviceBuffer::alloc(0, bytes);
   EXPECT_TRUE(buf.is_ok()) << buf.status().message();
-  std::vector<unsigned char> zeros(bytes, 0);
+  std::vector<unsigned char> zeros(bytes, fill);
   EXPECT_TRUE(buf.value().copy_from_host(zeros.data(), bytes).is_ok());
   return std::move(buf.value());
 }
@@ -181,26 +184,36 @@ struct VarlenGrads {
   Tensor dq, dk, dv;
 };
 
-// The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block.
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128 };
+// The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block;
+// kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order).
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
     case Bwd::kMma: return "mma.sync kernels";
     case Bwd::kWgmma64: return "wgmma kernels, 64 rows per block";
     case Bwd::kWgmma128: return "wgmma kernels, 128 rows per block";
+    case Bwd::kFused: return "fused kernel";
   }
   return "?";
 }
 bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
 bool runs(Bwd k, int head_dim) { return !is_wgmma(k) || wgmma_runs(head_dim); }
+cuda::AttnBwdKernels kernels_of(Bwd k) {
+  return is_wgmma(k) ? cuda::AttnBwdKernels::kWgmma
+                     : k == Bwd::kFused ? cuda::AttnBwdKernels::kFused : cuda::AttnBwdKernels::kMma;
+}
 
-VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind) {
+// `fill`: the byte d_q, d_k, d_v and the workspace hold before the call.
+VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind,
+                            unsigned char fill = 0) {
   const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
   const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
   cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
-  cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);
-  cuda::DeviceBuffer ws = device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head));
+  cuda::DeviceBuffer dq = device_zeros(q_bytes, fill), dk = device_zeros(kv_bytes, fill);
+  cuda::DeviceBuffer dv = device_zeros(kv_bytes, fill);
+  cuda::DeviceBuffer ws = device_zeros(
+      cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head, c.head_dim, kernels_of(kind)), fill);
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   const auto* cu = static_cast<const int32_t*>(d.cu.data());
   const int n_docs = int(c.lengths.size());
@@ -212,8 +225,7 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
   cuda::AttentionVarlenBwdArgs b{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                  static_cast<const float*>(lse.data()), d_out.dev.data(), dq.data(), dk.data(),
                                  dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
-                                 c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple,
-                                 is_wgmma(kind) ? cuda::AttnBwdKernels::kWgmma : cuda::AttnBwdKernels::kMma,
+                                 c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple, kernels_of(kind),
                                  kind == Bwd::kWgmma128 ? 128 : 64};
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
@@ -236,7 +248,7 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kSimple}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kFused, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -260,7 +272,7 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kFused}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -270,6 +282,37 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
       EXPECT_EQ(testing::rel_error(again.dq, fast.dq), 0.0);
       EXPECT_EQ(testing::rel_error(again.dk, fast.dk), 0.0);
       EXPECT_EQ(testing::rel_error(again.dv, fast.dv), 0.0);
+    }
+  }
+}
+
+// The fused backward sums each d_q tile's shares across thread blocks in a
+// fixed order, so it must give the same bits on every run whatever the
+// buffers held before (the workspace's turn counters included): three runs
+// over garbage-filled buffers, compared with memcmp, at training length
+// with many key tiles per query tile, grouped heads, a window, documents of
+// every remainder; and agree with the two-kernel backward (same arithmetic,
+// another order of the fp32 sums for d_k and d_v, so a rare bf16 flip).
+TEST(CudaAttention, FusedBackwardIsBitwiseRepeatable) {
+  SKIP_WITHOUT_GPU();
+  const VarlenCase cases[] = {{{2048, 1000, 130, 1}, 8, 2, 64, 0},
+                              {{1500, 700, 65}, 8, 2, 128, 300},
+                              {{1000, 3}, 4, 4, 32, 0}};
+  for (const VarlenCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "d=" << c.head_dim << " window=" << c.window);
+    VarlenData d = make_varlen(c, 6161 + uint32_t(c.head_dim));
+    Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6166);
+    const VarlenGrads mma = device_backward(c, d, d_out, Bwd::kMma);
+    const VarlenGrads first = device_backward(c, d, d_out, Bwd::kFused, 0x00);
+    EXPECT_LE(testing::rel_error(first.dq, mma.dq), 5e-3);
+    EXPECT_LE(testing::rel_error(first.dk, mma.dk), 5e-3);
+    EXPECT_LE(testing::rel_error(first.dv, mma.dv), 5e-3);
+    for (unsigned char fill : {0xff, 0x5a}) {
+      SCOPED_TRACE(::testing::Message() << "buffers filled with " << int(fill));
+      const VarlenGrads again = device_backward(c, d, d_out, Bwd::kFused, fill);
+      EXPECT_EQ(std::memcmp(again.dq.raw(), first.dq.raw(), size_t(first.dq.nbytes())), 0);
+      EXPECT_EQ(std::memcmp(again.dk.raw(), first.dk.raw(), size_t(first.dk.nbytes())), 0);
+      EXPECT_EQ(std::memcmp(again.dv.raw(), first.dv.raw(), size_t(first.dv.nbytes())), 0);
     }
   }
 }
@@ -315,26 +358,33 @@ TEST(CudaAttention, StridedOutputIsThePackedOne) {
       EXPECT_EQ(testing::rel_error(download(lse2, DType::F32, {d.n, c.n_head}), download(lse1, DType::F32, {d.n, c.n_head})),
                 0.0);
       // The backward from each.
-      Tensor grads[2][3];
-      for (int k = 0; k < 2; ++k) {
+      // The backward from each, by the default kernels (k < 2) and the fused one.
+      Tensor grads[4][3];
+      for (int k = 0; k < 4; ++k) {
+        const bool strided = k % 2 == 1;
+        const cuda::AttnBwdKernels kernels = k < 2 ? cuda::AttnBwdKernels::kAuto : cuda::AttnBwdKernels::kFused;
         const size_t q_bytes = size_t(d.n * row * 2), kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
         cuda::DeviceBuffer dq = device_zeros(q_bytes), dk = device_zeros(kv_bytes), dv = device_zeros(kv_bytes);
-        cuda::DeviceBuffer ws = device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head));
+        cuda::DeviceBuffer ws =
+            device_zeros(cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head, c.head_dim, kernels));
         cuda::AttentionVarlenBwdArgs b{.q = d.q.dev.data(), .k = d.k.dev.data(), .v = d.v.dev.data(),
-                                       .out = k ? wide.data() : packed.data(),
+                                       .out = strided ? wide.data() : packed.data(),
                                        .lse = static_cast<const float*>(lse1.data()), .d_out = d_out.dev.data(),
                                        .d_q = dq.data(), .d_k = dk.data(), .d_v = dv.data(), .cu_seqlens = cu,
                                        .workspace = ws.data(), .n_docs = int(c.lengths.size()),
                                        .max_seqlen = max_len(c), .n_tokens = int(d.n), .n_head = c.n_head,
                                        .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .window = c.window,
-                                       .scale = scale, .ld_out = k ? ld : 0};
+                                       .scale = scale, .kernels = kernels, .ld_out = strided ? ld : 0};
         Status st = cuda::attention_varlen_backward(b);
         ASSERT_TRUE(st.is_ok()) << st.message();
         grads[k][0] = download(dq, DType::BF16, {d.n, c.n_head, c.head_dim});
         grads[k][1] = download(dk, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
         grads[k][2] = download(dv, DType::BF16, {d.n, c.n_head_kv, c.head_dim});
       }
-      for (int i = 0; i < 3; ++i) EXPECT_EQ(testing::rel_error(grads[1][i], grads[0][i]), 0.0) << "gradient " << i;
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(testing::rel_error(grads[1][i], grads[0][i]), 0.0) << "gradient " << i;
+        EXPECT_EQ(testing::rel_error(grads[3][i], grads[2][i]), 0.0) << "fused, gradient " << i;
+      }
     }
   }
 }

@@ -48,12 +48,18 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 // Backward: d_q, d_k, d_v are overwritten. d_k/d_v of a KV head sum over the
 // query heads sharing it inside one thread block (no atomics), so the result
 // is deterministic. workspace holds D = rowsum(d_out ⊙ out) per row and head.
-// The fast kernels come in two builds of the same scheme: mma.sync (every
-// device, every compiled head_dim) and wgmma (Hopper, head_dim 64 and 128).
+// The fast kernels come in three builds: mma.sync (every device, every
+// compiled head_dim; d_q in a kernel of its own), wgmma (Hopper, head_dim 64
+// and 128; the same split) and fused (mma.sync, one kernel: each key tile's
+// block also adds its share of d_q into an f32 copy in the workspace, the
+// blocks of one query tile taking turns in a fixed order, so the bits do not
+// depend on timing either).
 enum class AttnBwdKernels {
-  kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs)
+  kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs),
+           // or what the environment names: LATHE_ATTN_BWD=mma|wgmma|fused (env.h)
   kMma,    // the mma.sync kernels
   kWgmma,  // the Hopper kernels; refused where they do not run
+  kFused,  // the one-kernel backward (its workspace is larger: see below)
 };
 struct AttentionVarlenBwdArgs {
   const void* q = nullptr;
@@ -66,7 +72,7 @@ struct AttentionVarlenBwdArgs {
   void* d_k = nullptr;          // bf16 [n_tokens, n_head_kv, head_dim]
   void* d_v = nullptr;          // bf16 [n_tokens, n_head_kv, head_dim]
   const int32_t* cu_seqlens = nullptr;
-  void* workspace = nullptr;  // >= attention_varlen_backward_workspace_bytes() bytes
+  void* workspace = nullptr;  // >= attention_varlen_backward_workspace_bytes(n_tokens, n_head, head_dim, kernels)
   int n_docs = 0, max_seqlen = 0;
   int n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int window = 0;
@@ -77,7 +83,11 @@ struct AttentionVarlenBwdArgs {
   int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
 };
-size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head);
+// The workspace for `kernels` (kAuto resolved as the backward resolves it):
+// the fused kernel adds an f32 [n_tokens, n_head, head_dim] d_q and a turn
+// counter per row and head; head_dim 0 sizes for the largest compiled (128).
+size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim = 0,
+                                                 AttnBwdKernels kernels = AttnBwdKernels::kAuto);
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);
 
 // A check of the two tensor-core products the wgmma backward is built from,

@@ -8,7 +8,11 @@
 // Splitting dq from dk/dv recomputes the scores twice but needs no atomics
 // and no fp32 accumulation buffer for d_q; summing the heads of a GQA group
 // inside one block makes d_k/d_v deterministic. Fragment layouts are those
-// of attention_common.cuh.
+// of attention_common.cuh. AttnBwdKernels::kFused replaces 2 and 3 by one
+// kernel (fused_bwd_kernel below): the dkdv blocks also multiply dS by K and
+// add their d_q shares, in a fixed order per query tile, into an f32 d_q in
+// the workspace: five tile products per (key tile, query tile) instead of
+// seven, for a larger workspace.
 //
 // The fast kernels differ from the simple ones (kept as an on-device oracle,
 // AttentionVarlenBwdArgs::simple) in three independent ways, each a
@@ -38,6 +42,9 @@
 #include "backends/cuda/attention_common.cuh"
 
 #include <cmath>
+#include <string>
+
+#include "core/env.h"
 
 #ifndef LATHE_ATTN_BWD_LDMATRIX
 #define LATHE_ATTN_BWD_LDMATRIX 1
@@ -96,7 +103,10 @@ __global__ void delta_kernel(BwdParams p, int d) {
   for (int i = threadIdx.x % 32; i < d; i += 32)
     s += __bfloat162float(p.d_out[row * d + i]) * __bfloat162float(o[i]);
   for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (threadIdx.x % 32 == 0) p.delta[row] = s;
+  if (threadIdx.x % 32 == 0) {
+    p.delta[row] = s;
+    if (p.turn) p.turn[row] = 0;
+  }
 }
 
 // dq: S = Q·Kᵀ and dP = dO·Vᵀ for one K/V tile, dS in place of S, dQ += dS·K.
@@ -210,12 +220,17 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dq_kernel
   }
 }
 
+// The fused kernel's dSᵀ tile in shared memory: [64 keys][64 queries] bf16.
+constexpr int kDsStride = kBlockRows + 8;
+
 // dkdv: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for one query tile (rows are this block's
-// keys, columns the tile's queries), then dV += Pᵀ·dO and dK += dSᵀ·Q.
-template <int D, class Path>
+// keys, columns the tile's queries), then dV += Pᵀ·dO and dK += dSᵀ·Q. With
+// kStoreDs, dSᵀ also goes to sS as the bf16 values dK's product multiplies.
+template <int D, class Path, bool kStoreDs = false>
 __device__ __forceinline__ void dkdv_tile(float (*dk)[4], float (*dv)[4], const bf16* sK, const bf16* sV,
                                           const bf16* sQ, const bf16* sO, const float* sL, const float* sD,
-                                          bool masked, int qt, int key_a, int key_b, int n, int window, float sl2) {
+                                          bool masked, int qt, int key_a, int key_b, int n, int window, float sl2,
+                                          bf16* sS = nullptr) {
   constexpr int kS = D + 8;
   const int warp = threadIdx.x / 32, c = threadIdx.x % 4;
   float s[8][4] = {}, dp[8][4] = {};
@@ -245,6 +260,15 @@ __device__ __forceinline__ void dkdv_tile(float (*dk)[4], float (*dv)[4], const 
       s[j][e] = pr;
       dp[j][e] = pr * (dp[j][e] - sD[col]);  // dSᵀ
     }
+  if constexpr (kStoreDs) {
+    const int g = threadIdx.x % 32 / 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      bf16* at = sS + (warp * 16 + g) * kDsStride + j * 8 + 2 * c;
+      *reinterpret_cast<uint32_t*>(at) = pack_bf16(dp[j][0], dp[j][1]);
+      *reinterpret_cast<uint32_t*>(at + 8 * kDsStride) = pack_bf16(dp[j][2], dp[j][3]);
+    }
+  }
   scores_times_tile<D, Path::kLdmatrix>(dv, s, sO);
   scores_times_tile<D, Path::kLdmatrix>(dk, dp, sQ);
 }
@@ -334,13 +358,211 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
   }
 }
 
+// ---- The fused backward: one kernel, one S/dP per tile pair ----
+//
+// A block per key tile j (64 keys of one KV head, as dkdv_kernel) walks the
+// query tiles i it sees from the last down to its own diagonal, the heads of
+// its group innermost, and besides dK and dV multiplies its dSᵀ tile (kept in
+// shared memory) by its K tile: its share of dQ for (head, i). The shares of
+// one (head, i) come from the key tiles first_key_tile(i) .. i, and are added
+// into an f32 d_q in the workspace in that order: block j waits until the
+// tile's turn counter equals its rank j − first_key_tile(i), adds with plain
+// loads and stores, and passes the turn on; the first stores, the last (the
+// diagonal block) writes the bf16 d_q instead. The sum is the same sequence
+// of fp32 additions whatever the timing, so the result is bitwise repeatable.
+// A block waits only for blocks of lower blockIdx.x in its own (head, doc)
+// column, which start no later than it does, so the turns cannot deadlock;
+// walking the query tiles downward puts every block of a column on the same
+// query tile at the same step, so the turns pass along a column as a
+// wavefront rather than one block waiting for another's whole walk.
+
+// Thread blocks per SM the fused kernel's registers must allow (its shared
+// memory allows 2 at head_dim 128, 3 at 64, 5 at 32).
+template <int D>
+constexpr int fused_min_blocks() {
+  return D == 128 ? 2 : D == 64 ? 3 : 4;
+}
+
+// The first key tile that sees query tile i (every one up to i without a window).
+__device__ __forceinline__ int first_key_tile(int i, int window) {
+  return window > 0 ? max(0, i * kBlockRows - window + 1) / kBlockRows : 0;
+}
+
+// Spins (one thread) until *turn == want. A turn that never comes would be a
+// bug; after 10 s the kernel traps, so it fails instead of hanging.
+__device__ __forceinline__ void wait_turn(const int* turn, int want) {
+  uint64_t start = 0;
+  for (int spins = 0;; ++spins) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
+    if (v == want) return;
+    if (spins < 4096) continue;
+    uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+    if (start == 0) start = now;
+    if (now - start > 10'000'000'000ull) __trap();
+    __nanosleep(100);
+  }
+}
+__device__ __forceinline__ void pass_turn(int* turn, int next) {
+  __threadfence();
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
+}
+
+// This block's share of dQ for query tile `it_q` of head h: dS (the
+// transpose of sS) times the K tile, per warp 16 query rows, in column
+// chunks of at most 64; then its turn at the f32 sum (see above).
+template <int D>
+__device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS, const bf16* sK, int64_t base, int n,
+                                             int h, int it_q, int jt) {
+  constexpr int kS = D + 8, kChunk = D < 64 ? D : 64;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4, mi = lane / 8;
+  const int rank = jt - first_key_tile(it_q, p.window);
+  const bool last = jt == it_q;
+  int* turn = p.turn + (base + int64_t(it_q) * kBlockRows) * p.n_head + h;
+  const int row_a = it_q * kBlockRows + warp * 16 + g;
+#pragma unroll
+  for (int col0 = 0; col0 < D; col0 += kChunk) {
+    float acc[kChunk / 8][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      uint32_t a[4];  // A[query][key] = sS[key][query]: the transposed 8×8 matrices
+      ldmatrix_x4_trans(a, sS + (kc * 16 + (mi / 2) * 8 + lane % 8) * kDsStride + warp * 16 + (mi % 2) * 8);
+#pragma unroll
+      for (int dn = 0; dn < kChunk / 8; dn += 2) {
+        uint32_t b0[2], b1[2];
+        load_b_cols_x2(b0, b1, sK, kS, kc * 16, col0 + dn * 8);
+        mma_bf16(acc[dn], a, b0);
+        mma_bf16(acc[dn + 1], a, b1);
+      }
+    }
+    if (col0 == 0) {
+      if (threadIdx.x == 0 && rank > 0) wait_turn(turn, rank);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_a + 8 * r;
+      if (row >= n) continue;
+      const int64_t off = ((base + row) * p.n_head + h) * D + col0 + 2 * c;
+#pragma unroll
+      for (int dn = 0; dn < kChunk / 8; ++dn) {
+        float2 v = make_float2(acc[dn][2 * r], acc[dn][2 * r + 1]);
+        float2* sum = reinterpret_cast<float2*>(p.dq_acc + off + dn * 8);
+        if (rank > 0) {
+          const float2 before = __ldcg(sum);
+          v = make_float2(before.x + v.x, before.y + v.y);
+        }
+        if (last)
+          *reinterpret_cast<__nv_bfloat162*>(p.d_q + off + dn * 8) = __floats2bfloat162_rn(v.x * p.scale, v.y * p.scale);
+        else
+          __stcg(sum, v);
+      }
+    }
+  }
+  if (!last) {
+    __syncthreads();
+    if (threadIdx.x == 0) pass_turn(turn, rank + 1);
+  }
+}
+
+// Stages query tile qt of head h with its lse and delta (zero past the document).
+template <int D>
+__device__ __forceinline__ void stage_fused_tile(const BwdParams& p, bf16* sQ, bf16* sO, float* sL, float* sD,
+                                                 int64_t base, int n, int h, int qt) {
+  load_tile_async<D>(sQ, p.q, base, qt, n, p.n_head, h);
+  load_tile_async<D>(sO, p.d_out, base, qt, n, p.n_head, h);
+  for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
+    const bool in = qt + r < n;
+    const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
+    cp_async4(sL + r, p.lse + at, in);
+    cp_async4(sD + r, p.delta + at, in);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_kernel(BwdParams p) {
+  using Path = BwdPath<true, true, true>;
+  constexpr int kS = D + 8, kTile = kBlockRows * kS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sV = sK + kTile;
+  bf16* sQ = sV + kTile;                                          // 2 Q tiles
+  bf16* sO = sQ + 2 * kTile;                                      // 2 d_out tiles
+  bf16* sS = sO + 2 * kTile;                                      // dSᵀ
+  float* sL = reinterpret_cast<float*>(sS + kBlockRows * kDsStride);  // 2 × 64 lse
+  float* sD = sL + 2 * kBlockRows;                                // 2 × 64 delta
+
+  const int hk = blockIdx.y, group = p.n_head / p.n_head_kv;
+  const int64_t base = p.cu[blockIdx.z];
+  const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
+  const int jt = blockIdx.x, j0 = jt * kBlockRows;
+  if (j0 >= n) return;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
+  const int n_tiles = (n + kBlockRows - 1) / kBlockRows;
+  const int i_hi =  // the last query tile that sees this key tile (a window wider than the document: none)
+      p.window > 0 ? min(n_tiles - 1, ((jt + 1) * kBlockRows + min(p.window, n) - 2) / kBlockRows) : n_tiles - 1;
+  const int n_iter = group * (i_hi - jt + 1);
+  const float sl2 = p.scale * kLog2e;
+  auto head_of = [&](int it) { return hk * group + it % group; };
+  auto tile_of = [&](int it) { return i_hi - it / group; };
+
+  load_tile_async<D>(sK, p.k, base, j0, n, p.n_head_kv, hk);
+  load_tile_async<D>(sV, p.v, base, j0, n, p.n_head_kv, hk);
+  stage_fused_tile<D>(p, sQ, sO, sL, sD, base, n, head_of(0), tile_of(0) * kBlockRows);
+  cp_async_commit();
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+
+  for (int it = 0, buf = 0; it < n_iter; ++it, buf ^= 1) {
+    if (it + 1 < n_iter)
+      stage_fused_tile<D>(p, sQ + (buf ^ 1) * kTile, sO + (buf ^ 1) * kTile, sL + (buf ^ 1) * kBlockRows,
+                          sD + (buf ^ 1) * kBlockRows, base, n, head_of(it + 1), tile_of(it + 1) * kBlockRows);
+    cp_async_commit();
+    cp_async_wait_one();
+    __syncthreads();
+    const int h = head_of(it), it_q = tile_of(it), qt = it_q * kBlockRows;
+    const bool masked = p.window > 0 || it_q == jt || qt + kBlockRows > n;
+    dkdv_tile<D, Path, true>(dk, dv, sK, sV, sQ + buf * kTile, sO + buf * kTile, sL + buf * kBlockRows,
+                             sD + buf * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2, sS);
+    __syncthreads();  // dSᵀ is whole
+    add_dq_share<D>(p, sS, sK, base, n, h, it_q, jt);
+    __syncthreads();  // everyone is done with sS and this buffer before they are refilled
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key_a : key_b;
+    if (key >= n) continue;
+    const int64_t off = ((base + key) * p.n_head_kv + hk) * D + 2 * c;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      *reinterpret_cast<__nv_bfloat162*>(p.d_k + off + dn * 8) =
+          __floats2bfloat162_rn(dk[dn][2 * r] * p.scale, dk[dn][2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(p.d_v + off + dn * 8) =
+          __floats2bfloat162_rn(dv[dn][2 * r], dv[dn][2 * r + 1]);
+    }
+  }
+}
+
+template <int D>
+Status launch_fused(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st) {
+  const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
+  const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
+  const int smem = 6 * tile_bytes + kBlockRows * kDsStride * int(sizeof(bf16)) + 4 * kBlockRows * int(sizeof(float));
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(fused_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                       "cudaFuncSetAttribute(fused backward)"));
+  fused_bwd_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p);
+  return cuda_check(cudaGetLastError(), "attention fused backward launch");
+}
+
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
-// wgmma ones.
+// wgmma ones; fused: the one-kernel backward.
 template <int D, class Path>
-Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows) {
+Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows, bool fused) {
   const int rows = p.n_tokens * p.n_head;  // < 2^31, checked by the caller
   delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention delta launch"));
+  if (fused) return launch_fused<D>(p, n_docs, max_seqlen, st);
   if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
@@ -362,8 +584,27 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 }  // namespace attn
 
-size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head) {
-  return size_t(n_tokens > 0 ? n_tokens : 0) * size_t(n_head > 0 ? n_head : 0) * sizeof(float);
+namespace {
+
+// kAuto made concrete: LATHE_ATTN_BWD, else the compiled default (kMma or,
+// with LATHE_ATTN_BWD_SM90_AUTO, kWgmma where it runs). Read once.
+Result<AttnBwdKernels> resolve_kernels(AttnBwdKernels k, int head_dim) {
+  if (k != AttnBwdKernels::kAuto) return k;
+  static const std::string named = env::attn_bwd_kernels();
+  if (named == "mma") return AttnBwdKernels::kMma;
+  if (named == "wgmma") return AttnBwdKernels::kWgmma;
+  if (named == "fused") return AttnBwdKernels::kFused;
+  if (!named.empty()) return invalid_argument("LATHE_ATTN_BWD='", named, "' (mma, wgmma or fused)");
+  return LATHE_ATTN_BWD_SM90_AUTO && attn::sm90_supported(head_dim) ? AttnBwdKernels::kWgmma : AttnBwdKernels::kMma;
+}
+
+}  // namespace
+
+size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim, AttnBwdKernels kernels) {
+  const size_t rows = size_t(n_tokens > 0 ? n_tokens : 0) * size_t(n_head > 0 ? n_head : 0);
+  auto k = resolve_kernels(kernels, head_dim > 0 ? head_dim : 128);
+  if (!k.is_ok() || k.value() != AttnBwdKernels::kFused) return rows * sizeof(float);
+  return rows * (2 * sizeof(float) + size_t(head_dim > 0 ? head_dim : 128) * sizeof(float));
 }
 
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
@@ -398,21 +639,24 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
                     a.n_head,                          a.n_head_kv,
                     a.window,                          a.scale,
                     a.ld_out};
-  bool sm90 = false;
-  if (!a.simple && a.kernels == AttnBwdKernels::kWgmma) {
-    if (!attn::sm90_supported(a.head_dim))
-      return unsupported(kName, "the wgmma kernels need a Hopper device and head_dim 64 or 128 (head_dim ",
-                         a.head_dim, ")");
-    sm90 = true;
-  } else if (!a.simple && a.kernels == AttnBwdKernels::kAuto) {
-    sm90 = LATHE_ATTN_BWD_SM90_AUTO && attn::sm90_supported(a.head_dim);
+  LATHE_ASSIGN_OR_RETURN(const AttnBwdKernels kernels, resolve_kernels(a.kernels, a.head_dim));
+  const bool sm90 = !a.simple && kernels == AttnBwdKernels::kWgmma;
+  const bool fused = !a.simple && kernels == AttnBwdKernels::kFused;
+  if (sm90 && !attn::sm90_supported(a.head_dim))
+    return unsupported(kName, "the wgmma kernels need a Hopper device and head_dim 64 or 128 (head_dim ", a.head_dim,
+                       ")");
+  if (fused) {  // the workspace continues with the turn counters and the f32 d_q
+    if (!attn::aligned16(a.workspace)) return invalid_argument(kName, "the workspace must be 16-byte aligned");
+    const size_t rows = size_t(a.n_tokens) * size_t(a.n_head);
+    p.turn = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + rows * sizeof(float));
+    p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + rows * 2 * sizeof(float));
   }
   const int sm90_rows = !sm90 ? 0 : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st, 0)
-                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st, sm90_rows);
+    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st, 0, false)
+                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st, sm90_rows, fused);
   });
 }
 

@@ -311,6 +311,10 @@ struct BwdParams {
   int n_tokens, n_head, n_head_kv, window;
   float scale;
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
+  // The fused kernel's f32 d_q [n_tokens, n_head, D] and its turn counters
+  // (one per row and head; the delta kernel zeroes them); null otherwise.
+  float* dq_acc = nullptr;
+  int* turn = nullptr;
 };
 // True when the current device runs the wgmma kernels (the Hopper forward
 // and backward) at head_dim d: compute capability 9.x, d 64 or 128.
