@@ -366,21 +366,24 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
 // shared memory) by its K tile: its share of dQ for (head, i). The shares of
 // one (head, i) come from the key tiles first_key_tile(i) .. i, and are added
 // into an f32 d_q in the workspace in that order: block j waits until the
-// tile's turn counter equals its rank j − first_key_tile(i), adds with plain
-// loads and stores, and passes the turn on; the first stores, the last (the
-// diagonal block) writes the bf16 d_q instead. The sum is the same sequence
-// of fp32 additions whatever the timing, so the result is bitwise repeatable.
-// A block waits only for blocks of lower blockIdx.x in its own (head, doc)
-// column, which start no later than it does, so the turns cannot deadlock;
+// tile's turn counter says that the rank = j − first_key_tile(i) blocks
+// before it are done, adds with plain loads and stores, and passes the
+// turn on; the first stores, the last (the diagonal block) writes the bf16
+// d_q instead. Each warp waits, adds and passes for its own 16 query rows
+// (the counter counts warps), so no block-wide barrier sits in the turn.
+// The sum is the same sequence of fp32 additions whatever the timing, so
+// the result is bitwise repeatable. A block waits only for blocks of lower
+// blockIdx.x in its own (KV head, document) column, which start no later
+// than it does, so the turns cannot deadlock;
 // walking the query tiles downward puts every block of a column on the same
 // query tile at the same step, so the turns pass along a column as a
 // wavefront rather than one block waiting for another's whole walk.
 
 // Thread blocks per SM the fused kernel's registers must allow (its shared
-// memory allows 2 at head_dim 128, 3 at 64, 5 at 32).
+// memory allows 2 at head_dim 128, 3 at 64, 5 at 32; at 32 more would spill).
 template <int D>
 constexpr int fused_min_blocks() {
-  return D == 128 ? 2 : D == 64 ? 3 : 4;
+  return D == 128 ? 2 : 3;
 }
 
 // The first key tile that sees query tile i (every one up to i without a window).
@@ -388,14 +391,16 @@ __device__ __forceinline__ int first_key_tile(int i, int window) {
   return window > 0 ? max(0, i * kBlockRows - window + 1) / kBlockRows : 0;
 }
 
-// Spins (one thread) until *turn == want. A turn that never comes would be a
-// bug; after 10 s the kernel traps, so it fails instead of hanging.
-__device__ __forceinline__ void wait_turn(const int* turn, int want) {
+// Lane 0 spins until *turn >= want (the count of warps that have added
+// before; this block's other warps may have added already), then the warp
+// goes on. A turn that never comes would be a bug; after 10 s the kernel
+// traps, so it fails instead of hanging.
+__device__ __forceinline__ void wait_turn_lane(const int* turn, int want) {
   uint64_t start = 0;
   for (int spins = 0;; ++spins) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
-    if (v == want) return;
+    if (v >= want) return;
     if (spins < 4096) continue;
     uint64_t now;
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
@@ -404,9 +409,17 @@ __device__ __forceinline__ void wait_turn(const int* turn, int want) {
     __nanosleep(100);
   }
 }
-__device__ __forceinline__ void pass_turn(int* turn, int next) {
-  __threadfence();
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
+__device__ __forceinline__ void wait_turn(const int* turn, int want) {
+  if (threadIdx.x % 32 == 0) wait_turn_lane(turn, want);
+  __syncwarp();
+}
+// The warp's stores are done: the next may go (a fence, then a count).
+__device__ __forceinline__ void pass_turn(int* turn) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) {
+    __threadfence();
+    atomicAdd(turn, 1);
+  }
 }
 
 // This block's share of dQ for query tile `it_q` of head h: dS (the
@@ -415,7 +428,7 @@ __device__ __forceinline__ void pass_turn(int* turn, int next) {
 template <int D>
 __device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS, const bf16* sK, int64_t base, int n,
                                              int h, int it_q, int jt) {
-  constexpr int kS = D + 8, kChunk = D < 64 ? D : 64;
+  constexpr int kS = D + 8, kChunk = D < 64 ? D : 64, kWarps = kThreads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4, mi = lane / 8;
   const int rank = jt - first_key_tile(it_q, p.window);
   const bool last = jt == it_q;
@@ -436,10 +449,7 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS,
         mma_bf16(acc[dn + 1], a, b1);
       }
     }
-    if (col0 == 0) {
-      if (threadIdx.x == 0 && rank > 0) wait_turn(turn, rank);
-      __syncthreads();
-    }
+    if (col0 == 0 && rank > 0) wait_turn(turn, rank * kWarps);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row_a + 8 * r;
@@ -460,10 +470,7 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS,
       }
     }
   }
-  if (!last) {
-    __syncthreads();
-    if (threadIdx.x == 0) pass_turn(turn, rank + 1);
-  }
+  if (!last) pass_turn(turn);
 }
 
 // Stages query tile qt of head h with its lse and delta (zero past the document).
@@ -515,19 +522,19 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
 
   for (int it = 0, buf = 0; it < n_iter; ++it, buf ^= 1) {
-    if (it + 1 < n_iter)
+    cp_async_wait_all();  // this tile
+    __syncthreads();      // ... for every thread; and everyone is done with sS and the other buffer
+    if (it + 1 < n_iter) {
       stage_fused_tile<D>(p, sQ + (buf ^ 1) * kTile, sO + (buf ^ 1) * kTile, sL + (buf ^ 1) * kBlockRows,
                           sD + (buf ^ 1) * kBlockRows, base, n, head_of(it + 1), tile_of(it + 1) * kBlockRows);
-    cp_async_commit();
-    cp_async_wait_one();
-    __syncthreads();
+      cp_async_commit();
+    }
     const int h = head_of(it), it_q = tile_of(it), qt = it_q * kBlockRows;
     const bool masked = p.window > 0 || it_q == jt || qt + kBlockRows > n;
     dkdv_tile<D, Path, true>(dk, dv, sK, sV, sQ + buf * kTile, sO + buf * kTile, sL + buf * kBlockRows,
                              sD + buf * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2, sS);
     __syncthreads();  // dSᵀ is whole
     add_dq_share<D>(p, sS, sK, base, n, h, it_q, jt);
-    __syncthreads();  // everyone is done with sS and this buffer before they are refilled
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

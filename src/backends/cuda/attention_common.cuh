@@ -208,6 +208,7 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // load_tile through cp.async (the caller commits and waits).
 template <int D>
