@@ -367,9 +367,9 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
 // one (head, i) come from the key tiles first_key_tile(i) .. i, and are added
 // into an f32 d_q in the workspace in that order: block j waits until the
 // tile's turn counter says that the rank = j − first_key_tile(i) blocks
-// before it are done, adds with plain loads and stores, and passes the
-// turn on; the first stores, the last (the diagonal block) writes the bf16
-// d_q instead. Each warp waits, adds and passes for its own 16 query rows
+// before it are done, adds its share (a reduction in L2, no reply awaited),
+// and passes the turn on; the first stores, the last (the diagonal block)
+// loads the sum and writes the bf16 d_q instead. Each warp waits, adds and passes for its own 16 query rows
 // (the counter counts warps), so no block-wide barrier sits in the turn.
 // The sum is the same sequence of fp32 additions whatever the timing, so
 // the result is bitwise repeatable. A block waits only for blocks of lower
@@ -413,6 +413,17 @@ __device__ __forceinline__ void wait_turn(const int* turn, int want) {
   if (threadIdx.x % 32 == 0) wait_turn_lane(turn, want);
   __syncwarp();
 }
+// *sum += v where the data lies (a reduction without a reply: the turn, not
+// the atomicity, orders the additions; subnormal values flush to zero).
+__device__ __forceinline__ void add_in_l2(float2* sum, float2 v) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(sum, v);
+#else
+  atomicAdd(&sum->x, v.x);
+  atomicAdd(&sum->y, v.y);
+#endif
+}
+
 // The warp's stores are done: the next may go (a fence, then a count).
 __device__ __forceinline__ void pass_turn(int* turn) {
   __syncwarp();
@@ -459,14 +470,17 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS,
       for (int dn = 0; dn < kChunk / 8; ++dn) {
         float2 v = make_float2(acc[dn][2 * r], acc[dn][2 * r + 1]);
         float2* sum = reinterpret_cast<float2*>(p.dq_acc + off + dn * 8);
-        if (rank > 0) {
-          const float2 before = __ldcg(sum);
-          v = make_float2(before.x + v.x, before.y + v.y);
-        }
-        if (last)
+        if (last) {
+          if (rank > 0) {
+            const float2 before = __ldcg(sum);
+            v = make_float2(before.x + v.x, before.y + v.y);
+          }
           *reinterpret_cast<__nv_bfloat162*>(p.d_q + off + dn * 8) = __floats2bfloat162_rn(v.x * p.scale, v.y * p.scale);
-        else
+        } else if (rank == 0) {
           __stcg(sum, v);
+        } else {
+          add_in_l2(sum, v);
+        }
       }
     }
   }
