@@ -515,7 +515,7 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
          .workspace = buf.attn_workspace, .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
          .head_dim = static_cast<int>(hd), .window = window, .scale = scale, .stream = ctx.stream(),
          .overlap = overlap},
-        opts.attention_min_chunk);
+        b <= kFusedNormRows ? opts.attention_min_chunk : 0);
   }
   for (int s = 0; s < b; ++s) {
     LATHE_TRY(cuda::attention_simple(ctx, {.q = buf.q + s * q_dim, .k_cache = k_at(l, s), .v_cache = v_at(l, s),

@@ -57,7 +57,7 @@ struct CudaModelOptions {
   // kCudaDecodeShapes, with ring_kib KiB per block (0: its default).
   bool bulk_gemv = false;
   int bulk_ring_kib = 0;
-  int attention_min_chunk = 0;  // decode attention: keys per block at least (0: its default)
+  int attention_min_chunk = 0;  // decode attention up to 4 sequences: keys per block at least (0: its default)
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 

@@ -472,8 +472,9 @@ TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
   }
 }
 
-// The decode GEMVs on the shared-memory ring (CudaModelOptions::bulk_gemv):
-// the CPU's logits within the same tolerance, graph replay and overlapped
+// The decode GEMVs on the shared-memory ring (CudaModelOptions::bulk_gemv),
+// the attention in chunks of at least 8 keys (attention_min_chunk): the
+// CPU's logits within the same tolerance, graph replay and overlapped
 // launches bitwise the eager and ordinary runs, batched sequences bitwise
 // their own logits.
 TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
@@ -485,8 +486,9 @@ TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
-  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .bulk_gemv = true});
-  auto off = load_gpu(dir.str(), {.max_seq = max_seq, .overlap_launches = false, .bulk_gemv = true});
+  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .bulk_gemv = true, .attention_min_chunk = 8});
+  auto off = load_gpu(dir.str(),
+                      {.max_seq = max_seq, .overlap_launches = false, .bulk_gemv = true, .attention_min_chunk = 8});
   check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
   check_graph_replay(*on, prompt);
   EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
