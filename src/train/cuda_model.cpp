@@ -29,6 +29,7 @@ namespace lathe {
 namespace {
 
 constexpr int64_t kAlignFloats = 16;
+constexpr int64_t kDropScratchFloats = int64_t{1} << 24;  // each of LoRA dropout's two buffers
 const char* const kProjPath[kCnumProj] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                           "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                           "mlp.down_proj"};
@@ -221,12 +222,16 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   x.dh_bf = c.take<cuda::bf16_bits>(T * m.ld_dh_bf);
   x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));
   x.dh = c.take<float>(T * H);
-  // LoRA dropout only: a projection's input gradient summed in f32 and one
-  // member's f32 du·A (before that, its masked input in bf16), as wide as
-  // the widest input carrying LoRA. Nothing without dropout.
+  // LoRA dropout only: rows of a projection's input gradient summed in f32
+  // and of one member's f32 du·A (before that, its masked input in bf16), as
+  // wide as the widest input carrying LoRA and as many rows as 64 MiB of
+  // f32 hold (the dropout path runs over chunks of tokens). Nothing without
+  // dropout.
   const int64_t drop_in = m.dropout() ? m.max_lora_in() : 0;
-  x.drop_acc = c.take<float>(T * drop_in);
-  x.drop_tmp = c.take<float>(T * drop_in);
+  m.drop_cap = drop_in ? std::clamp<int64_t>(kDropScratchFloats / drop_in, 1, T) : 0;
+  m.drop_rows = m.drop_cap;
+  x.drop_acc = c.take<float>(m.drop_cap * drop_in);
+  x.drop_tmp = c.take<float>(m.drop_cap * drop_in);
   if (!drop_in) x.drop_acc = x.drop_tmp = nullptr;
 }
 
@@ -676,6 +681,9 @@ cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }
 int64_t CudaTrainableModel::layers_kept() const { return impl_->keep_layers; }
 uint64_t CudaTrainableModel::passes_run() const { return impl_->passes; }
+void CudaTrainableModel::set_dropout_chunk_rows(int64_t rows) {
+  impl_->drop_rows = std::clamp<int64_t>(rows, 1, std::max<int64_t>(impl_->drop_cap, 1));
+}
 void CudaTrainableModel::set_passes_run(uint64_t n) { impl_->passes = n; }
 
 }  // namespace lathe

@@ -26,7 +26,8 @@
 // ·s/(1 − p) (mask∘x is exact bf16) by one GEMM per member, dA from the
 // same masked x, and dx = dy·W + Σ mask∘(du·A)/(1 − p) summed in f32 and
 // rounded once: the A part leaves the fused backward GEMM (a GEMM per
-// member and a masked add). Without dropout nothing of this runs or is
+// member and a masked add), over chunks of tokens whose f32 rows fit the
+// path's 64 MiB buffers. Without dropout nothing of this runs or is
 // allocated.
 //
 // Speed: q|k|v and gate|up are one GEMM each (weights stored stacked), and
@@ -169,6 +170,10 @@ class CudaTrainableModel {
   // its masks from its index). Set it from a checkpoint to resume the masks.
   uint64_t passes_run() const;
   void set_passes_run(uint64_t n);
+  // LoRA dropout runs over the micro batch in chunks of tokens (its scratch
+  // holds 64 MiB of f32 rows); this makes them `rows` long, at most what
+  // the plan holds (tests: several chunks on a small batch).
+  void set_dropout_chunk_rows(int64_t rows);
 
   // A copy, as f32, of one device buffer's first n_tokens rows as the last
   // pass left it, for comparing the pass with tools/emulate_cuda_train.py:

@@ -13,7 +13,9 @@
 //             dx = dy·W in f32, + mask_k ∘ (du4_k·A4_k) / (1 − p) per member
 //             (f32 GEMM, masked add), rounded to bf16 once by the last add.
 // dB = dyᵀ·(s·u) and du = s·dy·B do not see the mask: they read u and dy
-// as without dropout (group_backward).
+// as without dropout (group_backward). Each step runs over chunks of
+// drop_rows tokens, so that its scratch (drop_tmp, drop_acc) holds a chunk,
+// not the micro batch.
 #include <algorithm>
 
 #include "backends/cuda/lora_ops.h"
@@ -47,31 +49,41 @@ cuda::LoraDropoutMask CudaModelImpl::mask_of(const CLora& a) const {
 }
 
 // x.lora_f32 [n, lw] = each member's masked x times its A4 (member k in
-// columns [slot·4r, slot·4r + 4r)); the masked x passes through drop_tmp.
+// columns [slot·4r, slot·4r + 4r)), drop_rows tokens at a time (the masked
+// x passes through drop_tmp).
 Status CudaModelImpl::lora_u_dropout_products(const CGroup& G, const bf16p xe, int64_t n) {
   const int64_t r = o.lora_r;
   const bf16p xd = reinterpret_cast<bf16p>(x.drop_tmp);
-  for (int k : G.loras) {
-    const CLora& a = loras[size_t(k)];
-    LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + G.x_col, .ld_x = G.ldx, .out = xd, .rows = n, .cols = G.in,
-                                             .mask = mask_of(a)}));
-    LATHE_TRY(cuda::gemm(ctx, {.a = xd, .b = a.a4, .c = x.lora_f32 + a.slot * 4 * r, .m = n, .n = 4 * r, .k = G.in,
-                               .trans_b = true, .c_dtype = DType::F32, .ldb = G.ldw, .ldc = G.lw}));
+  for (int64_t r0 = 0; r0 < n; r0 += drop_rows) {
+    const int64_t rows = std::min(drop_rows, n - r0);
+    for (int k : G.loras) {
+      const CLora& a = loras[size_t(k)];
+      LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + r0 * G.ldx + G.x_col, .ld_x = G.ldx, .out = xd,
+                                               .rows = rows, .cols = G.in, .row0 = r0, .mask = mask_of(a)}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = xd, .b = a.a4, .c = x.lora_f32 + r0 * G.lw + a.slot * 4 * r, .m = rows,
+                                 .n = 4 * r, .k = G.in, .trans_b = true, .c_dtype = DType::F32, .ldb = G.ldw,
+                                 .ldc = G.lw}));
+    }
   }
   return Status::ok();
 }
 
-// dA_k += [du_hi | du_lo]ᵀ·(mask_k∘x) / (1 − p), du's terms in dy_ext.
+// dA_k += [du_hi | du_lo]ᵀ·(mask_k∘x) / (1 − p), du's terms in dy_ext; the
+// product summed over the chunks of tokens in f32 (beta = 1 after the first).
 Status CudaModelImpl::lora_da_dropout(const CGroup& G, const bf16p xe, const bf16p dye, int64_t ld_dy, int64_t n) {
   const int64_t r = o.lora_r;
   const bf16p xd = reinterpret_cast<bf16p>(x.drop_tmp);
   const float keep_scale = 1.0f / (1.0f - o.lora_dropout);
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
-    LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + G.x_col, .ld_x = G.ldx, .out = xd, .rows = n, .cols = G.in,
-                                             .mask = mask_of(a)}));
-    LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xd, .c = x.lora_f32, .m = 2 * r,
-                               .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy}));
+    for (int64_t r0 = 0; r0 < n; r0 += drop_rows) {
+      const int64_t rows = std::min(drop_rows, n - r0);
+      LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + r0 * G.ldx + G.x_col, .ld_x = G.ldx, .out = xd,
+                                               .rows = rows, .cols = G.in, .row0 = r0, .mask = mask_of(a)}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + r0 * ld_dy + G.out + a.slot * 4 * r + 2 * r, .b = xd, .c = x.lora_f32,
+                                 .m = 2 * r, .n = G.in, .k = rows, .trans_a = true, .c_dtype = DType::F32,
+                                 .beta = r0 > 0 ? 1.0f : 0.0f, .lda = ld_dy}));
+    }
     LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = r, .cols = G.in, .n_parts = 2,
                                          .row_stride = G.in, .part_stride = r * G.in, .scale = keep_scale,
                                          .sum = a.da, .accumulate = true}));
@@ -79,24 +91,28 @@ Status CudaModelImpl::lora_da_dropout(const CGroup& G, const bf16p xe, const bf1
   return Status::ok();
 }
 
-// dx (bf16, packed [n, in]) = dy·W + Σ_k mask_k ∘ (du_k·A_k) / (1 − p), the
-// sum in f32 (drop_acc) and rounded once. dx may overlay x_ext: nothing
-// here reads x.
+// dx (bf16, packed [n, in]) = dy·W + Σ_k mask_k ∘ (du_k·A_k) / (1 − p), per
+// chunk of tokens: the sum in f32 (drop_acc) and rounded once by the last
+// member's masked add. dx may overlay x_ext: nothing here reads x.
 Status CudaModelImpl::lora_dx_dropout(const CGroup& G, const bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
   const int64_t r = o.lora_r;
   const float keep_scale = 1.0f / (1.0f - o.lora_dropout);
-  LATHE_TRY(phase(kPhGemmBwd));
-  LATHE_TRY(cuda::gemm(ctx, {.a = dye, .b = G.w, .c = x.drop_acc, .m = n, .n = G.in, .k = G.out,
-                             .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw}));
-  LATHE_TRY(phase(kPhLora));
-  for (size_t i = 0; i < G.loras.size(); ++i) {
-    const CLora& a = loras[size_t(G.loras[i])];
-    LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r, .b = a.a4, .c = x.drop_tmp, .m = n, .n = G.in,
-                               .k = 4 * r, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw}));
-    const bool last = i + 1 == G.loras.size();
-    LATHE_TRY(cuda::lora_dropout_add(ctx, {.src = x.drop_tmp, .acc = x.drop_acc, .scale = keep_scale,
-                                           .out = last ? dx : nullptr, .rows = n, .cols = G.in,
-                                           .mask = mask_of(a)}));
+  for (int64_t r0 = 0; r0 < n; r0 += drop_rows) {
+    const int64_t rows = std::min(drop_rows, n - r0);
+    const bf16p dy = dye + r0 * ld_dy;
+    LATHE_TRY(phase(kPhGemmBwd));
+    LATHE_TRY(cuda::gemm(ctx, {.a = dy, .b = G.w, .c = x.drop_acc, .m = rows, .n = G.in, .k = G.out,
+                               .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw}));
+    LATHE_TRY(phase(kPhLora));
+    for (size_t i = 0; i < G.loras.size(); ++i) {
+      const CLora& a = loras[size_t(G.loras[i])];
+      LATHE_TRY(cuda::gemm(ctx, {.a = dy + G.out + a.slot * 4 * r, .b = a.a4, .c = x.drop_tmp, .m = rows, .n = G.in,
+                                 .k = 4 * r, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw}));
+      const bool last = i + 1 == G.loras.size();
+      LATHE_TRY(cuda::lora_dropout_add(ctx, {.src = x.drop_tmp, .acc = x.drop_acc, .scale = keep_scale,
+                                             .out = last ? dx + r0 * G.in : nullptr, .rows = rows, .cols = G.in,
+                                             .row0 = r0, .mask = mask_of(a)}));
+    }
   }
   return Status::ok();
 }

@@ -125,9 +125,9 @@ struct CScratch {
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh (row stride ld_dh_bf)
   float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
-  // LoRA dropout only (else null), [T, max_lora_in()] each: a group's input
-  // gradient summed in f32, and a member's f32 du·A or, before it, its
-  // masked input (bf16, packed).
+  // LoRA dropout only (else null), [drop_cap, max_lora_in()] each: rows of a
+  // group's input gradient summed in f32, and of a member's f32 du·A or,
+  // before it, of its masked input (bf16, packed).
   float *drop_acc = nullptr, *drop_tmp = nullptr;
   float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)
@@ -209,6 +209,9 @@ struct CudaModelImpl {
   // evaluation alike, as TrainableModel counts them) and this pass's base
   // of the masks' seeds.
   uint64_t passes = 0, dropout_base = 0;
+  // The dropout path runs over the tokens in chunks of drop_rows rows, at
+  // most drop_cap (what its scratch holds).
+  int64_t drop_cap = 0, drop_rows = 0;
   bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft; }
   int64_t max_lora_in() const;  // the widest input of a group with LoRA members
   void start_pass();            // draws dropout_base, counts the pass

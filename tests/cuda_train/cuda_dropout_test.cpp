@@ -2,7 +2,8 @@
 // are the CPU trainer's (the hash ported bit for bit, the seeds derived the
 // same way per pass, adapter and element), so a GPU pass and a CPU pass at
 // the same pass count compute the same function and their LoRA gradients
-// differ by rounding only. Covered: the device hash against the host's
+// differ by rounding only (the dropout path runs over chunks of tokens; the
+// tests run one chunk and several). Covered: the device hash against the host's
 // lora_dropout_keep on many indices, seeds and rates; gradients against the
 // CPU trainer's f32 ones on two consecutive passes (the masks change from
 // pass to pass on both); passes_run() counting forward_backward and
@@ -84,7 +85,8 @@ HfBf16Bounds packed_bounds(const std::string& family) {
 // ---- the mask --------------------------------------------------------------
 
 // x = 1 everywhere, so the masked copy is the mask; rows with a stride on
-// both sides, as the trainer reads x inside its x_ext rows.
+// both sides, as the trainer reads x inside its x_ext rows; the rows first
+// of the input and far into it (indices past 2³²: a chunk of a long batch).
 TEST(CudaDropoutMask, DeviceHashMatchesTheHost) {
   LATHE_SKIP_WITHOUT_GPU();
   cuda::CudaContext ctx = cuda::testing::make_context();
@@ -96,25 +98,28 @@ TEST(CudaDropoutMask, DeviceHashMatchesTheHost) {
   const uint64_t seeds[] = {0, 1, 0x9E3779B97F4A7C15ull, 0xFFFFFFFFFFFFFFFFull, 1234};
   const float rates[] = {0.0f, 1e-7f, 0.05f, 0.1f, 0.5f, 0.9f, 0.999f};
   for (uint64_t seed : seeds)
-    for (float p : rates) {
-      Status st = cuda::lora_dropout_apply(ctx, {.x = cuda::testing::dptr<cuda::bf16_bits>(x), .ld_x = ld_x,
-                                                 .out = cuda::testing::dptr<cuda::bf16_bits>(*out), .ld_out = ld_out,
-                                                 .rows = rows, .cols = cols, .mask = {.seed = seed, .p = p}});
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      const std::vector<float> got = cuda::testing::download_bf16(ctx, *out, rows * ld_out);
-      int64_t mismatches = 0, kept = 0;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          const bool want = lora_dropout_keep(seed, r * cols + c, p);
-          const float g = got[size_t(r * ld_out + c)];
-          mismatches += (g == 1.0f) != want || (g != 0.0f && g != 1.0f);
-          kept += want;
-        }
-      EXPECT_EQ(mismatches, 0) << "seed " << seed << " p " << p;
-      // The host's draws are what they should be (4σ of a binomial).
-      const double n = double(rows * cols), sd = std::sqrt(n * p * (1 - p));
-      EXPECT_NEAR(double(kept), n * (1 - p), 4 * sd + 1) << "seed " << seed << " p " << p;
-    }
+    for (float p : rates)
+      for (int64_t row0 : {int64_t{0}, int64_t{5000000}}) {
+        Status st = cuda::lora_dropout_apply(ctx, {.x = cuda::testing::dptr<cuda::bf16_bits>(x), .ld_x = ld_x,
+                                                   .out = cuda::testing::dptr<cuda::bf16_bits>(*out),
+                                                   .ld_out = ld_out,
+                                                   .rows = rows, .cols = cols, .row0 = row0,
+                                                   .mask = {.seed = seed, .p = p}});
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        const std::vector<float> got = cuda::testing::download_bf16(ctx, *out, rows * ld_out);
+        int64_t mismatches = 0, kept = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const bool want = lora_dropout_keep(seed, (row0 + r) * cols + c, p);
+            const float g = got[size_t(r * ld_out + c)];
+            mismatches += (g == 1.0f) != want || (g != 0.0f && g != 1.0f);
+            kept += want;
+          }
+        EXPECT_EQ(mismatches, 0) << "seed " << seed << " p " << p << " row0 " << row0;
+        // The host's draws are what they should be (4σ of a binomial).
+        const double n = double(rows * cols), sd = std::sqrt(n * p * (1 - p));
+        EXPECT_NEAR(double(kept), n * (1 - p), 4 * sd + 1) << "seed " << seed << " p " << p << " row0 " << row0;
+      }
 }
 
 // acc += scale·src where kept (one fused multiply-add), the bf16 copy of
@@ -133,16 +138,17 @@ TEST(CudaDropoutMask, MaskedAddMatchesTheHost) {
   ASSERT_TRUE(out.is_ok());
   const cuda::LoraDropoutMask mask{.seed = 77, .p = 0.3f};
   const float scale = 1.0f / (1.0f - mask.p);
+  const int64_t row0 = 3;  // the rows are [3, 3 + rows) of the input
   Status st = cuda::lora_dropout_add(ctx, {.src = cuda::testing::dptr<float>(s), .acc = cuda::testing::dptr<float>(a),
                                            .scale = scale, .out = cuda::testing::dptr<cuda::bf16_bits>(*out),
-                                           .ld_out = ld_out, .rows = rows, .cols = cols, .mask = mask});
+                                           .ld_out = ld_out, .rows = rows, .cols = cols, .row0 = row0, .mask = mask});
   ASSERT_TRUE(st.is_ok()) << st.message();
   const std::vector<float> got_acc = cuda::testing::download<float>(ctx, a, rows * cols);
   const std::vector<float> got_out = cuda::testing::download_bf16(ctx, *out, rows * ld_out);
   int64_t bad = 0;
   for (int64_t i = 0; i < rows * cols; ++i) {
-    const float want = lora_dropout_keep(mask.seed, i, mask.p) ? std::fma(scale, src[size_t(i)], acc[size_t(i)])
-                                                               : acc[size_t(i)];
+    const bool kept = lora_dropout_keep(mask.seed, row0 * cols + i, mask.p);
+    const float want = kept ? std::fma(scale, src[size_t(i)], acc[size_t(i)]) : acc[size_t(i)];
     bad += got_acc[size_t(i)] != want;
     bad += got_out[size_t((i / cols) * ld_out + i % cols)] != cuda::testing::round_bf16(want);
   }
@@ -175,22 +181,20 @@ TEST(CudaDropoutBounds, FailPassesWithoutTheSameMasks) {
 }
 
 // The GPU's pass against the CPU trainer's on two consecutive passes (each
-// with its own masks), then forward_loss replaying the second pass's masks.
-class CudaDropout : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(CudaDropout, GradientsMatchTheCpuTrainer) {
-  SKIP_WITHOUT_GPU();
-  const std::string family = GetParam();
+// with its own masks), then forward_loss replaying the second pass's masks;
+// chunk_rows > 0: the dropout path over chunks of that many tokens.
+void expect_passes_match_cpu(const std::string& family, int64_t chunk_rows) {
   auto host = load_host(family, kDropout);
   ASSERT_TRUE(host);
   auto gpu = to_gpu(*host);
   ASSERT_TRUE(gpu);
+  if (chunk_rows > 0) gpu->set_dropout_chunk_rows(chunk_rows);
   const MicroBatch mb = random_batch(host->config().vocab_size, 17);
   const float scale = 1.0f / float(mb.n_supervised);
   std::vector<float> first;
   double loss = 0;
   for (int pass = 0; pass < 2; ++pass) {
-    SCOPED_TRACE(::testing::Message() << family << " pass " << pass);
+    SCOPED_TRACE(::testing::Message() << family << " pass " << pass << " chunk rows " << chunk_rows);
     EXPECT_EQ(gpu->passes_run(), uint64_t(pass));
     host->zero_grads();
     ASSERT_TRUE(gpu->zero_grads().is_ok());
@@ -220,6 +224,16 @@ TEST_P(CudaDropout, GradientsMatchTheCpuTrainer) {
   EXPECT_NE(next->loss_sum, loss);
 }
 
+class CudaDropout : public ::testing::TestWithParam<const char*> {};
+
+// The batch's 107 tokens in one chunk, and in chunks of 40 (two full, one
+// partial: the masks' row offsets and dA summed over chunks).
+TEST_P(CudaDropout, GradientsMatchTheCpuTrainer) {
+  SKIP_WITHOUT_GPU();
+  expect_passes_match_cpu(GetParam(), 0);
+  expect_passes_match_cpu(GetParam(), 40);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaDropout, ::testing::Values("llama", "qwen2", "qwen3"));
 
 // ---- determinism and recomputation ---------------------------------------------
@@ -238,14 +252,19 @@ TEST(CudaDropoutRuns, TwoModelsAreBitIdentical) {
   SKIP_WITHOUT_GPU();
   auto host = load_host("llama", kDropout);
   ASSERT_TRUE(host);
-  auto a = to_gpu(*host), b = to_gpu(*host);
-  ASSERT_TRUE(a && b);
-  expect_identical_passes(*a, *b, random_batch(host->config().vocab_size, 23));
+  for (int64_t chunk : {0, 40}) {
+    SCOPED_TRACE(::testing::Message() << "chunk rows " << chunk);
+    auto a = to_gpu(*host), b = to_gpu(*host);
+    ASSERT_TRUE(a && b);
+    if (chunk) a->set_dropout_chunk_rows(chunk), b->set_dropout_chunk_rows(chunk);
+    expect_identical_passes(*a, *b, random_batch(host->config().vocab_size, 23));
+  }
 }
 
 // Every recompute mode regenerates the masks it needs: selective, full and
 // selective keeping some layers give what keeping everything gives, bit for
-// bit (Qwen2: fused q|k|v bias; Qwen3: q/k norms).
+// bit (Qwen2: fused q|k|v bias; Qwen3: q/k norms); the dropout path in one
+// chunk and in chunks of 40 tokens.
 class CudaDropoutRecompute : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaDropoutRecompute, ChangesNothing) {
@@ -262,10 +281,13 @@ TEST_P(CudaDropoutRecompute, ChangesNothing) {
                         Mode{"full", CudaRecompute::kFull, 0, -1},
                         Mode{"selective keeping every layer", CudaRecompute::kSelective, int64_t{1} << 40, -1},
                         Mode{"selective keeping one layer", CudaRecompute::kSelective, 0, 1}}) {
-    SCOPED_TRACE(m.name);
-    auto keep = to_gpu(*host, CudaRecompute::kNone), redo = to_gpu(*host, m.mode, m.budget, m.keep);
-    ASSERT_TRUE(keep && redo);
-    expect_identical_passes(*keep, *redo, mb);
+    for (int64_t chunk : {0, 40}) {
+      SCOPED_TRACE(::testing::Message() << m.name << ", chunk rows " << chunk);
+      auto keep = to_gpu(*host, CudaRecompute::kNone), redo = to_gpu(*host, m.mode, m.budget, m.keep);
+      ASSERT_TRUE(keep && redo);
+      if (chunk) keep->set_dropout_chunk_rows(chunk), redo->set_dropout_chunk_rows(chunk);
+      expect_identical_passes(*keep, *redo, mb);
+    }
   }
 }
 
@@ -274,14 +296,14 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaDropoutRecompute, ::testing::Values("qwen
 // ---- memory --------------------------------------------------------------------
 
 // No device: at Llama-3.1-8B's shape (micro batch 4 x 2048, r 32) dropout
-// adds at most its two f32 [tokens, 14336] buffers (the widest LoRA input,
-// down's) to each recompute mode's plan, and full SFT, which has no
-// adapters, nothing.
+// adds at most its two 64 MiB f32 buffers (chunks of tokens at the widest
+// LoRA input, down's) to each recompute mode's plan, and full SFT, which
+// has no adapters, nothing.
 TEST(CudaDropoutPlan, GrowsOnlyWithDropout) {
   CudaModelShape shape{.vocab = 128256, .hidden = 4096, .inter = 14336, .n_layer = 32, .n_head = 32, .n_kv = 8,
                        .head_dim = 128, .eps = 1e-5f};
   shape.inv_freq.assign(64, 1.0f);
-  const int64_t T = 8192, extra = 2 * 4 * T * 14336;
+  const int64_t T = 8192, extra = 2 * 4 * (int64_t{1} << 24);
   auto bytes = [&](CudaRecompute mode, float p, bool full) {
     CudaTrainOptions o{.max_tokens = T, .lora_r = 32, .recompute = mode, .full_sft = full, .lora_dropout = p};
     auto plan = CudaTrainableModel::plan_arena(shape, o);

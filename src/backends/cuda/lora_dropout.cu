@@ -30,18 +30,19 @@ uint64_t threshold_of(float p) { return uint64_t(std::ceil(double(p) * 0x1.0p53)
 
 __global__ void apply_kernel(LoraDropoutApplyArgs a, uint64_t threshold) {
   const int64_t n = a.rows * a.cols, ld_x = a.ld_x ? a.ld_x : a.cols, ld_out = a.ld_out ? a.ld_out : a.cols;
+  const int64_t i0 = a.row0 * a.cols;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / a.cols, col = i % a.cols;
     const bf16_bits v = a.x[row * ld_x + col];
-    a.out[row * ld_out + col] = keep(a.mask.seed, i, threshold) ? v : bf16_bits(0);
+    a.out[row * ld_out + col] = keep(a.mask.seed, i0 + i, threshold) ? v : bf16_bits(0);
   }
 }
 
 __global__ void add_kernel(LoraDropoutAddArgs a, uint64_t threshold) {
-  const int64_t n = a.rows * a.cols, ld_out = a.ld_out ? a.ld_out : a.cols;
+  const int64_t n = a.rows * a.cols, ld_out = a.ld_out ? a.ld_out : a.cols, i0 = a.row0 * a.cols;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float v = a.acc[i];
-    if (keep(a.mask.seed, i, threshold)) v = __fmaf_rn(a.scale, a.src[i], v);  // acc + scale·src, one rounding
+    if (keep(a.mask.seed, i0 + i, threshold)) v = __fmaf_rn(a.scale, a.src[i], v);  // acc + scale·src, one rounding
     a.acc[i] = v;
     if (a.out) dev::st(a.out, (i / a.cols) * ld_out + i % a.cols, v);
   }
@@ -52,16 +53,17 @@ unsigned grid_for(int64_t n) {
   return b < 8192 ? b : 8192;
 }
 
-Status check_mask(const char* op, const LoraDropoutMask& m, int64_t rows, int64_t cols) {
+Status check_mask(const char* op, const LoraDropoutMask& m, int64_t rows, int64_t cols, int64_t row0) {
   if (!(m.p >= 0.0f && m.p < 1.0f)) return invalid_argument("cuda ", op, ": dropout ", m.p, " is outside [0, 1)");
-  if (rows < 0 || cols < 0) return invalid_argument("cuda ", op, ": bad shape rows=", rows, " cols=", cols);
+  if (rows < 0 || cols < 0 || row0 < 0)
+    return invalid_argument("cuda ", op, ": bad shape rows=", rows, " cols=", cols, " row0=", row0);
   return Status::ok();
 }
 
 }  // namespace
 
 Status lora_dropout_apply(CudaContext& ctx, const LoraDropoutApplyArgs& a) {
-  LATHE_TRY(check_mask("lora_dropout_apply", a.mask, a.rows, a.cols));
+  LATHE_TRY(check_mask("lora_dropout_apply", a.mask, a.rows, a.cols, a.row0));
   if (a.rows * a.cols == 0) return Status::ok();
   if (!a.x || !a.out) return invalid_argument("cuda lora_dropout_apply: null argument");
   if ((a.ld_x && a.ld_x < a.cols) || (a.ld_out && a.ld_out < a.cols))
@@ -71,7 +73,7 @@ Status lora_dropout_apply(CudaContext& ctx, const LoraDropoutApplyArgs& a) {
 }
 
 Status lora_dropout_add(CudaContext& ctx, const LoraDropoutAddArgs& a) {
-  LATHE_TRY(check_mask("lora_dropout_add", a.mask, a.rows, a.cols));
+  LATHE_TRY(check_mask("lora_dropout_add", a.mask, a.rows, a.cols, a.row0));
   if (a.rows * a.cols == 0) return Status::ok();
   if (!a.src || !a.acc) return invalid_argument("cuda lora_dropout_add: null argument");
   if (a.ld_out && a.ld_out < a.cols)

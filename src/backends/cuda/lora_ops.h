@@ -76,19 +76,22 @@ struct LoraDropoutMask {
   float p = 0.0f;     // drop probability, [0, 1)
 };
 
-// out[row, col] = x[row, col] where the mask keeps (row·cols + col), else 0.
+// out[row, col] = x[row, col] where the mask keeps element
+// (row0 + row)·cols + col, else 0 (the rows are rows [row0, row0 + rows) of
+// the adapter's input).
 struct LoraDropoutApplyArgs {
   const bf16_bits* x = nullptr;  // [rows, cols], rows ld_x elements apart
   int64_t ld_x = 0;              // 0: cols
   bf16_bits* out = nullptr;      // [rows, cols], rows ld_out apart; must not overlap x
   int64_t ld_out = 0;            // 0: cols
   int64_t rows = 0, cols = 0;
+  int64_t row0 = 0;
   LoraDropoutMask mask;
 };
 Status lora_dropout_apply(CudaContext& ctx, const LoraDropoutApplyArgs& a);
 
 // acc[row, col] += scale · src[row, col] (one fused multiply-add) where the
-// mask keeps (row·cols + col) (f32, both packed [rows, cols]); with out,
+// mask keeps (row0 + row)·cols + col (f32, both packed [rows, cols]); with out,
 // also out[row, col] = bf16(the new acc) (rows ld_out apart: the one
 // rounding of a gradient summed in f32). out must not overlap src or acc.
 struct LoraDropoutAddArgs {
@@ -98,6 +101,7 @@ struct LoraDropoutAddArgs {
   bf16_bits* out = nullptr;  // or null
   int64_t ld_out = 0;        // 0: cols
   int64_t rows = 0, cols = 0;
+  int64_t row0 = 0;
   LoraDropoutMask mask;
 };
 Status lora_dropout_add(CudaContext& ctx, const LoraDropoutAddArgs& a);
