@@ -344,8 +344,11 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
   auto per_step = [&](lathe::CudaGemvGrid g, int calls) {
     const bool small = batch <= 4;
     if (grid.split) return 0;
-    if (small && step.bulk)
-      return grid.shape == cu::kGemvBulkShape && grid.ring_kib == step.ring_kib && grid.per_sm == 0 ? calls : 0;
+    if (small && (step.bulk || g.shape == cu::kGemvBulkShape)) {
+      auto kib = [](int k) { return k > 0 ? k : cu::kGemvBulkRingKib; };
+      const int step_kib = kib(step.bulk && step.ring_kib > 0 ? step.ring_kib : g.ring_kib);
+      return grid.shape == cu::kGemvBulkShape && kib(grid.ring_kib) == step_kib && grid.per_sm == 0 ? calls : 0;
+    }
     const bool same =
         grid.shape == (small ? g.shape : 0) && grid.persistent == (small && g.persistent && step.persistent);
     return same ? calls : 0;
@@ -408,7 +411,7 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   for (uint8_t shape = 0; shape < 4; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {shape}, step, rows);
   // The shared-memory ring (up to 4 rows) at a few sizes (split k and persistent grids: measured slower, gemv.cu).
   if (batch <= 4)
-    for (auto [kib, per_sm] : {std::pair{64, 0}, {0, 0}, {160, 0}, {96, 2}})
+    for (auto [kib, per_sm] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 2}})
       gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = cu::kGemvBulkShape, .ring_kib = kib, .per_sm = per_sm},
                 step, rows);
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;

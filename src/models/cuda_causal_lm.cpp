@@ -534,7 +534,7 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
 cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) const {
   const bool small = g.rows <= kFusedNormRows;
   g.shape = small ? (opts.bulk_gemv ? cuda::kGemvBulkShape : grid.shape) : 0;
-  g.ring_kib = static_cast<uint16_t>(std::clamp(opts.bulk_ring_kib, 0, 224));
+  g.ring_kib = opts.bulk_ring_kib > 0 ? static_cast<uint16_t>(std::min(opts.bulk_ring_kib, 224)) : grid.ring_kib;
   g.persistent = small && grid.persistent && opts.persistent_gemv;
   g.overlap = overlap;
   return g;

@@ -26,9 +26,10 @@
 namespace lathe {
 
 // The decode step's GEMV grids up to 4 sequences, by projection: block
-// shape (GemvArgs::shape) and whether persistent (GemvArgs::persistent,
-// unless CudaModelOptions::persistent_gemv is off); above 4 sequences every
-// one takes shape 0. The fastest in the bench's kernel table
+// shape (GemvArgs::shape; kGemvBulkShape: the shared-memory ring of
+// ring_kib KiB, 0: its default) and whether persistent
+// (GemvArgs::persistent, unless CudaModelOptions::persistent_gemv is off);
+// above 4 sequences every one takes shape 0. The fastest in the bench's kernel table
 // (bench_generate_cuda) on the H200 at 1B and 8B: 16-row blocks (shape 3)
 // for the projections of k = hidden (8B: q|k|v 17.2 us against 21.3 for
 // shape 0, gate|up 66.9 against 72.9, the LM head 253 against 288), 256-
@@ -36,6 +37,7 @@ namespace lathe {
 struct CudaGemvGrid {
   uint8_t shape = 0;
   bool persistent = true;
+  uint16_t ring_kib = 0;
 };
 struct CudaDecodeShapes {
   CudaGemvGrid qkv{3, false}, o{2, false}, gate_up{3, false}, down{2, false}, lm_head{3, false};
@@ -54,7 +56,8 @@ struct CudaModelOptions {
   bool persistent_gemv = true;    // persistent GEMV grids where kCudaDecodeShapes picks them (none today)
   // Every decode GEMV up to 4 sequences on the shared-memory ring
   // (GemvArgs::shape kGemvBulkShape, gemv_bulk.cu) instead of
-  // kCudaDecodeShapes, with ring_kib KiB per block (0: its default).
+  // kCudaDecodeShapes, with bulk_ring_kib KiB per block (0:
+  // kCudaDecodeShapes' ring_kib, else the ring's default).
   bool bulk_gemv = false;
   int bulk_ring_kib = 0;
   int attention_min_chunk = 0;  // decode attention up to 4 sequences: keys per block at least (0: its default)
