@@ -229,9 +229,10 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   // dropout.
   const int64_t drop_in = m.dropout() ? m.max_lora_in() : 0;
   m.drop_cap = drop_in ? std::clamp<int64_t>(kDropScratchFloats / drop_in, 1, T) : 0;
-  m.drop_rows = m.drop_cap;
-  x.drop_acc = c.take<float>(m.drop_cap * drop_in);
-  x.drop_tmp = c.take<float>(m.drop_cap * drop_in);
+  m.drop_floats = m.drop_cap * drop_in;
+  m.drop_rows = 0;
+  x.drop_acc = c.take<float>(m.drop_floats);
+  x.drop_tmp = c.take<float>(m.drop_floats);
   if (!drop_in) x.drop_acc = x.drop_tmp = nullptr;
 }
 

@@ -170,9 +170,10 @@ class CudaTrainableModel {
   // its masks from its index). Set it from a checkpoint to resume the masks.
   uint64_t passes_run() const;
   void set_passes_run(uint64_t n);
-  // LoRA dropout runs over the micro batch in chunks of tokens (its scratch
-  // holds 64 MiB of f32 rows); this makes them `rows` long, at most what
-  // the plan holds (tests: several chunks on a small batch).
+  // LoRA dropout runs over the micro batch in chunks of tokens (as many as
+  // its 64 MiB f32 buffers hold rows of a projection's input); this makes
+  // them `rows` long in every projection, at most what the buffers hold at
+  // the widest input (tests: several chunks on a small batch).
   void set_dropout_chunk_rows(int64_t rows);
 
   // A copy, as f32, of one device buffer's first n_tokens rows as the last

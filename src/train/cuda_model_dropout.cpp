@@ -14,8 +14,8 @@
 //             (f32 GEMM, masked add), rounded to bf16 once by the last add.
 // dB = dyᵀ·(s·u) and du = s·dy·B do not see the mask: they read u and dy
 // as without dropout (group_backward). Each step runs over chunks of
-// drop_rows tokens, so that its scratch (drop_tmp, drop_acc) holds a chunk,
-// not the micro batch.
+// tokens, as many as the scratch (drop_tmp, drop_acc: 64 MiB each) holds
+// rows of the group's input, not the whole micro batch.
 #include <algorithm>
 
 #include "backends/cuda/lora_ops.h"
@@ -49,13 +49,13 @@ cuda::LoraDropoutMask CudaModelImpl::mask_of(const CLora& a) const {
 }
 
 // x.lora_f32 [n, lw] = each member's masked x times its A4 (member k in
-// columns [slot·4r, slot·4r + 4r)), drop_rows tokens at a time (the masked
-// x passes through drop_tmp).
+// columns [slot·4r, slot·4r + 4r)), chunk_rows(G) tokens at a time (the
+// masked x passes through drop_tmp).
 Status CudaModelImpl::lora_u_dropout_products(const CGroup& G, const bf16p xe, int64_t n) {
-  const int64_t r = o.lora_r;
+  const int64_t r = o.lora_r, step = chunk_rows(G);
   const bf16p xd = reinterpret_cast<bf16p>(x.drop_tmp);
-  for (int64_t r0 = 0; r0 < n; r0 += drop_rows) {
-    const int64_t rows = std::min(drop_rows, n - r0);
+  for (int64_t r0 = 0; r0 < n; r0 += step) {
+    const int64_t rows = std::min(step, n - r0);
     for (int k : G.loras) {
       const CLora& a = loras[size_t(k)];
       LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + r0 * G.ldx + G.x_col, .ld_x = G.ldx, .out = xd,
@@ -71,13 +71,13 @@ Status CudaModelImpl::lora_u_dropout_products(const CGroup& G, const bf16p xe, i
 // dA_k += [du_hi | du_lo]ᵀ·(mask_k∘x) / (1 − p), du's terms in dy_ext; the
 // product summed over the chunks of tokens in f32 (beta = 1 after the first).
 Status CudaModelImpl::lora_da_dropout(const CGroup& G, const bf16p xe, const bf16p dye, int64_t ld_dy, int64_t n) {
-  const int64_t r = o.lora_r;
+  const int64_t r = o.lora_r, step = chunk_rows(G);
   const bf16p xd = reinterpret_cast<bf16p>(x.drop_tmp);
   const float keep_scale = 1.0f / (1.0f - o.lora_dropout);
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
-    for (int64_t r0 = 0; r0 < n; r0 += drop_rows) {
-      const int64_t rows = std::min(drop_rows, n - r0);
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+      const int64_t rows = std::min(step, n - r0);
       LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + r0 * G.ldx + G.x_col, .ld_x = G.ldx, .out = xd,
                                                .rows = rows, .cols = G.in, .row0 = r0, .mask = mask_of(a)}));
       LATHE_TRY(cuda::gemm(ctx, {.a = dye + r0 * ld_dy + G.out + a.slot * 4 * r + 2 * r, .b = xd, .c = x.lora_f32,
@@ -95,10 +95,10 @@ Status CudaModelImpl::lora_da_dropout(const CGroup& G, const bf16p xe, const bf1
 // chunk of tokens: the sum in f32 (drop_acc) and rounded once by the last
 // member's masked add. dx may overlay x_ext: nothing here reads x.
 Status CudaModelImpl::lora_dx_dropout(const CGroup& G, const bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
-  const int64_t r = o.lora_r;
+  const int64_t r = o.lora_r, step = chunk_rows(G);
   const float keep_scale = 1.0f / (1.0f - o.lora_dropout);
-  for (int64_t r0 = 0; r0 < n; r0 += drop_rows) {
-    const int64_t rows = std::min(drop_rows, n - r0);
+  for (int64_t r0 = 0; r0 < n; r0 += step) {
+    const int64_t rows = std::min(step, n - r0);
     const bf16p dy = dye + r0 * ld_dy;
     LATHE_TRY(phase(kPhGemmBwd));
     LATHE_TRY(cuda::gemm(ctx, {.a = dy, .b = G.w, .c = x.drop_acc, .m = rows, .n = G.in, .k = G.out,

@@ -37,6 +37,7 @@
 // GEMMs (each member reads its own masked x): cuda_model_dropout.cpp.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <optional>
@@ -209,9 +210,13 @@ struct CudaModelImpl {
   // evaluation alike, as TrainableModel counts them) and this pass's base
   // of the masks' seeds.
   uint64_t passes = 0, dropout_base = 0;
-  // The dropout path runs over the tokens in chunks of drop_rows rows, at
-  // most drop_cap (what its scratch holds).
-  int64_t drop_cap = 0, drop_rows = 0;
+  // The dropout path runs over the tokens in chunks: as many rows of a
+  // group's input as its scratch holds (drop_floats f32 each buffer; rows
+  // of the widest input: drop_cap), or drop_rows when set (tests).
+  int64_t drop_floats = 0, drop_cap = 0, drop_rows = 0;
+  int64_t chunk_rows(const CGroup& G) const {
+    return drop_rows > 0 ? drop_rows : std::max<int64_t>(1, drop_floats / G.in);
+  }
   bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft; }
   int64_t max_lora_in() const;  // the widest input of a group with LoRA members
   void start_pass();            // draws dropout_base, counts the pass
