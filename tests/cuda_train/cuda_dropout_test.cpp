@@ -86,11 +86,12 @@ HfBf16Bounds packed_bounds(const std::string& family) {
 
 // x = 1 everywhere, so the masked copy is the mask; rows with a stride on
 // both sides, as the trainer reads x inside its x_ext rows; the rows first
-// of the input and far into it (indices past 2³²: a chunk of a long batch).
-TEST(CudaDropoutMask, DeviceHashMatchesTheHost) {
-  LATHE_SKIP_WITHOUT_GPU();
+// of the input and far into it (indices past 2³²: a chunk of a long batch);
+// rows 16-byte aligned (eight columns at a time) and not.
+void expect_device_masks_match(int64_t cols, int64_t ld_x, int64_t ld_out) {
+  SCOPED_TRACE(::testing::Message() << cols << " columns, ld_x " << ld_x << ", ld_out " << ld_out);
   cuda::CudaContext ctx = cuda::testing::make_context();
-  const int64_t rows = 41, cols = 1000, ld_x = 1040, ld_out = 1008;
+  const int64_t rows = 41;
   const std::vector<float> ones(size_t(rows * ld_x), 1.0f);
   cuda::DeviceBuffer x = cuda::testing::upload_bf16(ctx, ones);
   auto out = cuda::DeviceBuffer::alloc(0, size_t(rows * ld_out) * 2);
@@ -122,37 +123,53 @@ TEST(CudaDropoutMask, DeviceHashMatchesTheHost) {
       }
 }
 
-// acc += scale·src where kept (one fused multiply-add), the bf16 copy of
-// the new acc into a strided out.
+TEST(CudaDropoutMask, DeviceHashMatchesTheHost) {
+  LATHE_SKIP_WITHOUT_GPU();
+  expect_device_masks_match(1000, 1040, 1008);  // eight columns at a time
+  expect_device_masks_match(997, 1001, 999);    // one at a time
+}
+
+// acc + scale·src where kept (one fused multiply-add), into acc, or as
+// bf16 into a strided out (acc then unchanged); rows 16-byte aligned
+// (eight columns at a time) and not (one at a time).
 TEST(CudaDropoutMask, MaskedAddMatchesTheHost) {
   LATHE_SKIP_WITHOUT_GPU();
   cuda::CudaContext ctx = cuda::testing::make_context();
-  const int64_t rows = 37, cols = 200, ld_out = 232;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> src(size_t(rows * cols)), acc(src.size());
-  for (float& v : src) v = dist(rng);
-  for (float& v : acc) v = dist(rng);
-  cuda::DeviceBuffer s = cuda::testing::upload(ctx, src), a = cuda::testing::upload(ctx, acc);
-  auto out = cuda::DeviceBuffer::alloc(0, size_t(rows * ld_out) * 2);
-  ASSERT_TRUE(out.is_ok());
   const cuda::LoraDropoutMask mask{.seed = 77, .p = 0.3f};
   const float scale = 1.0f / (1.0f - mask.p);
-  const int64_t row0 = 3;  // the rows are [3, 3 + rows) of the input
-  Status st = cuda::lora_dropout_add(ctx, {.src = cuda::testing::dptr<float>(s), .acc = cuda::testing::dptr<float>(a),
-                                           .scale = scale, .out = cuda::testing::dptr<cuda::bf16_bits>(*out),
-                                           .ld_out = ld_out, .rows = rows, .cols = cols, .row0 = row0, .mask = mask});
-  ASSERT_TRUE(st.is_ok()) << st.message();
-  const std::vector<float> got_acc = cuda::testing::download<float>(ctx, a, rows * cols);
-  const std::vector<float> got_out = cuda::testing::download_bf16(ctx, *out, rows * ld_out);
-  int64_t bad = 0;
-  for (int64_t i = 0; i < rows * cols; ++i) {
-    const bool kept = lora_dropout_keep(mask.seed, row0 * cols + i, mask.p);
-    const float want = kept ? std::fma(scale, src[size_t(i)], acc[size_t(i)]) : acc[size_t(i)];
-    bad += got_acc[size_t(i)] != want;
-    bad += got_out[size_t((i / cols) * ld_out + i % cols)] != cuda::testing::round_bf16(want);
-  }
-  EXPECT_EQ(bad, 0);
+  const int64_t rows = 37, row0 = 3;  // the rows are [3, 3 + rows) of the input
+  for (int64_t cols : {200, 203})
+    for (bool to_out : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << cols << " columns, " << (to_out ? "into out" : "into acc"));
+      const int64_t ld_out = cols + 32;
+      std::mt19937 rng(3);
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::vector<float> src(size_t(rows * cols)), acc(src.size());
+      for (float& v : src) v = dist(rng);
+      for (float& v : acc) v = dist(rng);
+      cuda::DeviceBuffer s = cuda::testing::upload(ctx, src), a = cuda::testing::upload(ctx, acc);
+      auto out = cuda::DeviceBuffer::alloc(0, size_t(rows * ld_out) * 2);
+      ASSERT_TRUE(out.is_ok());
+      Status st = cuda::lora_dropout_add(
+          ctx, {.src = cuda::testing::dptr<float>(s), .acc = cuda::testing::dptr<float>(a), .scale = scale,
+                .out = to_out ? cuda::testing::dptr<cuda::bf16_bits>(*out) : nullptr, .ld_out = ld_out, .rows = rows,
+                .cols = cols, .row0 = row0, .mask = mask});
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      const std::vector<float> got_acc = cuda::testing::download<float>(ctx, a, rows * cols);
+      const std::vector<float> got_out = cuda::testing::download_bf16(ctx, *out, rows * ld_out);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        const bool kept = lora_dropout_keep(mask.seed, row0 * cols + i, mask.p);
+        const float want = kept ? std::fma(scale, src[size_t(i)], acc[size_t(i)]) : acc[size_t(i)];
+        if (to_out) {
+          bad += got_acc[size_t(i)] != acc[size_t(i)];
+          bad += got_out[size_t((i / cols) * ld_out + i % cols)] != cuda::testing::round_bf16(want);
+        } else {
+          bad += got_acc[size_t(i)] != want;
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
 }
 
 // ---- passes against the CPU trainer -------------------------------------------

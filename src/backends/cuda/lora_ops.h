@@ -90,10 +90,11 @@ struct LoraDropoutApplyArgs {
 };
 Status lora_dropout_apply(CudaContext& ctx, const LoraDropoutApplyArgs& a);
 
-// acc[row, col] += scale · src[row, col] (one fused multiply-add) where the
-// mask keeps (row0 + row)·cols + col (f32, both packed [rows, cols]); with out,
-// also out[row, col] = bf16(the new acc) (rows ld_out apart: the one
-// rounding of a gradient summed in f32). out must not overlap src or acc.
+// v = acc[row, col] + scale · src[row, col] (one fused multiply-add) where
+// the mask keeps (row0 + row)·cols + col, else acc[row, col] (f32, both
+// packed [rows, cols]); v goes to acc, or with out to out[row, col] as
+// bf16 (rows ld_out apart: the one rounding of a gradient summed in f32;
+// acc is then left as it was). out must not overlap src or acc.
 struct LoraDropoutAddArgs {
   const float* src = nullptr;
   float* acc = nullptr;
