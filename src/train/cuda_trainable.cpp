@@ -1,7 +1,8 @@
 // upload_to_cuda: reads the host TrainableModel's internals (shape, quirks,
 // the f32 base, the LoRA or full-SFT table, LoRA dropout's seed and pass
-// count) and fills a CudaTrainableModel with them; parse_device for the CLI and the Trainer. Under full SFT the
-// host's base pointers are its trainable weights: the same upload serves.
+// count) and fills a CudaTrainableModel with them; parse_device for the CLI
+// and the Trainer. Under full SFT the host's base pointers are its
+// trainable weights: the same upload serves.
 #include "train/cuda_trainable.h"
 
 #include <charconv>

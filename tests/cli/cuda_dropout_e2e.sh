@@ -62,7 +62,8 @@ grep -q "at step 8" "$TMP/c.2.log" || fail "run c did not resume at step 8: $(ca
 losses c
 d=$(largest_difference a c)
 echo "dropout 0.1, stopped at step 8 and resumed vs uninterrupted: largest relative loss difference $d (limit 1e-5)"
-python3 -c "import sys; sys.exit(0 if float('$d') <= 1e-5 else 1)" || fail "the resumed dropout run differs from the uninterrupted one"
+python3 -c "import sys; sys.exit(0 if float('$d') <= 1e-5 else 1)" \
+  || fail "the resumed dropout run differs from the uninterrupted one"
 [ "$(passes a)" = "$(passes c)" ] || fail "dropout_passes: uninterrupted $(passes a), resumed $(passes c)"
 echo "dropout_passes at step 12: $(passes a) in both"
 # The CPU trainer on the same recipe counts the same passes (training and validation).

@@ -42,7 +42,8 @@ __global__ void apply_kernel(LoraDropoutApplyArgs a, uint64_t threshold) {
     const int64_t i_row = (a.row0 + row) * a.cols;
     const bf16_bits* x = a.x + row * ld_x;
     bf16_bits* out = a.out + row * ld_out;
-    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < per_row; v += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < per_row;
+         v += int64_t(gridDim.x) * blockDim.x) {
       const int64_t col = v * V;
       if constexpr (V == 8) {
         union {
@@ -69,7 +70,8 @@ __global__ void add_kernel(LoraDropoutAddArgs a, uint64_t threshold) {
     const float* src = a.src + row * a.cols;
     float* acc = a.acc + row * a.cols;
     bf16_bits* out = a.out ? a.out + row * ld_out : nullptr;
-    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < per_row; v += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < per_row;
+         v += int64_t(gridDim.x) * blockDim.x) {
       const int64_t col = v * V;
       float s[V], c[V];
       if constexpr (V == 8) {
