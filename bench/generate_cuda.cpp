@@ -429,12 +429,23 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   const bool small = batch <= 4;
   rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "kCudaDecodeShapes", [&](int i) {
     const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
-    return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent};
+    return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent,
+                .ring_kib = g[i].ring_kib};
   }));
   if (small)
     for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 64}, {160, 64}, {160, 128}})
       rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring " + std::to_string(kib) + " KiB",
                                 [&](int) { return Grid{.shape = cu::kGemvBulkShape, .ring_kib = kib}; }, chunk));
+  if (small)  // one projection on the ring (96 KiB), the others as kCudaDecodeShapes
+    for (int on : {0, 1, 2, 3}) {
+      const char* names[4] = {"qkv", "o", "gate|up", "down"};
+      rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap,
+                                std::string("kCudaDecodeShapes, ") + names[on] + " on the ring 96 KiB", [&](int i) {
+        const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
+        return i == on ? Grid{.shape = cu::kGemvBulkShape, .ring_kib = 96}
+                       : Grid{.shape = g[i].shape, .ring_kib = g[i].ring_kib};
+      }));
+    }
   if (small)  // o's ring as large as fits beside the attention, the others 96 KiB
     rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring 96 KiB, o 192 KiB", [&](int i) {
       return Grid{.shape = cu::kGemvBulkShape, .ring_kib = i == 1 ? 192 : 96};
