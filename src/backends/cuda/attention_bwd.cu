@@ -93,8 +93,9 @@ constexpr int bwd_min_blocks() {
   return D == 128 ? 2 : D == 64 ? LATHE_ATTN_BWD_MIN_BLOCKS_64 : LATHE_ATTN_BWD_MIN_BLOCKS_32;
 }
 
-// One warp per (token, head); lanes stride over head_dim.
-__global__ void delta_kernel(BwdParams p, int d) {
+// One warp per (token, head); lanes stride over head_dim. turn: the fused
+// kernel's turn counters, one per row and head, zeroed here (or null).
+__global__ void delta_kernel(BwdParams p, int d, int* turn) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= int64_t(p.n_tokens) * p.n_head) return;
   float s = 0.f;
@@ -105,7 +106,7 @@ __global__ void delta_kernel(BwdParams p, int d) {
   for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
   if (threadIdx.x % 32 == 0) {
     p.delta[row] = s;
-    if (p.turn) p.turn[row] = 0;
+    if (turn) turn[row] = 0;
   }
 }
 
@@ -379,6 +380,13 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
 // query tile at the same step, so the turns pass along a column as a
 // wavefront rather than one block waiting for another's whole walk.
 
+// The fused kernel's f32 d_q [n_tokens, n_head, D] and its turn counters
+// (one per row and head; the delta kernel zeroes them), in the workspace.
+struct FusedSum {
+  float* dq_acc = nullptr;
+  int* turn = nullptr;
+};
+
 // Thread blocks per SM the fused kernel's registers must allow (its shared
 // memory allows 2 at head_dim 128, 3 at 64, 5 at 32; at 32 more would spill).
 template <int D>
@@ -437,13 +445,13 @@ __device__ __forceinline__ void pass_turn(int* turn) {
 // transpose of sS) times the K tile, per warp 16 query rows, in column
 // chunks of at most 64; then its turn at the f32 sum (see above).
 template <int D>
-__device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS, const bf16* sK, int64_t base, int n,
-                                             int h, int it_q, int jt) {
+__device__ __forceinline__ void add_dq_share(const BwdParams& p, const FusedSum& f, const bf16* sS, const bf16* sK,
+                                             int64_t base, int n, int h, int it_q, int jt) {
   constexpr int kS = D + 8, kChunk = D < 64 ? D : 64, kWarps = kThreads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4, mi = lane / 8;
   const int rank = jt - first_key_tile(it_q, p.window);
   const bool last = jt == it_q;
-  int* turn = p.turn + (base + int64_t(it_q) * kBlockRows) * p.n_head + h;
+  int* turn = f.turn + (base + int64_t(it_q) * kBlockRows) * p.n_head + h;
   const int row_a = it_q * kBlockRows + warp * 16 + g;
 #pragma unroll
   for (int col0 = 0; col0 < D; col0 += kChunk) {
@@ -469,7 +477,7 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const bf16* sS,
 #pragma unroll
       for (int dn = 0; dn < kChunk / 8; ++dn) {
         float2 v = make_float2(acc[dn][2 * r], acc[dn][2 * r + 1]);
-        float2* sum = reinterpret_cast<float2*>(p.dq_acc + off + dn * 8);
+        float2* sum = reinterpret_cast<float2*>(f.dq_acc + off + dn * 8);
         if (last) {
           if (rank > 0) {
             const float2 before = __ldcg(sum);
@@ -502,7 +510,7 @@ __device__ __forceinline__ void stage_fused_tile(const BwdParams& p, bf16* sQ, b
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_kernel(BwdParams p) {
+__global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_kernel(BwdParams p, FusedSum f) {
   using Path = BwdPath<true, true, true>;
   constexpr int kS = D + 8, kTile = kBlockRows * kS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -545,10 +553,16 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
     }
     const int h = head_of(it), it_q = tile_of(it), qt = it_q * kBlockRows;
     const bool masked = p.window > 0 || it_q == jt || qt + kBlockRows > n;
-    dkdv_tile<D, Path, true>(dk, dv, sK, sV, sQ + buf * kTile, sO + buf * kTile, sL + buf * kBlockRows,
-                             sD + buf * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2, sS);
+    bf16 *q_buf = sQ + buf * kTile, *o_buf = sO + buf * kTile;
+    float *l_buf = sL + buf * kBlockRows, *d_buf = sD + buf * kBlockRows;
+    if (masked)  // a literal each way, so both loops are compiled (the compiler may not split them itself)
+      dkdv_tile<D, Path, true>(dk, dv, sK, sV, q_buf, o_buf, l_buf, d_buf, true, qt, key_a, key_b, n, p.window, sl2,
+                               sS);
+    else
+      dkdv_tile<D, Path, true>(dk, dv, sK, sV, q_buf, o_buf, l_buf, d_buf, false, qt, key_a, key_b, n, p.window, sl2,
+                               sS);
     __syncthreads();  // dSᵀ is whole
-    add_dq_share<D>(p, sS, sK, base, n, h, it_q, jt);
+    add_dq_share<D>(p, f, sS, sK, base, n, h, it_q, jt);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -566,24 +580,24 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
 }
 
 template <int D>
-Status launch_fused(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st) {
+Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st) {
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
   const int smem = 6 * tile_bytes + kBlockRows * kDsStride * int(sizeof(bf16)) + 4 * kBlockRows * int(sizeof(float));
   LATHE_TRY(cuda_check(cudaFuncSetAttribute(fused_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "cudaFuncSetAttribute(fused backward)"));
-  fused_bwd_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p);
+  fused_bwd_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p, f);
   return cuda_check(cudaGetLastError(), "attention fused backward launch");
 }
 
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
-// wgmma ones; fused: the one-kernel backward.
+// wgmma ones; f.dq_acc set: the one-kernel backward.
 template <int D, class Path>
-Status launch(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows, bool fused) {
+Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows) {
   const int rows = p.n_tokens * p.n_head;  // < 2^31, checked by the caller
-  delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D);
+  delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D, f.turn);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention delta launch"));
-  if (fused) return launch_fused<D>(p, n_docs, max_seqlen, st);
+  if (f.dq_acc) return launch_fused<D>(p, f, n_docs, max_seqlen, st);
   if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
@@ -666,18 +680,19 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   if (sm90 && !attn::sm90_supported(a.head_dim))
     return unsupported(kName, "the wgmma kernels need a Hopper device and head_dim 64 or 128 (head_dim ", a.head_dim,
                        ")");
+  attn::FusedSum sum;
   if (fused) {  // the workspace continues with the turn counters and the f32 d_q
     if (!attn::aligned16(a.workspace)) return invalid_argument(kName, "the workspace must be 16-byte aligned");
     const size_t rows = size_t(a.n_tokens) * size_t(a.n_head);
-    p.turn = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + rows * sizeof(float));
-    p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + rows * 2 * sizeof(float));
+    sum.turn = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + rows * sizeof(float));
+    sum.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + rows * 2 * sizeof(float));
   }
   const int sm90_rows = !sm90 ? 0 : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    return a.simple ? attn::launch<D, attn::SimplePath>(p, a.n_docs, a.max_seqlen, st, 0, false)
-                    : attn::launch<D, attn::FastPath>(p, a.n_docs, a.max_seqlen, st, sm90_rows, fused);
+    return a.simple ? attn::launch<D, attn::SimplePath>(p, {}, a.n_docs, a.max_seqlen, st, 0)
+                    : attn::launch<D, attn::FastPath>(p, sum, a.n_docs, a.max_seqlen, st, sm90_rows);
   });
 }
 

@@ -312,10 +312,9 @@ struct BwdParams {
   int n_tokens, n_head, n_head_kv, window;
   float scale;
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
-  // The fused kernel's f32 d_q [n_tokens, n_head, D] and its turn counters
-  // (one per row and head; the delta kernel zeroes them); null otherwise.
-  float* dq_acc = nullptr;
-  int* turn = nullptr;
+  // (Kept at 120 bytes: grown past 128, the kernels that take it by value
+  // lost their unswitched loops in some builds and ran a quarter slower. The
+  // fused kernel takes its extra pointers as arguments of their own.)
 };
 // True when the current device runs the wgmma kernels (the Hopper forward
 // and backward) at head_dim d: compute capability 9.x, d 64 or 128.
