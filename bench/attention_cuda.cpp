@@ -83,10 +83,11 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
   const double fwd_tflop = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * d * 1e-12;
 
-  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels, int wgmma_rows) {
+  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels, int wgmma_rows, bool load_store = false) {
     cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
                                    d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
                                    kHeads, kKvHeads, d, 0, scale, s.handle(), simple, kernels, wgmma_rows};
+    b.fused_load_store = load_store;
     const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
     const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
     std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
@@ -108,8 +109,10 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
     }
     time_backward(simple, cuda::AttnBwdKernels::kMma, 0);
   }
-  std::printf("  d=%-3d %-9s %48s", d, "fused", "");  // the one-kernel backward (its forward is fast w32)
-  time_backward(false, cuda::AttnBwdKernels::kFused, 0);
+  for (bool load_store : {false, true}) {  // the one-kernel backward (its forward is fast w32)
+    std::printf("  d=%-3d %-9s %48s", d, load_store ? "fused l+s" : "fused red", "");
+    time_backward(false, cuda::AttnBwdKernels::kFused, 0, load_store);
+  }
   auto info = cuda::device_info(0);
   if (info.is_ok() && info.value().sm_major == 9 && (d == 64 || d == 128)) {
     for (int rows : {64, 128}) {  // one or two warpgroups per block

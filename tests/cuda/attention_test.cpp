@@ -186,7 +186,7 @@ struct VarlenGrads {
 
 // The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block;
 // kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order).
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused };
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
@@ -194,6 +194,7 @@ const char* bwd_name(Bwd k) {
     case Bwd::kWgmma64: return "wgmma kernels, 64 rows per block";
     case Bwd::kWgmma128: return "wgmma kernels, 128 rows per block";
     case Bwd::kFused: return "fused kernel";
+    case Bwd::kFusedLoadStore: return "fused kernel, load-add-store";
   }
   return "?";
 }
@@ -201,7 +202,8 @@ bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
 bool runs(Bwd k, int head_dim) { return !is_wgmma(k) || wgmma_runs(head_dim); }
 cuda::AttnBwdKernels kernels_of(Bwd k) {
   return is_wgmma(k) ? cuda::AttnBwdKernels::kWgmma
-                     : k == Bwd::kFused ? cuda::AttnBwdKernels::kFused : cuda::AttnBwdKernels::kMma;
+                     : k == Bwd::kFused || k == Bwd::kFusedLoadStore ? cuda::AttnBwdKernels::kFused
+                                                                      : cuda::AttnBwdKernels::kMma;
 }
 
 // `fill`: the byte d_q, d_k, d_v and the workspace hold before the call.
@@ -227,6 +229,7 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
                                  dv.data(), cu, ws.data(), n_docs, max_len(c), int(d.n), c.n_head, c.n_head_kv,
                                  c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple, kernels_of(kind),
                                  kind == Bwd::kWgmma128 ? 128 : 64};
+  b.fused_load_store = kind == Bwd::kFusedLoadStore;
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
   return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
@@ -248,7 +251,7 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kFused, Bwd::kSimple}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kFused, Bwd::kFusedLoadStore, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -303,16 +306,19 @@ TEST(CudaAttention, FusedBackwardIsBitwiseRepeatable) {
     VarlenData d = make_varlen(c, 6161 + uint32_t(c.head_dim));
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6166);
     const VarlenGrads mma = device_backward(c, d, d_out, Bwd::kMma);
-    const VarlenGrads first = device_backward(c, d, d_out, Bwd::kFused, 0x00);
-    EXPECT_LE(testing::rel_error(first.dq, mma.dq), 5e-3);
-    EXPECT_LE(testing::rel_error(first.dk, mma.dk), 5e-3);
-    EXPECT_LE(testing::rel_error(first.dv, mma.dv), 5e-3);
-    for (unsigned char fill : {0xff, 0x5a}) {
-      SCOPED_TRACE(::testing::Message() << "buffers filled with " << int(fill));
-      const VarlenGrads again = device_backward(c, d, d_out, Bwd::kFused, fill);
-      EXPECT_EQ(std::memcmp(again.dq.raw(), first.dq.raw(), size_t(first.dq.nbytes())), 0);
-      EXPECT_EQ(std::memcmp(again.dk.raw(), first.dk.raw(), size_t(first.dk.nbytes())), 0);
-      EXPECT_EQ(std::memcmp(again.dv.raw(), first.dv.raw(), size_t(first.dv.nbytes())), 0);
+    for (Bwd kind : {Bwd::kFused, Bwd::kFusedLoadStore}) {
+      SCOPED_TRACE(bwd_name(kind));
+      const VarlenGrads first = device_backward(c, d, d_out, kind, 0x00);
+      EXPECT_LE(testing::rel_error(first.dq, mma.dq), 5e-3);
+      EXPECT_LE(testing::rel_error(first.dk, mma.dk), 5e-3);
+      EXPECT_LE(testing::rel_error(first.dv, mma.dv), 5e-3);
+      for (unsigned char fill : {0xff, 0x5a}) {
+        SCOPED_TRACE(::testing::Message() << "buffers filled with " << int(fill));
+        const VarlenGrads again = device_backward(c, d, d_out, kind, fill);
+        EXPECT_EQ(std::memcmp(again.dq.raw(), first.dq.raw(), size_t(first.dq.nbytes())), 0);
+        EXPECT_EQ(std::memcmp(again.dk.raw(), first.dk.raw(), size_t(first.dk.nbytes())), 0);
+        EXPECT_EQ(std::memcmp(again.dv.raw(), first.dv.raw(), size_t(first.dv.nbytes())), 0);
+      }
     }
   }
 }

@@ -82,6 +82,7 @@ struct AttentionVarlenBwdArgs {
   AttnBwdKernels kernels = AttnBwdKernels::kAuto;  // which fast kernels (ignored when simple)
   int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
+  bool fused_load_store = false;  // fused: add the d_q shares by load, add, store (default: reductions in L2)
 };
 // The workspace for `kernels` (kAuto resolved as the backward resolves it):
 // the fused kernel adds an f32 [n_tokens, n_head, head_dim] d_q and a turn

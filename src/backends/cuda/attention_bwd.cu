@@ -385,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
 struct FusedSum {
   float* dq_acc = nullptr;
   int* turn = nullptr;
+  bool load_store = false;  // the middle shares by load, add, store instead of reductions in L2
 };
 
 // Thread blocks per SM the fused kernel's registers must allow (its shared
@@ -444,7 +445,7 @@ __device__ __forceinline__ void pass_turn(int* turn) {
 // This block's share of dQ for query tile `it_q` of head h: dS (the
 // transpose of sS) times the K tile, per warp 16 query rows, in column
 // chunks of at most 64; then its turn at the f32 sum (see above).
-template <int D>
+template <int D, bool kRed>
 __device__ __forceinline__ void add_dq_share(const BwdParams& p, const FusedSum& f, const bf16* sS, const bf16* sK,
                                              int64_t base, int n, int h, int it_q, int jt) {
   constexpr int kS = D + 8, kChunk = D < 64 ? D : 64, kWarps = kThreads / 32;
@@ -486,8 +487,11 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const FusedSum&
           *reinterpret_cast<__nv_bfloat162*>(p.d_q + off + dn * 8) = __floats2bfloat162_rn(v.x * p.scale, v.y * p.scale);
         } else if (rank == 0) {
           __stcg(sum, v);
-        } else {
+        } else if (kRed) {
           add_in_l2(sum, v);
+        } else {
+          const float2 before = __ldcg(sum);
+          __stcg(sum, make_float2(before.x + v.x, before.y + v.y));
         }
       }
     }
@@ -509,7 +513,7 @@ __device__ __forceinline__ void stage_fused_tile(const BwdParams& p, bf16* sQ, b
   }
 }
 
-template <int D>
+template <int D, bool kRed>
 __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_kernel(BwdParams p, FusedSum f) {
   using Path = BwdPath<true, true, true>;
   constexpr int kS = D + 8, kTile = kBlockRows * kS;
@@ -562,7 +566,7 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
       dkdv_tile<D, Path, true>(dk, dv, sK, sV, q_buf, o_buf, l_buf, d_buf, false, qt, key_a, key_b, n, p.window, sl2,
                                sS);
     __syncthreads();  // dSᵀ is whole
-    add_dq_share<D>(p, f, sS, sK, base, n, h, it_q, jt);
+    add_dq_share<D, kRed>(p, f, sS, sK, base, n, h, it_q, jt);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -579,15 +583,21 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
   }
 }
 
-template <int D>
-Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st) {
+template <int D, bool kRed>
+Status launch_fused_as(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st) {
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
   const int smem = 6 * tile_bytes + kBlockRows * kDsStride * int(sizeof(bf16)) + 4 * kBlockRows * int(sizeof(float));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(fused_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(fused_bwd_kernel<D, kRed>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "cudaFuncSetAttribute(fused backward)"));
-  fused_bwd_kernel<D><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p, f);
+  fused_bwd_kernel<D, kRed><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p, f);
   return cuda_check(cudaGetLastError(), "attention fused backward launch");
+}
+
+template <int D>
+Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st) {
+  return f.load_store ? launch_fused_as<D, false>(p, f, n_docs, max_seqlen, st)
+                      : launch_fused_as<D, true>(p, f, n_docs, max_seqlen, st);
 }
 
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
@@ -686,6 +696,7 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
     const size_t rows = size_t(a.n_tokens) * size_t(a.n_head);
     sum.turn = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + rows * sizeof(float));
     sum.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + rows * 2 * sizeof(float));
+    sum.load_store = a.fused_load_store;
   }
   const int sm90_rows = !sm90 ? 0 : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
   auto st = static_cast<cudaStream_t>(a.stream);
