@@ -395,6 +395,19 @@ constexpr int fused_min_blocks() {
   return D == 128 ? 2 : 3;
 }
 
+// Below head_dim 128 the fused kernel adds each step's d_q share one step
+// late, after the next tile's products, from a second dSᵀ buffer: the turn
+// has a step's time to arrive, and no barrier separates the dSᵀ stores from
+// the product that reads them. (At 128 the second buffer would leave room
+// for one block per SM only.) LATHE_ATTN_BWD_FUSED_DEFER=0: never.
+#ifndef LATHE_ATTN_BWD_FUSED_DEFER
+#define LATHE_ATTN_BWD_FUSED_DEFER 1
+#endif
+template <int D>
+constexpr bool fused_defers() {
+  return LATHE_ATTN_BWD_FUSED_DEFER && D < 128;
+}
+
 // The first key tile that sees query tile i (every one up to i without a window).
 __device__ __forceinline__ int first_key_tile(int i, int window) {
   return window > 0 ? max(0, i * kBlockRows - window + 1) / kBlockRows : 0;
@@ -516,15 +529,16 @@ __device__ __forceinline__ void stage_fused_tile(const BwdParams& p, bf16* sQ, b
 template <int D, bool kRed>
 __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_kernel(BwdParams p, FusedSum f) {
   using Path = BwdPath<true, true, true>;
-  constexpr int kS = D + 8, kTile = kBlockRows * kS;
+  constexpr int kS = D + 8, kTile = kBlockRows * kS, kSTile = kBlockRows * kDsStride;
+  constexpr bool kDefer = fused_defers<D>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);
   bf16* sV = sK + kTile;
-  bf16* sQ = sV + kTile;                                          // 2 Q tiles
-  bf16* sO = sQ + 2 * kTile;                                      // 2 d_out tiles
-  bf16* sS = sO + 2 * kTile;                                      // dSᵀ
-  float* sL = reinterpret_cast<float*>(sS + kBlockRows * kDsStride);  // 2 × 64 lse
-  float* sD = sL + 2 * kBlockRows;                                // 2 × 64 delta
+  bf16* sQ = sV + kTile;                                         // 2 Q tiles
+  bf16* sO = sQ + 2 * kTile;                                     // 2 d_out tiles
+  bf16* sS = sO + 2 * kTile;                                     // dSᵀ (2 with kDefer)
+  float* sL = reinterpret_cast<float*>(sS + (kDefer ? 2 : 1) * kSTile);  // 2 × 64 lse
+  float* sD = sL + 2 * kBlockRows;                               // 2 × 64 delta
 
   const int hk = blockIdx.y, group = p.n_head / p.n_head_kv;
   const int64_t base = p.cu[blockIdx.z];
@@ -555,18 +569,27 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
                           sD + (buf ^ 1) * kBlockRows, base, n, head_of(it + 1), tile_of(it + 1) * kBlockRows);
       cp_async_commit();
     }
-    const int h = head_of(it), it_q = tile_of(it), qt = it_q * kBlockRows;
+    const int it_q = tile_of(it), qt = it_q * kBlockRows;
     const bool masked = p.window > 0 || it_q == jt || qt + kBlockRows > n;
-    bf16 *q_buf = sQ + buf * kTile, *o_buf = sO + buf * kTile;
+    bf16 *q_buf = sQ + buf * kTile, *o_buf = sO + buf * kTile, *s_buf = sS + (kDefer ? buf : 0) * kSTile;
     float *l_buf = sL + buf * kBlockRows, *d_buf = sD + buf * kBlockRows;
     if (masked)  // a literal each way, so both loops are compiled (the compiler may not split them itself)
       dkdv_tile<D, Path, true>(dk, dv, sK, sV, q_buf, o_buf, l_buf, d_buf, true, qt, key_a, key_b, n, p.window, sl2,
-                               sS);
+                               s_buf);
     else
       dkdv_tile<D, Path, true>(dk, dv, sK, sV, q_buf, o_buf, l_buf, d_buf, false, qt, key_a, key_b, n, p.window, sl2,
-                               sS);
-    __syncthreads();  // dSᵀ is whole
-    add_dq_share<D, kRed>(p, f, sS, sK, base, n, h, it_q, jt);
+                               s_buf);
+    if constexpr (kDefer) {  // the previous step's share: its dSᵀ was whole at the barrier above
+      if (it > 0) add_dq_share<D, kRed>(p, f, sS + (buf ^ 1) * kSTile, sK, base, n, head_of(it - 1), tile_of(it - 1), jt);
+    } else {
+      __syncthreads();  // dSᵀ is whole
+      add_dq_share<D, kRed>(p, f, sS, sK, base, n, head_of(it), it_q, jt);
+    }
+  }
+  if constexpr (kDefer) {
+    __syncthreads();
+    add_dq_share<D, kRed>(p, f, sS + ((n_iter - 1) & 1) * kSTile, sK, base, n, head_of(n_iter - 1),
+                          tile_of(n_iter - 1), jt);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -587,7 +610,8 @@ template <int D, bool kRed>
 Status launch_fused_as(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st) {
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
-  const int smem = 6 * tile_bytes + kBlockRows * kDsStride * int(sizeof(bf16)) + 4 * kBlockRows * int(sizeof(float));
+  const int smem = 6 * tile_bytes + (fused_defers<D>() ? 2 : 1) * kBlockRows * kDsStride * int(sizeof(bf16)) +
+                   4 * kBlockRows * int(sizeof(float));
   LATHE_TRY(cuda_check(cudaFuncSetAttribute(fused_bwd_kernel<D, kRed>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "cudaFuncSetAttribute(fused backward)"));
   fused_bwd_kernel<D, kRed><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p, f);
