@@ -368,16 +368,17 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
 // one (head, i) come from the key tiles first_key_tile(i) .. i, and are added
 // into an f32 d_q in the workspace in that order: block j waits until the
 // tile's turn counter says that the rank = j − first_key_tile(i) blocks
-// before it are done, adds its share (a reduction in L2, no reply awaited),
-// and passes the turn on; the first stores, the last (the diagonal block)
-// loads the sum and writes the bf16 d_q instead. Each warp waits, adds and passes for its own 16 query rows
-// (the counter counts warps), so no block-wide barrier sits in the turn.
-// The sum is the same sequence of fp32 additions whatever the timing, so
-// the result is bitwise repeatable. A block waits only for blocks of lower
-// blockIdx.x in its own (KV head, document) column, which start no later
-// than it does, so the turns cannot deadlock;
-// walking the query tiles downward puts every block of a column on the same
-// query tile at the same step, so the turns pass along a column as a
+// before it are done, adds its share (a reduction in L2, no reply awaited;
+// or load, add, store: AttentionVarlenBwdArgs::fused_load_store) and passes
+// the turn on; the first stores, the last (the diagonal block) loads the sum
+// and writes the bf16 d_q instead. Each warp waits, adds and passes for its
+// own 16 query rows (the counter counts warps), so no block-wide barrier
+// sits in the turn. The sum is the same sequence of fp32 additions whatever
+// the timing, so the result is bitwise repeatable. A block waits only for
+// blocks of lower blockIdx.x in its own (KV head, document) column, which
+// start no later than it does, so the turns cannot deadlock; walking the
+// query tiles downward puts every block of a column on the same query tile
+// at the same step, so the turns pass along a column as a
 // wavefront rather than one block waiting for another's whole walk.
 
 // The fused kernel's f32 d_q [n_tokens, n_head, D] and its turn counters
@@ -497,7 +498,8 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const FusedSum&
             const float2 before = __ldcg(sum);
             v = make_float2(before.x + v.x, before.y + v.y);
           }
-          *reinterpret_cast<__nv_bfloat162*>(p.d_q + off + dn * 8) = __floats2bfloat162_rn(v.x * p.scale, v.y * p.scale);
+          *reinterpret_cast<__nv_bfloat162*>(p.d_q + off + dn * 8) =
+              __floats2bfloat162_rn(v.x * p.scale, v.y * p.scale);
         } else if (rank == 0) {
           __stcg(sum, v);
         } else if (kRed) {
@@ -580,7 +582,8 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
       dkdv_tile<D, Path, true>(dk, dv, sK, sV, q_buf, o_buf, l_buf, d_buf, false, qt, key_a, key_b, n, p.window, sl2,
                                s_buf);
     if constexpr (kDefer) {  // the previous step's share: its dSᵀ was whole at the barrier above
-      if (it > 0) add_dq_share<D, kRed>(p, f, sS + (buf ^ 1) * kSTile, sK, base, n, head_of(it - 1), tile_of(it - 1), jt);
+      if (it > 0)
+        add_dq_share<D, kRed>(p, f, sS + (buf ^ 1) * kSTile, sK, base, n, head_of(it - 1), tile_of(it - 1), jt);
     } else {
       __syncthreads();  // dSᵀ is whole
       add_dq_share<D, kRed>(p, f, sS, sK, base, n, head_of(it), it_q, jt);
@@ -612,8 +615,9 @@ Status launch_fused_as(const BwdParams& p, const FusedSum& f, int n_docs, int ma
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
   const int smem = 6 * tile_bytes + (fused_defers<D>() ? 2 : 1) * kBlockRows * kDsStride * int(sizeof(bf16)) +
                    4 * kBlockRows * int(sizeof(float));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(fused_bwd_kernel<D, kRed>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       "cudaFuncSetAttribute(fused backward)"));
+  LATHE_TRY(cuda_check(
+      cudaFuncSetAttribute(fused_bwd_kernel<D, kRed>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+      "cudaFuncSetAttribute(fused backward)"));
   fused_bwd_kernel<D, kRed><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem, st>>>(p, f);
   return cuda_check(cudaGetLastError(), "attention fused backward launch");
 }
