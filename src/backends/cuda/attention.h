@@ -55,8 +55,9 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 // blocks of one query tile taking turns in a fixed order, so the bits do not
 // depend on timing either).
 enum class AttnBwdKernels {
-  kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs),
-           // or what the environment names: LATHE_ATTN_BWD=mma|wgmma|fused (env.h)
+  kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_FUSED_AUTO=64: fused up to head_dim 64;
+           // LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs), or what the environment names:
+           // LATHE_ATTN_BWD=mma|wgmma|fused (env.h)
   kMma,    // the mma.sync kernels
   kWgmma,  // the Hopper kernels; refused where they do not run
   kFused,  // the one-kernel backward (its workspace is larger: see below)

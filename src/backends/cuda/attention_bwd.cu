@@ -62,6 +62,10 @@
 #ifndef LATHE_ATTN_BWD_SM90_AUTO
 #define LATHE_ATTN_BWD_SM90_AUTO 0
 #endif
+// AttnBwdKernels::kAuto picks the fused kernel up to this head_dim (0: never).
+#ifndef LATHE_ATTN_BWD_FUSED_AUTO
+#define LATHE_ATTN_BWD_FUSED_AUTO 0
+#endif
 #ifndef LATHE_ATTN_BWD_SM90_ROWS  // rows per thread block of the wgmma kernels by default: 64 or 128
 #define LATHE_ATTN_BWD_SM90_ROWS 64
 #endif
@@ -668,6 +672,7 @@ Result<AttnBwdKernels> resolve_kernels(AttnBwdKernels k, int head_dim) {
   if (named == "wgmma") return AttnBwdKernels::kWgmma;
   if (named == "fused") return AttnBwdKernels::kFused;
   if (!named.empty()) return invalid_argument("LATHE_ATTN_BWD='", named, "' (mma, wgmma or fused)");
+  if (head_dim <= LATHE_ATTN_BWD_FUSED_AUTO) return AttnBwdKernels::kFused;
   return LATHE_ATTN_BWD_SM90_AUTO && attn::sm90_supported(head_dim) ? AttnBwdKernels::kWgmma : AttnBwdKernels::kMma;
 }
 
@@ -675,8 +680,13 @@ Result<AttnBwdKernels> resolve_kernels(AttnBwdKernels k, int head_dim) {
 
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim, AttnBwdKernels kernels) {
   const size_t rows = size_t(n_tokens > 0 ? n_tokens : 0) * size_t(n_head > 0 ? n_head : 0);
-  auto k = resolve_kernels(kernels, head_dim > 0 ? head_dim : 128);
-  if (!k.is_ok() || k.value() != AttnBwdKernels::kFused) return rows * sizeof(float);
+  bool fused = false;  // for head_dim 0: at any compiled head_dim
+  for (int d : {32, 64, 128}) {
+    if (head_dim > 0 && d != head_dim) continue;
+    auto k = resolve_kernels(kernels, d);
+    fused = fused || (k.is_ok() && k.value() == AttnBwdKernels::kFused);
+  }
+  if (!fused) return rows * sizeof(float);
   return rows * (2 * sizeof(float) + size_t(head_dim > 0 ? head_dim : 128) * sizeof(float));
 }
 
