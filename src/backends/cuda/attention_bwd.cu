@@ -442,12 +442,14 @@ __device__ __forceinline__ void wait_turn(const int* turn, int want) {
 }
 // *sum += v where the data lies (a reduction without a reply: the turn, not
 // the atomicity, orders the additions; subnormal values flush to zero).
-__device__ __forceinline__ void add_in_l2(float2* sum, float2 v) {
+__device__ __forceinline__ void add_in_l2(float4* sum, float4 v) {
 #if __CUDA_ARCH__ >= 900
   atomicAdd(sum, v);
 #else
   atomicAdd(&sum->x, v.x);
   atomicAdd(&sum->y, v.y);
+  atomicAdd(&sum->z, v.z);
+  atomicAdd(&sum->w, v.w);
 #endif
 }
 
@@ -488,30 +490,33 @@ __device__ __forceinline__ void add_dq_share(const BwdParams& p, const FusedSum&
       }
     }
     if (col0 == 0 && rank > 0) wait_turn(turn, rank * kWarps);
+    // Lanes c and c ^ 1 swap halves so that each holds four adjacent
+    // columns of one row: the even lane row g, the odd one row g + 8.
+    const bool odd = c & 1;
+    const int row = row_a + (odd ? 8 : 0);
+    const int64_t off = ((base + row) * p.n_head + h) * D + col0 + 4 * (c / 2);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row_a + 8 * r;
+    for (int dn = 0; dn < kChunk / 8; ++dn) {
+      const float give0 = odd ? acc[dn][0] : acc[dn][2], give1 = odd ? acc[dn][1] : acc[dn][3];
+      const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+      float4 v = odd ? make_float4(got0, got1, acc[dn][2], acc[dn][3])
+                     : make_float4(acc[dn][0], acc[dn][1], got0, got1);
       if (row >= n) continue;
-      const int64_t off = ((base + row) * p.n_head + h) * D + col0 + 2 * c;
-#pragma unroll
-      for (int dn = 0; dn < kChunk / 8; ++dn) {
-        float2 v = make_float2(acc[dn][2 * r], acc[dn][2 * r + 1]);
-        float2* sum = reinterpret_cast<float2*>(f.dq_acc + off + dn * 8);
-        if (last) {
-          if (rank > 0) {
-            const float2 before = __ldcg(sum);
-            v = make_float2(before.x + v.x, before.y + v.y);
-          }
-          *reinterpret_cast<__nv_bfloat162*>(p.d_q + off + dn * 8) =
-              __floats2bfloat162_rn(v.x * p.scale, v.y * p.scale);
-        } else if (rank == 0) {
-          __stcg(sum, v);
-        } else if (kRed) {
-          add_in_l2(sum, v);
-        } else {
-          const float2 before = __ldcg(sum);
-          __stcg(sum, make_float2(before.x + v.x, before.y + v.y));
+      float4* sum = reinterpret_cast<float4*>(f.dq_acc + off + dn * 8);
+      if (last) {
+        if (rank > 0) {
+          const float4 b = __ldcg(sum);
+          v = make_float4(b.x + v.x, b.y + v.y, b.z + v.z, b.w + v.w);
         }
+        *reinterpret_cast<uint2*>(p.d_q + off + dn * 8) =
+            make_uint2(pack_bf16(v.x * p.scale, v.y * p.scale), pack_bf16(v.z * p.scale, v.w * p.scale));
+      } else if (rank == 0) {
+        __stcg(sum, v);
+      } else if (kRed) {
+        add_in_l2(sum, v);
+      } else {
+        const float4 b = __ldcg(sum);
+        __stcg(sum, make_float4(b.x + v.x, b.y + v.y, b.z + v.z, b.w + v.w));
       }
     }
   }
@@ -663,6 +668,10 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 namespace {
 
+// The fused kernel's workspace: delta, then the turn counters, then the f32
+// d_q, each section starting 16-byte aligned.
+size_t fused_section_bytes(size_t rows) { return (rows * sizeof(float) + 15) / 16 * 16; }
+
 // kAuto made concrete: LATHE_ATTN_BWD, else the compiled default (kMma or,
 // with LATHE_ATTN_BWD_SM90_AUTO, kWgmma where it runs). Read once.
 Result<AttnBwdKernels> resolve_kernels(AttnBwdKernels k, int head_dim) {
@@ -687,7 +696,7 @@ size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, i
     fused = fused || (k.is_ok() && k.value() == AttnBwdKernels::kFused);
   }
   if (!fused) return rows * sizeof(float);
-  return rows * (2 * sizeof(float) + size_t(head_dim > 0 ? head_dim : 128) * sizeof(float));
+  return 2 * fused_section_bytes(rows) + rows * size_t(head_dim > 0 ? head_dim : 128) * sizeof(float);
 }
 
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
@@ -732,8 +741,9 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   if (fused) {  // the workspace continues with the turn counters and the f32 d_q
     if (!attn::aligned16(a.workspace)) return invalid_argument(kName, "the workspace must be 16-byte aligned");
     const size_t rows = size_t(a.n_tokens) * size_t(a.n_head);
-    sum.turn = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + rows * sizeof(float));
-    sum.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + rows * 2 * sizeof(float));
+    const size_t section = fused_section_bytes(rows);
+    sum.turn = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + section);
+    sum.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + 2 * section);
     sum.load_store = a.fused_load_store;
   }
   const int sm90_rows = !sm90 ? 0 : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;

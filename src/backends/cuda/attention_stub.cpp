@@ -12,7 +12,8 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs&) { return no_cuda(
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim, AttnBwdKernels kernels) {
   const size_t rows = size_t(n_tokens > 0 ? n_tokens : 0) * size_t(n_head > 0 ? n_head : 0);
   if (kernels != AttnBwdKernels::kFused) return rows * sizeof(float);
-  return rows * (2 * sizeof(float) + size_t(head_dim > 0 ? head_dim : 128) * sizeof(float));
+  const size_t section = (rows * sizeof(float) + 15) / 16 * 16;  // as attention_bwd.cu lays it out
+  return 2 * section + rows * size_t(head_dim > 0 ? head_dim : 128) * sizeof(float);
 }
 Status attention_varlen_backward(const AttentionVarlenBwdArgs&) { return no_cuda(); }
 Status attention_wgmma_check(const AttentionWgmmaCheckArgs&) { return no_cuda(); }
