@@ -29,6 +29,11 @@ std::string cpu_gemm() { return get("LATHE_CPU_GEMM"); }
 
 std::string attn_bwd_kernels() { return get("LATHE_ATTN_BWD"); }
 
+int64_t cuda_ce_chunk_rows() {
+  const Result<int64_t> rows = get_int("LATHE_CUDA_CE_CHUNK_ROWS", 0, 0, 1 << 16);
+  return rows.is_ok() ? *rows : 0;
+}
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

@@ -43,6 +43,10 @@ std::string cpu_gemm();
 // Default: empty, the compiled default. Another value: the backward fails
 // naming the variable.
 std::string attn_bwd_kernels();
+// LATHE_CUDA_CE_CHUNK_ROWS: rows per chunk of the GPU's fused LM head +
+// cross-entropy (benchmarks). Default: 0, as many as ~768 MiB of f32 logits
+// and bf16 gradient hold (cross_entropy.cu). Unreadable values count as 0.
+int64_t cuda_ce_chunk_rows();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

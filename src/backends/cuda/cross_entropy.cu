@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "backends/cuda/context_impl.h"
+#include "core/env.h"
 
 namespace lathe::cuda {
 namespace {
@@ -26,9 +27,11 @@ constexpr size_t kAlign = 256;
 size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
 // Rows per chunk when the caller leaves it to us: f32 logits + bf16 gradient
-// (6 bytes a cell) in about 768 MiB, a multiple of 64, between 64 and 4096.
+// (6 bytes a cell) in about 768 MiB, a multiple of 64, between 64 and 4096;
+// LATHE_CUDA_CE_CHUNK_ROWS (core/env.h) overrides it for benchmarks.
 int64_t device_chunk_rows(int64_t vocab) {
-  const int64_t rows = (int64_t{768} << 20) / (6 * std::max<int64_t>(vocab, 1));
+  const int64_t forced = env::cuda_ce_chunk_rows();
+  const int64_t rows = forced > 0 ? forced : (int64_t{768} << 20) / (6 * std::max<int64_t>(vocab, 1));
   return std::clamp<int64_t>(rows / 64 * 64, 64, 4096);
 }
 
