@@ -38,6 +38,14 @@
 // (attention_bwd_sm90.cu, AttnBwdKernels::kWgmma): one read of each operand
 // per four warps, and the delta kernel here in front of it; alone 212
 // TFLOP/s at head_dim 128, 174 at 64 (these kernels: 152).
+// The fused kernel (11:17 UTC 2026-11-30, main 132d5cd, same shapes): 129
+// TFLOP/s at head_dim 128, 114 at 64 with the d_q shares as L2 reductions
+// (95 both by load, add, store), against these kernels' 170 and 151; in the
+// 1B training step its backward took 55.7 ms against 44.4. Five products
+// instead of seven do not pay for the ordered sum: each step a warp waits
+// an L2 round trip for its turn and another for its reductions to land
+// before passing the turn on (the load-add-store build, a third round trip
+// per step, is slower again by about that much).
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 
@@ -278,6 +286,27 @@ __device__ __forceinline__ void dkdv_tile(float (*dk)[4], float (*dv)[4], const 
   scores_times_tile<D, Path::kLdmatrix>(dk, dp, sQ);
 }
 
+// A dkdv block's result: rows key_a and key_b (= key_a + 8) of this thread's
+// C fragments, dK scaled, both rounded to bf16.
+template <int D>
+__device__ __forceinline__ void store_dk_dv(const BwdParams& p, const float (*dk)[4], const float (*dv)[4],
+                                            int64_t base, int key_a, int key_b, int n, int hk) {
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key_a : key_b;
+    if (key >= n) continue;
+    const int64_t off = ((base + key) * p.n_head_kv + hk) * D + 2 * c;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      *reinterpret_cast<__nv_bfloat162*>(p.d_k + off + dn * 8) =
+          __floats2bfloat162_rn(dk[dn][2 * r] * p.scale, dk[dn][2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(p.d_v + off + dn * 8) =
+          __floats2bfloat162_rn(dv[dn][2 * r], dv[dn][2 * r + 1]);
+    }
+  }
+}
+
 // Stages query tile `it` of a dkdv block — head hk·group + it / n_qt, rows
 // j0 + (it % n_qt)·64 — with its lse and delta (zero past the document).
 template <int D, bool kAsync>
@@ -315,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
   const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
   const int j0 = blockIdx.x * kBlockRows;
   if (j0 >= n) return;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
   const int q_last = p.window > 0 ? min(n - 1, min(j0 + kBlockRows, n) - 1 + p.window - 1) : n - 1;
   const int n_qt = (q_last - j0) / kBlockRows + 1, n_iter = group * n_qt;
@@ -348,19 +377,7 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
                        sD + buf * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
     if constexpr (Path::kAsync) __syncthreads();  // everyone is done with this buffer before it is refilled
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = r == 0 ? key_a : key_b;
-    if (key >= n) continue;
-    const int64_t off = ((base + key) * p.n_head_kv + hk) * D + 2 * c;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      *reinterpret_cast<__nv_bfloat162*>(p.d_k + off + dn * 8) =
-          __floats2bfloat162_rn(dk[dn][2 * r] * p.scale, dk[dn][2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(p.d_v + off + dn * 8) =
-          __floats2bfloat162_rn(dv[dn][2 * r], dv[dn][2 * r + 1]);
-    }
-  }
+  store_dk_dv<D>(p, dk, dv, base, key_a, key_b, n, hk);
 }
 
 // ---- The fused backward: one kernel, one S/dP per tile pair ----
@@ -453,13 +470,12 @@ __device__ __forceinline__ void add_in_l2(float4* sum, float4 v) {
 #endif
 }
 
-// The warp's stores are done: the next may go (a fence, then a count).
+// The warp's stores are done: the next may go. A count with release
+// semantics (after the warp barrier, it covers every lane's stores); lighter
+// than a sequentially consistent fence before a plain count.
 __device__ __forceinline__ void pass_turn(int* turn) {
   __syncwarp();
-  if (threadIdx.x % 32 == 0) {
-    __threadfence();
-    atomicAdd(turn, 1);
-  }
+  if (threadIdx.x % 32 == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
 }
 
 // This block's share of dQ for query tile `it_q` of head h: dS (the
@@ -529,12 +545,7 @@ __device__ __forceinline__ void stage_fused_tile(const BwdParams& p, bf16* sQ, b
                                                  int64_t base, int n, int h, int qt) {
   load_tile_async<D>(sQ, p.q, base, qt, n, p.n_head, h);
   load_tile_async<D>(sO, p.d_out, base, qt, n, p.n_head, h);
-  for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
-    const bool in = qt + r < n;
-    const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
-    cp_async4(sL + r, p.lse + at, in);
-    cp_async4(sD + r, p.delta + at, in);
-  }
+  stage_lse_delta<kThreads>(p, sL, sD, base, qt, n, h);
 }
 
 template <int D, bool kRed>
@@ -556,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
   const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
   const int jt = blockIdx.x, j0 = jt * kBlockRows;
   if (j0 >= n) return;
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
   const int n_tiles = (n + kBlockRows - 1) / kBlockRows;
   const int i_hi =  // the last query tile that sees this key tile (a window wider than the document: none)
@@ -603,19 +614,7 @@ __global__ void __launch_bounds__(kThreads, fused_min_blocks<D>()) fused_bwd_ker
     add_dq_share<D, kRed>(p, f, sS + ((n_iter - 1) & 1) * kSTile, sK, base, n, head_of(n_iter - 1),
                           tile_of(n_iter - 1), jt);
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = r == 0 ? key_a : key_b;
-    if (key >= n) continue;
-    const int64_t off = ((base + key) * p.n_head_kv + hk) * D + 2 * c;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      *reinterpret_cast<__nv_bfloat162*>(p.d_k + off + dn * 8) =
-          __floats2bfloat162_rn(dk[dn][2 * r] * p.scale, dk[dn][2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(p.d_v + off + dn * 8) =
-          __floats2bfloat162_rn(dv[dn][2 * r], dv[dn][2 * r + 1]);
-    }
-  }
+  store_dk_dv<D>(p, dk, dv, base, key_a, key_b, n, hk);
 }
 
 template <int D, bool kRed>

@@ -192,12 +192,7 @@ __device__ __forceinline__ void stage_query_tile(const BwdParams& p, unsigned ch
   const int h = hk * (p.n_head / p.n_head_kv) + it / n_qt, qt = j0 + (it % n_qt) * kBlockRows;
   load_tile_sw<D, kN>(sQ, p.q, base, qt, n, p.n_head, h);
   load_tile_sw<D, kN>(sO, p.d_out, base, qt, n, p.n_head, h);
-  for (int r = threadIdx.x; r < kBlockRows; r += kN) {
-    const bool in = qt + r < n;
-    const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
-    cp_async4(sL + r, p.lse + at, in);
-    cp_async4(sD + r, p.delta + at, in);
-  }
+  stage_lse_delta<kN>(p, sL, sD, base, qt, n, h);
 }
 
 // Blocks of WG warpgroups take 64·WG keys (warpgroup w the keys 64w..) and

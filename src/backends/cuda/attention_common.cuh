@@ -316,6 +316,19 @@ struct BwdParams {
   // lost their unswitched loops in some builds and ran a quarter slower. The
   // fused kernel takes its extra pointers as arguments of their own.)
 };
+// Rows qt .. qt + 63 of head h's lse and delta into sL, sD through cp.async
+// (zero past the document's n rows); the block's kN threads share the rows.
+template <int kN>
+__device__ __forceinline__ void stage_lse_delta(const BwdParams& p, float* sL, float* sD, int64_t base, int qt, int n,
+                                                int h) {
+  for (int r = threadIdx.x; r < kBlockRows; r += kN) {
+    const bool in = qt + r < n;
+    const int64_t at = in ? (base + qt + r) * p.n_head + h : 0;
+    cp_async4(sL + r, p.lse + at, in);
+    cp_async4(sD + r, p.delta + at, in);
+  }
+}
+
 // True when the current device runs the wgmma kernels (the Hopper forward
 // and backward) at head_dim d: compute capability 9.x, d 64 or 128.
 bool sm90_supported(int d);
