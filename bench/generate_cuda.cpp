@@ -11,17 +11,19 @@
 // on the same machine, is bench/generate_hf.py (same --batch).
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
-//                       [--persistent 1] [--bulk 0] [--ring-kib 0] [--attn-chunk 0]
+//                       [--persistent 1] [--registers 0] [--bulk 0] [--ring-kib 0] [--ring-per-sm 0]
+//                       [--attn-chunk 0]
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
 // --persistent 0 turns off the persistent GEMV grids kCudaDecodeShapes
-// picks (CudaModelOptions::persistent_gemv). --bulk 1 runs every decode
-// GEMV up to 4 sequences on the shared-memory ring (--ring-kib KiB per
-// block, 0: its default), --attn-chunk N the decode attention with chunks
-// of at least N keys; up to 4 sequences each shape's row is followed by the
-// A/B line: the same model's decode with the ring at 64, 96 and 160 KiB and
-// longer attention chunks (and with kCudaDecodeShapes when --bulk 1).
+// picks (CudaModelOptions::persistent_gemv). --registers 1 runs the decode
+// GEMVs on kCudaDecodeRegisterShapes (the grids before the shared-memory
+// ring); --bulk 1 every one on the ring with --ring-kib KiB and
+// --ring-per-sm blocks per SM (0: kCudaDecodeShapes' values);
+// --attn-chunk N the decode attention with chunks of at least N keys. Up
+// to 4 sequences each shape's row is followed by the A/B line: the same
+// model's decode on kCudaDecodeRegisterShapes and on other ring sizes.
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
@@ -276,8 +278,8 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
 // How the decode step runs its GEMVs: kCudaDecodeShapes (persistent as
 // CudaModelOptions::persistent_gemv) or every one on the shared-memory ring.
 struct StepGemvs {
-  bool persistent = true, bulk = false;
-  int ring_kib = 0, attention_min_chunk = 0;
+  bool persistent = true, registers = false, bulk = false;
+  int ring_kib = 0, per_sm = 0, attention_min_chunk = 0;
 };
 
 // A grid of the kernel table: block shape (ring_kib for the shared-memory
@@ -347,14 +349,18 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
     if (grid.split) return 0;
     if (small && (step.bulk || g.shape == cu::kGemvBulkShape)) {
       auto kib = [](int k) { return k > 0 ? k : cu::kGemvBulkRingKib; };
+      auto per_sm = [](int p) { return p > 0 ? p : 1; };
       const int step_kib = kib(step.bulk && step.ring_kib > 0 ? step.ring_kib : g.ring_kib);
-      return grid.shape == cu::kGemvBulkShape && kib(grid.ring_kib) == step_kib && grid.per_sm == 0 ? calls : 0;
+      const int step_per_sm = per_sm(step.bulk && step.per_sm > 0 ? step.per_sm : g.per_sm);
+      return grid.shape == cu::kGemvBulkShape && kib(grid.ring_kib) == step_kib && per_sm(grid.per_sm) == step_per_sm
+                 ? calls
+                 : 0;
     }
     const bool same =
         grid.shape == (small ? g.shape : 0) && grid.persistent == (small && g.persistent && step.persistent);
     return same ? calls : 0;
   };
-  const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
+  const lathe::CudaDecodeShapes& sh = step.registers ? lathe::kCudaDecodeRegisterShapes : lathe::kCudaDecodeShapes;
   const int layers = c.num_hidden_layers;
   const LayerGemvs l = layer_gemvs(kb, c, batch, max_ctx, overlap, grid);
   rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", l.qkv_rows, l.qkv, per_step(sh.qkv, layers)));
@@ -412,7 +418,7 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   for (uint8_t shape = 0; shape < 4; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {shape}, step, rows);
   // The shared-memory ring (up to 4 rows) at a few sizes (split k and persistent grids: measured slower, gemv.cu).
   if (batch <= 4)
-    for (auto [kib, per_sm] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 2}})
+    for (auto [kib, per_sm] : {std::pair{64, 0}, {96, 0}, {160, 0}, {64, 2}, {96, 2}})
       gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = cu::kGemvBulkShape, .ring_kib = kib, .per_sm = per_sm},
                 step, rows);
   // What the programmatic dependent launch gives the ring (its blocks fill their rings before the previous call ends).
@@ -430,32 +436,28 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                     t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
                     chunk == step.attention_min_chunk ? c.num_hidden_layers : 0});
   }
-  // Whole layers: the kCudaDecodeShapes grids, then every GEMV on the ring.
-  const lathe::CudaDecodeShapes& sh = lathe::kCudaDecodeShapes;
+  // Whole layers: the kCudaDecodeShapes and kCudaDecodeRegisterShapes grids, then every GEMV on the ring.
   const bool small = batch <= 4;
-  rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "kCudaDecodeShapes", [&](int i) {
-    const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
-    return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent,
-                .ring_kib = g[i].ring_kib};
-  }));
+  for (const auto* table : {&lathe::kCudaDecodeShapes, &lathe::kCudaDecodeRegisterShapes}) {
+    const lathe::CudaDecodeShapes& sh = *table;
+    const char* name = table == &lathe::kCudaDecodeShapes ? "kCudaDecodeShapes" : "kCudaDecodeRegisterShapes";
+    rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, [&](int i) {
+      const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
+      return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent,
+                  .ring_kib = g[i].ring_kib, .per_sm = g[i].per_sm};
+    }));
+  }
+  struct RingCase {
+    int kib, per_sm, chunk;
+  };
   if (small)
-    for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {96, 64}, {160, 64}, {160, 128}})
-      rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring " + std::to_string(kib) + " KiB",
-                                [&](int) { return Grid{.shape = cu::kGemvBulkShape, .ring_kib = kib}; }, chunk));
-  if (small)  // one projection on the ring (96 KiB), the others as kCudaDecodeShapes
-    for (int on : {0, 1, 2, 3}) {
-      const char* names[4] = {"qkv", "o", "gate|up", "down"};
+    for (RingCase r : {RingCase{96, 1, 0}, {160, 1, 0}, {64, 2, 0}, {96, 2, 64}})
       rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap,
-                                std::string("kCudaDecodeShapes, ") + names[on] + " on the ring 96 KiB", [&](int i) {
-        const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
-        return i == on ? Grid{.shape = cu::kGemvBulkShape, .ring_kib = 96}
-                       : Grid{.shape = g[i].shape, .ring_kib = g[i].ring_kib};
-      }));
-    }
-  if (small)  // o's ring as large as fits beside the attention, the others 96 KiB
-    rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, "smem ring 96 KiB, o 192 KiB", [&](int i) {
-      return Grid{.shape = cu::kGemvBulkShape, .ring_kib = i == 1 ? 192 : 96};
-    }, 64));
+                                "smem ring " + std::to_string(r.kib) + " KiB, " + std::to_string(r.per_sm) + "/SM",
+                                [&](int) {
+                                  return Grid{.shape = cu::kGemvBulkShape, .ring_kib = r.kib, .per_sm = r.per_sm};
+                                },
+                                r.chunk));
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
               "x0: a block shape the step does not run there; layer rows: GB/s of the layer's GEMV weights)\n",
               s.name, batch);
@@ -481,7 +483,8 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   }
   lathe::CudaModelOptions opts{.max_seq = n_prompt + n_decode + 1, .max_forward_tokens = n_prompt, .max_batch = batch,
                                .overlap_launches = overlap, .persistent_gemv = step.persistent,
-                               .bulk_gemv = step.bulk, .bulk_ring_kib = step.ring_kib,
+                               .register_gemv = step.registers, .bulk_gemv = step.bulk,
+                               .bulk_ring_kib = step.ring_kib, .bulk_per_sm = step.per_sm,
                                .attention_min_chunk = step.attention_min_chunk};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
@@ -501,22 +504,29 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9,
               batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
               tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
-  // The A/B of the GEMVs' shared-memory ring (up to 4 sequences): the same model the other way.
+  // The A/B of the decode GEMVs (up to 4 sequences): the same model with the grids before the ring, and the ring
+  // in other sizes.
   if (batch <= 4) {
     std::printf("  %s decode tok/s (graph)", s.name);
-    if (step.bulk) {
-      m.set_bulk_gemv(false);
-      const double s_step = time_model(m, prompt, n_decode, batch, true, 2).decode_s;
-      std::printf(" with kCudaDecodeShapes: %.1f;", double(batch) * n_decode / s_step);
-    }
-    for (auto [kib, chunk] : {std::pair{64, 0}, {96, 0}, {160, 0}, {160, 64}, {160, 128}}) {
-      m.set_bulk_gemv(true, kib, chunk);
+    struct Case {
+      const char* name;
+      lathe::CudaModelOptions o;
+    };
+    const Case cases[] = {
+        {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
+        {"ring 96 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 1}},
+        {"ring 160 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 160, .bulk_per_sm = 1}},
+        {"ring 64 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2}},
+        {"ring 96 KiB 2/SM + attention chunks >= 64",
+         {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 2, .attention_min_chunk = 64}},
+    };
+    for (const Case& c : cases) {
+      m.set_decode_gemvs(c.o);
       const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
-      const std::string with_chunk = chunk ? ", attention chunks >= " + std::to_string(chunk) : "";
-      std::printf(" smem ring %d KiB%s: %.1f (%.0f%%);", kib, with_chunk.c_str(), tps, 100.0 * tps / floor_tps);
+      std::printf(" %s: %.1f (%.0f%%);", c.name, tps, 100.0 * tps / floor_tps);
     }
     std::printf("\n");
-    m.set_bulk_gemv(step.bulk, step.ring_kib, step.attention_min_chunk);
+    m.set_decode_gemvs(opts);
   }
   std::fflush(stdout);
   return graph.decode_s / n_decode;
@@ -527,7 +537,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
 int main(int argc, char** argv) {
   std::string which = "all";
   int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1, bulk = 0, ring_kib = 0,
-      attn_chunk = 0;
+      attn_chunk = 0, ring_per_sm = 0, registers = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
@@ -538,6 +548,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--persistent")) persistent = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--bulk")) bulk = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--ring-kib")) ring_kib = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--ring-per-sm")) ring_per_sm = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--registers")) registers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--attn-chunk")) attn_chunk = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
@@ -557,7 +569,8 @@ int main(int argc, char** argv) {
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
               "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   const StepGemvs step{
-      .persistent = persistent != 0, .bulk = bulk != 0, .ring_kib = ring_kib, .attention_min_chunk = attn_chunk};
+      .persistent = persistent != 0, .registers = registers != 0, .bulk = bulk != 0, .ring_kib = ring_kib,
+      .per_sm = ring_per_sm, .attention_min_chunk = attn_chunk};
   std::vector<std::pair<const Shape*, double>> ran;  // shape, seconds per decode step
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;

@@ -535,6 +535,7 @@ cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) 
   const bool small = g.rows <= kFusedNormRows;
   g.shape = small ? (opts.bulk_gemv ? cuda::kGemvBulkShape : grid.shape) : 0;
   g.ring_kib = opts.bulk_ring_kib > 0 ? static_cast<uint16_t>(std::min(opts.bulk_ring_kib, 224)) : grid.ring_kib;
+  g.blocks_per_sm = static_cast<uint8_t>(std::clamp(opts.bulk_per_sm > 0 ? opts.bulk_per_sm : grid.per_sm, 0, 8));
   g.persistent = small && grid.persistent && opts.persistent_gemv;
   g.overlap = overlap;
   return g;
@@ -558,7 +559,7 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  const CudaDecodeShapes& grids = kCudaDecodeShapes;
+  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : kCudaDecodeShapes;
   if (!w.q_norm) {
     // RoPE and the cache append in the projection's epilogue.
     cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
@@ -596,9 +597,10 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
+  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : kCudaDecodeShapes;
   return norm_gemv(final_norm, with_grid({.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
                                           .epilogue = cuda::GemvEpilogue::kStoreF32},
-                                         kCudaDecodeShapes.lm_head));
+                                         grids.lm_head));
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
@@ -723,9 +725,10 @@ void CudaCausalLM::set_persistent_gemv(bool on) {
   impl_->opts.persistent_gemv = on;
   for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
 }
-void CudaCausalLM::set_bulk_gemv(bool on, int ring_kib, int attention_min_chunk) {
+void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   CudaModelOptions& o = impl_->opts;
-  o.bulk_gemv = on, o.bulk_ring_kib = ring_kib, o.attention_min_chunk = attention_min_chunk;
+  o.register_gemv = d.register_gemv, o.bulk_gemv = d.bulk_gemv, o.bulk_ring_kib = d.bulk_ring_kib;
+  o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

@@ -26,23 +26,31 @@
 namespace lathe {
 
 // The decode step's GEMV grids up to 4 sequences, by projection: block
-// shape (GemvArgs::shape; kGemvBulkShape: the shared-memory ring of
-// ring_kib KiB, 0: its default) and whether persistent
-// (GemvArgs::persistent, unless CudaModelOptions::persistent_gemv is off);
-// above 4 sequences every one takes shape 0. The fastest in the bench's kernel table
-// (bench_generate_cuda) on the H200 at 1B and 8B: 16-row blocks (shape 3)
-// for the projections of k = hidden (8B: q|k|v 17.2 us against 21.3 for
-// shape 0, gate|up 66.9 against 72.9, the LM head 253 against 288), 256-
-// thread blocks (shape 2) for o and down; no persistent grid won.
+// shape (GemvArgs::shape; 4 = kGemvBulkShape: the shared-memory ring of
+// ring_kib KiB, 0: its default, with per_sm blocks per SM, 0: 1) and
+// whether persistent (GemvArgs::persistent, unless
+// CudaModelOptions::persistent_gemv is off); above 4 sequences every one
+// takes shape 0. kCudaDecodeShapes, the fastest in the bench's kernel table
+// (bench_generate_cuda) on the H200: the ring of 96 KiB, two blocks per SM,
+// for every projection (8B: q|k|v 15.3 us, o 9.8, gate|up 56.7 (96% of the
+// bandwidth), down 28.4, the LM head 234). kCudaDecodeRegisterShapes, the
+// fastest before the ring (CudaModelOptions::register_gemv): 16-row blocks
+// (shape 3) for the projections of k = hidden (8B: q|k|v 17.0, gate|up
+// 67.0, the LM head 255), 256-thread blocks (shape 2) for o (12.1) and down
+// (32.3); no persistent grid won.
 struct CudaGemvGrid {
   uint8_t shape = 0;
   bool persistent = true;
   uint16_t ring_kib = 0;
+  uint8_t per_sm = 0;
 };
 struct CudaDecodeShapes {
-  CudaGemvGrid qkv{3, false}, o{2, false}, gate_up{3, false}, down{2, false}, lm_head{3, false};
+  CudaGemvGrid qkv, o, gate_up, down, lm_head;
 };
-inline constexpr CudaDecodeShapes kCudaDecodeShapes{};
+inline constexpr CudaGemvGrid kCudaRing96x2{4, false, 96, 2};
+inline constexpr CudaDecodeShapes kCudaDecodeShapes{kCudaRing96x2, kCudaRing96x2, kCudaRing96x2, kCudaRing96x2,
+                                                    kCudaRing96x2};
+inline constexpr CudaDecodeShapes kCudaDecodeRegisterShapes{{3, false}, {2, false}, {3, false}, {2, false}, {3, false}};
 
 struct CudaModelOptions {
   int device = 0;                // CUDA device index
@@ -54,12 +62,13 @@ struct CudaModelOptions {
   bool simple_attention = false;  // the plain attention kernel for every head_dim (a slow twin for tests)
   bool overlap_launches = true;   // decode kernels as programmatic dependent launches where the GPU has them (sm_90+)
   bool persistent_gemv = true;    // persistent GEMV grids where kCudaDecodeShapes picks them (none today)
+  bool register_gemv = false;  // the decode GEMVs on kCudaDecodeRegisterShapes (the grids before the ring)
   // Every decode GEMV up to 4 sequences on the shared-memory ring
-  // (GemvArgs::shape kGemvBulkShape, gemv_bulk.cu) instead of
-  // kCudaDecodeShapes, with bulk_ring_kib KiB per block (0:
-  // kCudaDecodeShapes' ring_kib, else the ring's default).
+  // (GemvArgs::shape kGemvBulkShape, gemv_bulk.cu) with bulk_ring_kib KiB
+  // and bulk_per_sm blocks per SM (0: the table's values, else the ring's
+  // defaults).
   bool bulk_gemv = false;
-  int bulk_ring_kib = 0;
+  int bulk_ring_kib = 0, bulk_per_sm = 0;
   int attention_min_chunk = 0;  // decode attention up to 4 sequences: keys per block at least (0: its default)
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
@@ -87,8 +96,8 @@ class CudaCausalLM {
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
-  // CudaModelOptions::bulk_gemv, bulk_ring_kib, attention_min_chunk; drops captured graphs.
-  void set_bulk_gemv(bool on, int ring_kib = 0, int attention_min_chunk = 0);
+  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk; drops captured graphs.
+  void set_decode_gemvs(const CudaModelOptions& opts);
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive
   // [rows, vocab] with rows = tokens.size() when all_logits (at most

@@ -472,11 +472,12 @@ TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
   }
 }
 
-// The decode GEMVs on the shared-memory ring (CudaModelOptions::bulk_gemv),
-// the attention in chunks of at least 8 keys (attention_min_chunk): the
-// CPU's logits within the same tolerance, graph replay and overlapped
-// launches bitwise the eager and ordinary runs, batched sequences bitwise
-// their own logits.
+// The decode GEMVs on the shared-memory ring at one block per SM
+// (CudaModelOptions::bulk_gemv; the default table runs two) with the
+// attention in chunks of at least 8 keys (attention_min_chunk), and on the
+// grids before the ring (register_gemv): the CPU's logits within the same
+// tolerance; on the ring graph replay and overlapped launches bitwise the
+// eager and ordinary runs, batched sequences bitwise their own logits.
 TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
@@ -486,10 +487,12 @@ TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
-  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .bulk_gemv = true, .attention_min_chunk = 8});
-  auto off = load_gpu(dir.str(),
-                      {.max_seq = max_seq, .overlap_launches = false, .bulk_gemv = true, .attention_min_chunk = 8});
+  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .bulk_gemv = true, .bulk_per_sm = 1, .attention_min_chunk = 8});
+  auto off = load_gpu(dir.str(), {.max_seq = max_seq, .overlap_launches = false, .bulk_gemv = true, .bulk_per_sm = 1,
+                                  .attention_min_chunk = 8});
   check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
+  auto registers = load_gpu(dir.str(), {.max_seq = max_seq, .register_gemv = true});
+  check_against_cpu(*registers, *cpu, prompt, hf_bf16_error(case_name(c)));
   check_graph_replay(*on, prompt);
   EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
   check_batch_decode(dir.str(), prompt, /*simple=*/false, /*bulk=*/true);

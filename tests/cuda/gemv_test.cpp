@@ -388,6 +388,34 @@ TEST(CudaGenArgmax, FirstOfEqualsAndNaNNeverWins) {
   }
 }
 
+// A GEMV's output for the bitwise comparisons below: out, uploaded from o0
+// (kAddF32 adds to it), or for kRopeAppend q then both caches (cache_elems
+// per sequence, filled with 3.0 first); g's other rope fields are the
+// caller's.
+std::vector<float> gemv_output(CudaContext& ctx, GemvArgs g, const std::vector<float>& o0, int64_t cache_elems) {
+  const bool rope = g.epilogue == GemvEpilogue::kRopeAppend;
+  const int64_t n_q = rope ? g.rows * g.rope.n_head * g.rope.head_dim : 1;
+  DeviceBuffer out = upload(ctx, o0), q = upload_bf16(ctx, std::vector<float>(size_t(n_q)));
+  DeviceBuffer caches = upload_bf16(ctx, std::vector<float>(size_t(2 * g.rows * cache_elems), 3.0f));
+  std::vector<bf16_bits*> ptrs(size_t(2 * g.rows));
+  for (int64_t r = 0; r < 2 * g.rows; ++r) ptrs[r] = dptr<bf16_bits>(caches) + r * cache_elems;
+  DeviceBuffer dptrs = upload(ctx, ptrs);
+  if (rope) {
+    g.rope.q_out = dptr<bf16_bits>(q);
+    g.rope.k_caches = dptr<bf16_bits*>(dptrs);
+    g.rope.v_caches = dptr<bf16_bits*>(dptrs) + g.rows;
+  } else {
+    g.out = out.data();
+  }
+  Status st = gemv(ctx, g);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  if (!rope) return download<float>(ctx, out, g.rows * g.n);
+  std::vector<float> got = download_bf16(ctx, q, n_q);
+  const std::vector<float> c = download_bf16(ctx, caches, 2 * g.rows * cache_elems);
+  got.insert(got.end(), c.begin(), c.end());
+  return got;
+}
+
 // Persistent grids (GemvArgs::persistent: one block per resident slot, each
 // an equal run of output columns tile after tile) compute every output with
 // the same sums in the same order as one block per tile: bitwise equal, for
@@ -414,14 +442,8 @@ TEST(CudaGemv, PersistentGridEqualsOneBlockPerTileBitwise) {
           const bool rope = e == GemvEpilogue::kRopeAppend;
           const int64_t n_out = rope ? n_rope : n;
           auto run = [&](bool persistent) {
-            DeviceBuffer out = upload(ctx, random_bf16(rows * n_out, 66));  // kAddF32 adds to it
-            DeviceBuffer q = upload_bf16(ctx, std::vector<float>(size_t(rows * n_head * hd)));
-            DeviceBuffer caches = upload_bf16(ctx, std::vector<float>(size_t(2 * rows * max_ctx * kv), 3.0f));
-            std::vector<bf16_bits*> ptrs(size_t(2 * rows));
-            for (int64_t r = 0; r < 2 * rows; ++r) ptrs[r] = dptr<bf16_bits>(caches) + r * max_ctx * kv;
-            DeviceBuffer dptrs = upload(ctx, ptrs);
-            GemvArgs g{.w = dptr<bf16_bits>(dw), .out = rope ? nullptr : out.data(), .rows = rows, .n = n_out, .k = k,
-                       .epilogue = e, .shape = shape, .persistent = persistent};
+            GemvArgs g{.w = dptr<bf16_bits>(dw), .rows = rows, .n = n_out, .k = k, .epilogue = e, .shape = shape,
+                       .persistent = persistent};
             if (normed) {
               g.x_f32 = dptr<float>(dh);
               g.norm_w = dptr<bf16_bits>(dnorm);
@@ -429,17 +451,9 @@ TEST(CudaGemv, PersistentGridEqualsOneBlockPerTileBitwise) {
               g.x = dptr<bf16_bits>(dx);
             }
             if (rope)
-              g.rope = {.q_out = dptr<bf16_bits>(q), .k_caches = dptr<bf16_bits*>(dptrs),
-                        .v_caches = dptr<bf16_bits*>(dptrs) + rows, .pos = dptr<int32_t>(dpos),
-                        .cos = dptr<float>(dcos), .sin = dptr<float>(dsin), .n_head = n_head, .n_head_kv = n_kv,
-                        .head_dim = hd, .max_ctx = static_cast<int>(max_ctx)};
-            Status st = gemv(ctx, g);
-            EXPECT_TRUE(st.is_ok()) << st.message();
-            if (!rope) return download<float>(ctx, out, rows * n_out);
-            std::vector<float> got = download_bf16(ctx, q, rows * n_head * hd);
-            const std::vector<float> c = download_bf16(ctx, caches, 2 * rows * max_ctx * kv);
-            got.insert(got.end(), c.begin(), c.end());
-            return got;
+              g.rope = {.pos = dptr<int32_t>(dpos), .cos = dptr<float>(dcos), .sin = dptr<float>(dsin),
+                        .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .max_ctx = static_cast<int>(max_ctx)};
+            return gemv_output(ctx, g, random_bf16(rows * n_out, 66), max_ctx * kv);
           };
           EXPECT_TRUE(run(true) == run(false));
         }
@@ -474,15 +488,8 @@ TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
       const bool rope = e == GemvEpilogue::kRopeAppend;
       const int64_t n_out = rope ? n_rope : n;
       auto run = [&](int64_t first, int64_t rows, Ring ring) {
-        std::vector<float> o0(out0.begin() + first * n_out, out0.begin() + (first + rows) * n_out);
-        DeviceBuffer out = upload(ctx, o0);  // kAddF32 adds to it
-        DeviceBuffer q = upload_bf16(ctx, std::vector<float>(size_t(rows * n_head * hd)));
-        DeviceBuffer caches = upload_bf16(ctx, std::vector<float>(size_t(2 * rows * max_ctx * kv), 3.0f));
-        std::vector<bf16_bits*> ptrs(size_t(2 * rows));
-        for (int64_t r = 0; r < 2 * rows; ++r) ptrs[r] = dptr<bf16_bits>(caches) + r * max_ctx * kv;
-        DeviceBuffer dptrs = upload(ctx, ptrs);
-        GemvArgs g{.w = dptr<bf16_bits>(dw), .out = rope ? nullptr : out.data(), .rows = rows, .n = n_out, .k = k,
-                   .epilogue = e, .shape = kGemvBulkShape, .ring_kib = ring.kib, .blocks_per_sm = ring.per_sm};
+        GemvArgs g{.w = dptr<bf16_bits>(dw), .rows = rows, .n = n_out, .k = k, .epilogue = e, .shape = kGemvBulkShape,
+                   .ring_kib = ring.kib, .blocks_per_sm = ring.per_sm};
         if (normed) {
           g.x_f32 = dptr<float>(dh) + first * k;
           g.norm_w = dptr<bf16_bits>(dnorm);
@@ -490,23 +497,17 @@ TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
           g.x = dptr<bf16_bits>(dx) + first * k;
         }
         if (rope)
-          g.rope = {.q_out = dptr<bf16_bits>(q), .k_caches = dptr<bf16_bits*>(dptrs),
-                    .v_caches = dptr<bf16_bits*>(dptrs) + rows, .pos = dptr<int32_t>(dpos) + first,
-                    .cos = dptr<float>(dcos) + first * hd / 2, .sin = dptr<float>(dsin) + first * hd / 2,
-                    .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .max_ctx = static_cast<int>(max_ctx)};
-        Status st = gemv(ctx, g);
-        EXPECT_TRUE(st.is_ok()) << st.message();
-        if (!rope) return download<float>(ctx, out, rows * n_out);
-        std::vector<float> got = download_bf16(ctx, q, rows * n_head * hd);
-        const std::vector<float> c = download_bf16(ctx, caches, 2 * rows * max_ctx * kv);
-        got.insert(got.end(), c.begin(), c.end());
-        return got;
+          g.rope = {.pos = dptr<int32_t>(dpos) + first, .cos = dptr<float>(dcos) + first * hd / 2,
+                    .sin = dptr<float>(dsin) + first * hd / 2, .n_head = n_head, .n_head_kv = n_kv, .head_dim = hd,
+                    .max_ctx = static_cast<int>(max_ctx)};
+        const std::vector<float> o0(out0.begin() + first * n_out, out0.begin() + (first + rows) * n_out);
+        return gemv_output(ctx, g, o0, max_ctx * kv);
       };
       for (int64_t rows : {1, 2, 3, 4}) {
         SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " rows=" << rows
                                           << " normed=" << normed);
         const std::vector<float> base = run(0, rows, {0, 0});
-        for (Ring ring : {Ring{32, 1}, Ring{224, 1}, Ring{48, 3}})
+        for (Ring ring : {Ring{32, 1}, Ring{224, 1}, Ring{96, 2}, Ring{48, 3}})
           EXPECT_TRUE(run(0, rows, ring) == base) << "ring " << ring.kib << " KiB, " << int(ring.per_sm) << "/SM";
         if (!rope && !normed) {
           const std::vector<float> want = reference(x, w, {}, out0, rows, n, k, e);

@@ -98,7 +98,7 @@ struct GemvArgs {
   // weight rows per block, 2 chunks of each in flight per thread; 1: 128
   // threads, 4 rows, 4 in flight; 2: 256 threads, 8 rows, 1 in flight;
   // 3: 128 threads, 16 rows, 1 in flight (half the blocks of 0, each twice
-  // as long); kGemvBulkShape (4, up to 4 rows; more take shape 0): the
+  // as long); kGemvBulkShape (4, up to 4 rows on sm_90+; else shape 0): the
   // weights stream into a ring of shared memory through bulk copies
   // (gemv_bulk.cu), a block per SM. Tensor cores: 16 (the default), 32 or
   // 64 weight rows per block (shape 3 and 4 are the default there). Shapes

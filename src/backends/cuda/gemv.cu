@@ -521,7 +521,7 @@ Status gemv(CudaContext& ctx, const GemvArgs& a) {
       c.rope.cos += r0 * half;
       c.rope.sin += r0 * half;
     }
-    if (c.shape == kGemvBulkShape && c.rows > 4) c.shape = 0;
+    if (c.shape == kGemvBulkShape && (c.rows > 4 || !has_bulk_copies(ctx.device()))) c.shape = 0;
     cudaError_t err;
     if (c.shape == kGemvBulkShape) err = launch_gemv_bulk(c, st, ctx.device());
     else if (c.rows > 4 && a.k % kStepK == 0)

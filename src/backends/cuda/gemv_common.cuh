@@ -236,6 +236,18 @@ inline int sm_count(int device) {
   return counts[device];
 }
 
+// Whether the device has the bulk copies of the shared-memory ring (sm_90+).
+inline bool has_bulk_copies(int device) {
+  static int major[64] = {};  // by device; a racing first fill writes the same value
+  if (device < 0 || device >= 64) return false;
+  if (major[device] == 0) {
+    int m = 0;
+    cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device);
+    major[device] = m > 0 ? m : -1;
+  }
+  return major[device] >= 9;
+}
+
 // Calls f(std::integral_constant<GemvEpilogue, E>{}) for the run-time
 // epilogue e, so each launcher below names its kernel template once.
 template <class F>
