@@ -72,7 +72,7 @@ struct GemvRope {
   int n_head = 0, n_head_kv = 0, head_dim = 0, max_ctx = 0;
 };
 // GemvArgs::shape of the shared-memory ring and its default size: two
-// blocks of it (this kernel's and the next one's) fit in an SM's 228 KiB.
+// blocks of it fit in an SM's 228 KiB.
 constexpr uint8_t kGemvBulkShape = 4;
 constexpr int kGemvBulkRingKib = 96;
 struct GemvArgs {
