@@ -217,7 +217,11 @@ struct CudaModelImpl {
   int64_t chunk_rows(const CGroup& G) const {
     return drop_rows > 0 ? drop_rows : std::max<int64_t>(1, drop_floats / G.in);
   }
-  bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft; }
+  // LoRA dropout acts in training passes only; an evaluation pass (no
+  // backward) runs the adapter whole, as PEFT's eval mode does. It still
+  // counts as a pass, so the masks of later training passes do not move.
+  bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft && training_pass; }
+  bool training_pass = true;  // set by run()
   int64_t max_lora_in() const;  // the widest input of a group with LoRA members
   void start_pass();            // draws dropout_base, counts the pass
   cuda::LoraDropoutMask mask_of(const CLora& a) const;

@@ -315,6 +315,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   int n_docs = 0, max_seqlen = 0;
   LATHE_TRY(phase(kPhInput));
   LATHE_TRY(upload_batch(mb, &n_docs, &max_seqlen));
+  training_pass = backward;
   start_pass();
   LATHE_TRY(phase(kPhElementwise));
   const int64_t n = mb.n_tokens(), H = s.hidden, L = s.n_layer;

@@ -66,6 +66,7 @@ struct PassCtx {
   TensorView cu_seqlens;   // [n_docs + 1] i32
   TensorView attn_ws;      // attention workspace
   uint64_t dropout_base = 0;
+  float dropout = 0.0f;     // LoRA dropout of this pass: the recipe's in training, 0 in evaluation
 };
 
 class TrainableModelImpl {

@@ -181,7 +181,7 @@ bool TrainableModelImpl::bf16_adapters() const {
 LoraWeights TrainableModelImpl::lora_weights(int l, Proj j, const PassCtx& p) const {
   const TLora& a = loras[size_t(blocks[size_t(l)].proj[j].lora)];
   return {.a = fv(a.a, {a.r, a.in}), .b = fv(a.b, {a.out, a.r}), .da = fv(a.da, {a.r, a.in}),
-          .db = fv(a.db, {a.out, a.r}), .scale = opts.lora.scale(), .dropout = opts.lora.dropout,
+          .db = fv(a.db, {a.out, a.r}), .scale = opts.lora.scale(), .dropout = p.dropout,
           .dropout_seed = mix64(p.dropout_base ^ uint64_t(l * kNumProj + j)), .bf16 = bf16_adapters()};
 }
 
@@ -456,7 +456,7 @@ Result<PassLoss> TrainableModelImpl::run_timed(const MicroBatch& mb, float loss_
   const bool keep_all = !opts.activations_checkpoint;
   PassCtx p{.n = n, .cos = arena.alloc(DType::F32, {n, half}), .sin = arena.alloc(DType::F32, {n, half}),
             .cu_seqlens = iv(mb.cu_seqlens.data(), int64_t(mb.cu_seqlens.size())), .attn_ws = {},
-            .dropout_base = mix64(opts.seed ^ mix64(passes++))};
+            .dropout_base = mix64(opts.seed ^ mix64(passes++)), .dropout = backward ? opts.lora.dropout : 0.0f};
   int64_t longest = 0;
   for (size_t d = 0; d + 1 < mb.cu_seqlens.size(); ++d)
     longest = std::max<int64_t>(longest, mb.cu_seqlens[d + 1] - mb.cu_seqlens[d]);

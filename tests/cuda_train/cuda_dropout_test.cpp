@@ -278,6 +278,25 @@ TEST(CudaDropoutRuns, TwoModelsAreBitIdentical) {
   }
 }
 
+// An evaluation pass (no backward) runs the adapters whole, as PEFT's eval
+// mode does: the same loss, bit for bit, as a model without dropout; it
+// still counts as a pass. A training pass drops.
+TEST(CudaDropoutRuns, EvaluationDoesNotDrop) {
+  SKIP_WITHOUT_GPU();
+  auto drop_host = load_host("llama", kDropout), none_host = load_host("llama", 0.0f);
+  ASSERT_TRUE(drop_host && none_host);
+  auto drop = to_gpu(*drop_host), none = to_gpu(*none_host);
+  ASSERT_TRUE(drop && none);
+  const MicroBatch mb = random_batch(drop_host->config().vocab_size, 29);
+  auto e1 = drop->forward_loss(mb), e0 = none->forward_loss(mb);
+  ASSERT_TRUE(e1.is_ok() && e0.is_ok());
+  EXPECT_EQ(e1->loss_sum, e0->loss_sum);
+  EXPECT_EQ(drop->passes_run(), 1u);
+  auto t1 = drop->forward_backward(mb, 0.01f), t0 = none->forward_backward(mb, 0.01f);
+  ASSERT_TRUE(t1.is_ok() && t0.is_ok());
+  EXPECT_NE(t1->loss_sum, t0->loss_sum);
+}
+
 // Every recompute mode regenerates the masks it needs: selective, full and
 // selective keeping some layers give what keeping everything gives, bit for
 // bit (Qwen2: fused q|k|v bias; Qwen3: q/k norms); the dropout path in one

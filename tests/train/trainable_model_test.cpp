@@ -122,6 +122,24 @@ TEST(TrainableModel, RecomputationChangesNothing) {
   }
 }
 
+// LoRA dropout acts in training passes only: an evaluation pass runs the
+// adapters whole (PEFT's eval mode), bit for bit the model without dropout,
+// and still counts as a pass.
+TEST(TrainableModel, EvaluationDoesNotDrop) {
+  auto drop = load("qwen3", {.lora = {.r = 3, .alpha = 5, .dropout = 0.2f}});
+  auto none = load("qwen3", {.lora = {.r = 3, .alpha = 5}});
+  ASSERT_TRUE(drop && none);
+  auto file = SafetensorsFile::open(kGrad + "qwen3/lora_grads.safetensors");
+  MicroBatch mb = pack(read_docs(*file), {0, 1});
+  auto e1 = drop->forward_loss(mb), e0 = none->forward_loss(mb);
+  ASSERT_TRUE(e1.is_ok() && e0.is_ok());
+  EXPECT_EQ(e1->loss_sum, e0->loss_sum);
+  EXPECT_EQ(drop->passes_run(), 1u);
+  auto t1 = drop->forward_backward(mb, 0.1f), t0 = none->forward_backward(mb, 0.1f);
+  ASSERT_TRUE(t1.is_ok() && t0.is_ok());
+  EXPECT_NE(t1->loss_sum, t0->loss_sum);
+}
+
 TEST(TrainableModel, FreshAdapterStartsAtTheBaseModel) {
   auto lora = load("qwen2", {.lora = {.r = 8, .alpha = 16, .target_modules = {"linear_qkv", "linear_fc2"}}});
   auto full = load("qwen2", {.full_sft = true});
