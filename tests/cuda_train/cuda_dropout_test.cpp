@@ -198,7 +198,7 @@ TEST(CudaDropoutBounds, FailPassesWithoutTheSameMasks) {
 }
 
 // The GPU's pass against the CPU trainer's on two consecutive passes (each
-// with its own masks), then forward_loss replaying the second pass's masks;
+// with its own masks), then forward_loss, which drops nothing;
 // chunk_rows > 0: the dropout path over chunks of that many tokens.
 void expect_passes_match_cpu(const std::string& family, int64_t chunk_rows) {
   auto host = load_host(family, kDropout);
@@ -230,15 +230,18 @@ void expect_passes_match_cpu(const std::string& family, int64_t chunk_rows) {
   }
   EXPECT_EQ(gpu->passes_run(), 2u);
   const std::vector<float> g = grads_of(*gpu);
+  // Evaluation runs the adapters whole: the same loss whatever the pass
+  // index, not the training pass's; it counts as a pass and leaves the
+  // gradients alone.
   gpu->set_passes_run(1);
   auto lf = gpu->forward_loss(mb);
   ASSERT_TRUE(lf.is_ok()) << lf.status().message();
-  EXPECT_DOUBLE_EQ(lf->loss_sum, loss);
+  EXPECT_NE(lf->loss_sum, loss);
   EXPECT_EQ(gpu->passes_run(), 2u);
   EXPECT_EQ(grads_of(*gpu), g);
-  auto next = gpu->forward_loss(mb);  // pass 2: other masks, another loss
+  auto next = gpu->forward_loss(mb);
   ASSERT_TRUE(next.is_ok());
-  EXPECT_NE(next->loss_sum, loss);
+  EXPECT_EQ(next->loss_sum, lf->loss_sum);
 }
 
 class CudaDropout : public ::testing::TestWithParam<const char*> {};
