@@ -45,6 +45,16 @@ inline constexpr const char* kFinalNorm = "model.norm.weight";
 inline constexpr const char* kLmHead = "lm_head.weight";
 // "model.layers.{layer}.{leaf}", e.g. leaf "self_attn.q_proj.weight".
 std::string layer(int layer, const char* leaf);
+inline std::string layer(int64_t layer_index, const char* leaf) { return layer(static_cast<int>(layer_index), leaf); }
+inline std::string layer(int64_t layer_index, const std::string& leaf) {
+  return layer(static_cast<int>(layer_index), leaf.c_str());
+}
+// A decoder layer's seven projections, in the trainers' order (q, k, v, o,
+// gate, up, down: train/trainable_impl.h's Proj, train/cuda_model_impl.h's
+// CudaProj).
+inline constexpr const char* kProjPaths[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                              "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                              "mlp.down_proj"};
 }  // namespace names
 
 }  // namespace lathe

@@ -28,16 +28,10 @@ namespace lathe {
 
 namespace {
 
-constexpr int64_t kAlignFloats = 16;
 constexpr int64_t kDropScratchFloats = int64_t{1} << 24;  // each of LoRA dropout's two buffers
-const char* const kProjPath[kCnumProj] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                          "mlp.down_proj"};
+const auto& kProjPath = names::kProjPaths;
+static_assert(std::size(names::kProjPaths) == kCnumProj);
 
-int64_t aligned(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
-std::string layer_name(int64_t l, const std::string& leaf) {
-  return "model.layers." + std::to_string(l) + "." + leaf;
-}
 
 Status check_shape(const CudaModelShape& s, const CudaTrainOptions& o) {
   if (s.vocab <= 0 || s.hidden <= 0 || s.inter <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.n_kv <= 0)
@@ -332,10 +326,10 @@ void lay_out(CudaModelImpl& m) {
       const std::string key = "base_model.model.model.layers." + std::to_string(l) + "." + kProjPath[j] + ".lora_";
       m.table.push_back({key + "A.weight", total, {r, in[j]}});
       m.factors.push_back({.src = total, .rows = r, .cols = in[j], .by_row = 0});
-      total += aligned(r * in[j]);
+      total += aligned_floats(r * in[j]);
       m.table.push_back({key + "B.weight", total, {out[j], r}});
       m.factors.push_back({.src = total, .rows = out[j], .cols = r, .by_row = 1});
-      total += aligned(out[j] * r);
+      total += aligned_floats(out[j] * r);
       m.max_factor_numel = std::max({m.max_factor_numel, r * in[j], out[j] * r});
     }
     for (CGroup& G : b.g) lay_out_group(m, G);
@@ -382,18 +376,18 @@ void name_base(CudaModelImpl& m) {
   const int64_t out[kCnumProj] = {s.n_head * hd, s.n_kv * hd, s.n_kv * hd, H, F, F, H};
   for (int64_t l = 0; l < s.n_layer; ++l) {
     CBlock& b = m.blocks[size_t(l)];
-    m.base[layer_name(l, "input_layernorm.weight")] = BT{b.attn_norm, 1, H, H};
-    m.base[layer_name(l, "post_attention_layernorm.weight")] = BT{b.mlp_norm, 1, H, H};
+    m.base[names::layer(l, "input_layernorm.weight")] = BT{b.attn_norm, 1, H, H};
+    m.base[names::layer(l, "post_attention_layernorm.weight")] = BT{b.mlp_norm, 1, H, H};
     if (s.qk_norm) {
-      m.base[layer_name(l, "self_attn.q_norm.weight")] = BT{b.q_norm, 1, hd, hd};
-      m.base[layer_name(l, "self_attn.k_norm.weight")] = BT{b.k_norm, 1, hd, hd};
+      m.base[names::layer(l, "self_attn.q_norm.weight")] = BT{b.q_norm, 1, hd, hd};
+      m.base[names::layer(l, "self_attn.k_norm.weight")] = BT{b.k_norm, 1, hd, hd};
     }
     std::array<int64_t, kGnum> col{};  // a member's first row in its group's weight
     for (int j = 0; j < kCnumProj; ++j) {
       const CGroup& G = b.g[size_t(kGroupOf[j])];
       int64_t& c = col[size_t(kGroupOf[j])];
-      m.base[layer_name(l, std::string(kProjPath[j]) + ".weight")] = BT{G.w + c * G.ldw, out[j], G.in, G.ldw};
-      if (G.bias) m.base[layer_name(l, std::string(kProjPath[j]) + ".bias")] = BT{G.bias + c, 1, out[j], out[j]};
+      m.base[names::layer(l, std::string(kProjPath[j]) + ".weight")] = BT{G.w + c * G.ldw, out[j], G.in, G.ldw};
+      if (G.bias) m.base[names::layer(l, std::string(kProjPath[j]) + ".bias")] = BT{G.bias + c, 1, out[j], out[j]};
       c += out[j];
     }
   }

@@ -52,6 +52,11 @@ namespace lathe {
 
 using bf16p = cuda::bf16_bits*;
 
+// The flat f32 tables (LoRA parameters, full-SFT masters) start each tensor
+// on a multiple of 16 floats.
+inline constexpr int64_t kAlignFloats = 16;
+inline int64_t aligned_floats(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
 enum CudaProj : int { kCq, kCk, kCv, kCo, kCgate, kCup, kCdown, kCnumProj };
 enum CudaGroup : int { kGqkv, kGo, kGgu, kGdown, kGnum };
 inline constexpr CudaGroup kGroupOf[kCnumProj] = {kGqkv, kGqkv, kGqkv, kGo, kGgu, kGgu, kGdown};

@@ -36,13 +36,6 @@ namespace lathe {
 
 namespace {
 
-constexpr int64_t kAlignFloats = 16;
-const char* const kSftProj[kCnumProj] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                         "mlp.down_proj"};
-
-std::string layer_key(int64_t l, const std::string& leaf) { return "model.layers." + std::to_string(l) + "." + leaf; }
-
 std::array<int64_t, kCnumProj> proj_out(const CudaModelShape& s) {
   const int64_t q = s.n_head * s.head_dim, kv = s.n_kv * s.head_dim;
   return {q, kv, kv, s.hidden, s.inter, s.inter, s.hidden};
@@ -71,23 +64,24 @@ void sft_lay_out(CudaModelImpl& m) {
   int64_t total = 0;
   auto add = [&](const std::string& name, Shape shape) {
     m.table.push_back({name, total, shape});
-    total += (shape.numel() + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    total += aligned_floats(shape.numel());
   };
   auto proj = [&](int64_t l, int j) {
-    add(layer_key(l, std::string(kSftProj[j]) + ".weight"), {out[size_t(j)], in[size_t(j)]});
-    if (s.qkv_bias && kGroupOf[j] == kGqkv) add(layer_key(l, std::string(kSftProj[j]) + ".bias"), {out[size_t(j)]});
+    add(names::layer(l, std::string(names::kProjPaths[j]) + ".weight"), {out[size_t(j)], in[size_t(j)]});
+    if (s.qkv_bias && kGroupOf[j] == kGqkv)
+      add(names::layer(l, std::string(names::kProjPaths[j]) + ".bias"), {out[size_t(j)]});
   };
   m.table.clear();
   add("model.embed_tokens.weight", {s.vocab, s.hidden});
   for (int64_t l = 0; l < s.n_layer; ++l) {
-    add(layer_key(l, "input_layernorm.weight"), {s.hidden});
+    add(names::layer(l, "input_layernorm.weight"), {s.hidden});
     for (int j = kCq; j <= kCv; ++j) proj(l, j);
     if (s.qk_norm) {
-      add(layer_key(l, "self_attn.q_norm.weight"), {s.head_dim});
-      add(layer_key(l, "self_attn.k_norm.weight"), {s.head_dim});
+      add(names::layer(l, "self_attn.q_norm.weight"), {s.head_dim});
+      add(names::layer(l, "self_attn.k_norm.weight"), {s.head_dim});
     }
     proj(l, kCo);
-    add(layer_key(l, "post_attention_layernorm.weight"), {s.hidden});
+    add(names::layer(l, "post_attention_layernorm.weight"), {s.hidden});
     for (int j = kCgate; j <= kCdown; ++j) proj(l, j);
   }
   add("model.norm.weight", {s.hidden});
@@ -136,13 +130,13 @@ Status CudaModelImpl::sft_bind() {
   sft.blocks.assign(size_t(s.n_layer), {});
   for (int64_t l = 0; l < s.n_layer; ++l) {
     CSftBlock& b = sft.blocks[size_t(l)];
-    b.attn_norm = g(layer_key(l, "input_layernorm.weight"));
-    b.mlp_norm = g(layer_key(l, "post_attention_layernorm.weight"));
-    b.q_norm = g(layer_key(l, "self_attn.q_norm.weight"));
-    b.k_norm = g(layer_key(l, "self_attn.k_norm.weight"));
+    b.attn_norm = g(names::layer(l, "input_layernorm.weight"));
+    b.mlp_norm = g(names::layer(l, "post_attention_layernorm.weight"));
+    b.q_norm = g(names::layer(l, "self_attn.q_norm.weight"));
+    b.k_norm = g(names::layer(l, "self_attn.k_norm.weight"));
     for (int j = 0; j < kCnumProj; ++j) {
-      b.dw[size_t(j)] = g(layer_key(l, std::string(kSftProj[j]) + ".weight"));
-      b.db[size_t(j)] = g(layer_key(l, std::string(kSftProj[j]) + ".bias"));
+      b.dw[size_t(j)] = g(names::layer(l, std::string(names::kProjPaths[j]) + ".weight"));
+      b.db[size_t(j)] = g(names::layer(l, std::string(names::kProjPaths[j]) + ".bias"));
     }
   }
   return Status::ok();

@@ -24,9 +24,8 @@ namespace lathe {
 namespace {
 
 constexpr int64_t kAlignFloats = 16;
-const char* const kProjPath[kNumProj] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                         "mlp.down_proj"};
+const auto& kProjPath = names::kProjPaths;
+static_assert(std::size(names::kProjPaths) == kNumProj);
 
 // A base tensor to place: its name and shape, and where its weight and
 // gradient pointers go.

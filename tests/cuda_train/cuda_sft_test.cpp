@@ -57,9 +57,6 @@ namespace {
 using namespace lathe::testing;  // NOLINT: the shared fixture helpers
 
 const std::string kFix = data_dir() + "/grad_hd64/";
-// The AdamW tracking test's bounds, cuda_train_test.cpp's for LoRA.
-constexpr double kStepGradTol = 3e-2;
-constexpr double kStepLossTol = 2e-3;
 // A bug must be this many times outside every per-tensor bound (as for LoRA).
 constexpr double kBugFactor = 5.0;
 
@@ -228,7 +225,7 @@ TEST(CudaSft, AdamWStepsTrackTheCpuRun) {
   MicroBatch mb = random_batch(host->config().vocab_size, 99);
   const double lr = 1e-3;
   double first = 0, last_cpu = 0, last_gpu = 0;
-  track_adamw_steps(*host, *gpu, *cpu_opt, mb, lr, 6, 5 * kStepLossTol, kStepGradTol, &first, &last_cpu, &last_gpu);
+  track_adamw_steps(*host, *gpu, *cpu_opt, mb, lr, 6, 5 * kTrackLossTol, kTrackGradTol, &first, &last_cpu, &last_gpu);
   EXPECT_LT(last_cpu, 0.9 * first);
   EXPECT_LT(last_gpu, 0.9 * first);
   // The masters come back in the host's layout: every tensor moved (the

@@ -63,9 +63,6 @@ namespace {
 using namespace lathe::testing;  // NOLINT: the shared fixture helpers
 
 const std::string kFix = data_dir() + "/grad_hd64/";
-// For the AdamW tracking test only (gradient norm and loss after steps).
-constexpr double kGradTol = 3e-2;
-constexpr double kLossTol = 2e-3;
 // The bf16 bounds of case `name` of bf16_error.json (hf_bf16_check.h).
 HfBf16Bounds lora_bounds(const std::string& name) { return {kFix + "bf16_error.json", name}; }
 
@@ -358,7 +355,7 @@ TEST(CudaTrainer, AdamWStepsTrackTheCpuRun) {
   MicroBatch mb = random_batch(host->config().vocab_size, 99);
   const double lr = 1e-2;
   double first = 0, last_cpu = 0, last_gpu = 0;
-  track_adamw_steps(*host, *gpu, *cpu_opt, mb, lr, 6, 5 * kLossTol, kGradTol, &first, &last_cpu, &last_gpu);
+  track_adamw_steps(*host, *gpu, *cpu_opt, mb, lr, 6, 5 * kTrackLossTol, kTrackGradTol, &first, &last_cpu, &last_gpu);
   (void)last_gpu;
   // The recipe learns: the comparison is not between two flat lines. (Parameters
   // are not compared: Adam moves an element whose gradient is near zero by ±lr
