@@ -46,6 +46,7 @@
 
 #include "backends/cuda/lora_ops.h"
 #include "backends/cuda/phase_timer.h"
+#include "models/family.h"
 #include "train/cuda_model.h"
 
 namespace lathe {
