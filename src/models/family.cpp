@@ -18,10 +18,6 @@ constexpr Known kKnown[] = {
 };
 }  // namespace
 
-std::string names::layer(int layer, const char* leaf) {
-  return "model.layers." + std::to_string(layer) + "." + leaf;
-}
-
 Result<FamilyQuirks> family_quirks(const ModelConfig& cfg, const std::string& source) {
   FamilyQuirks q;
   for (const Known& k : kKnown) {

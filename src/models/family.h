@@ -44,7 +44,9 @@ inline constexpr const char* kEmbed = "model.embed_tokens.weight";
 inline constexpr const char* kFinalNorm = "model.norm.weight";
 inline constexpr const char* kLmHead = "lm_head.weight";
 // "model.layers.{layer}.{leaf}", e.g. leaf "self_attn.q_proj.weight".
-std::string layer(int layer, const char* leaf);
+// Inline: the GPU trainer's standalone benchmark uses these names without
+// linking the models library.
+inline std::string layer(int layer, const char* leaf) { return "model.layers." + std::to_string(layer) + "." + leaf; }
 inline std::string layer(int64_t layer_index, const char* leaf) { return layer(static_cast<int>(layer_index), leaf); }
 inline std::string layer(int64_t layer_index, const std::string& leaf) {
   return layer(static_cast<int>(layer_index), leaf.c_str());
