@@ -23,7 +23,9 @@
 // --ring-per-sm blocks per SM (0: kCudaDecodeShapes' values);
 // --attn-chunk N the decode attention with chunks of at least N keys. Up
 // to 4 sequences each shape's row is followed by the A/B line: the same
-// model's decode on kCudaDecodeRegisterShapes and on other ring sizes.
+// model's decode as the persistent step (CudaModelOptions::
+// persistent_decode, its default ring, 64 and 160 KiB), on
+// kCudaDecodeRegisterShapes and on other ring sizes.
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
@@ -513,6 +515,9 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
       lathe::CudaModelOptions o;
     };
     const Case cases[] = {
+        {"persistent step", {.persistent_decode = true}},
+        {"persistent step, ring 64 KiB", {.bulk_ring_kib = 64, .persistent_decode = true}},
+        {"persistent step, ring 160 KiB", {.bulk_ring_kib = 160, .persistent_decode = true}},
         {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
         {"ring 96 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 1}},
         {"ring 160 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 160, .bulk_per_sm = 1}},
@@ -522,6 +527,10 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
     };
     for (const Case& c : cases) {
       m.set_decode_gemvs(c.o);
+      if (c.o.persistent_decode && !m.runs_persistent_decode(batch)) {
+        std::printf(" %s: not run here;", c.name);
+        continue;
+      }
       const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
       std::printf(" %s: %.1f (%.0f%%);", c.name, tps, 100.0 * tps / floor_tps);
     }

@@ -70,6 +70,12 @@ struct CudaModelOptions {
   bool bulk_gemv = false;
   int bulk_ring_kib = 0, bulk_per_sm = 0;
   int attention_min_chunk = 0;  // decode attention up to 4 sequences: keys per block at least (0: its default)
+  // A decode step of up to 4 sequences as one persistent kernel
+  // (decode_persistent.h: every layer's stages and the LM head separated by
+  // grid barriers, the weights streaming through each block's ring across
+  // them) where it runs: sm_90+, head_dim 64 or 128, no q/k norm, flash
+  // attention. Its ring takes bulk_ring_kib when set. Opt-in until measured.
+  bool persistent_decode = false;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -96,8 +102,11 @@ class CudaCausalLM {
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
-  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk; drops captured graphs.
+  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, persistent_decode;
+  // drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
+  // Whether a decode step of `batch` sequences runs as the persistent kernel (persistent_decode).
+  bool runs_persistent_decode(int batch) const;
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive
   // [rows, vocab] with rows = tokens.size() when all_logits (at most

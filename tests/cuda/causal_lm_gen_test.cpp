@@ -39,6 +39,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/cuda/decode_persistent.h"
 #include "backends/cuda/device.h"
 #include "core/check.h"
 #include "io/hf_config.h"
@@ -262,11 +263,16 @@ std::vector<int32_t> reference_prompt(const std::string& family, int64_t row) {
 // left out does not move. Bad requests change nothing.
 constexpr int kBatch = 4, kBatchSteps = 6;
 
-void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple, bool bulk = false) {
+// `base`: the decode options both models take (max_seq, max_batch and simple_attention set here).
+void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple,
+                        CudaModelOptions base = {}) {
   const int max_seq = int(prompt.size()) + kBatchSteps + 1;
-  auto batch =
-      load_gpu(dir, {.max_seq = max_seq, .max_batch = kBatch, .simple_attention = simple, .bulk_gemv = bulk});
-  auto alone = load_gpu(dir, {.max_seq = max_seq, .simple_attention = simple, .bulk_gemv = bulk});
+  base.max_seq = max_seq;
+  base.simple_attention = simple;
+  CudaModelOptions batch_opts = base;
+  batch_opts.max_batch = kBatch;
+  auto batch = load_gpu(dir, batch_opts);
+  auto alone = load_gpu(dir, base);
   const int vocab = batch->config().vocab_size;
   std::vector<std::vector<int32_t>> fed(kBatch);  // each sequence's tokens: prompt, then decoded inputs
   std::vector<std::vector<float>> got(kBatch);    // each sequence's logits after its prompt, then per step
@@ -495,7 +501,36 @@ TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
   check_against_cpu(*registers, *cpu, prompt, hf_bf16_error(case_name(c)));
   check_graph_replay(*on, prompt);
   EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
-  check_batch_decode(dir.str(), prompt, /*simple=*/false, /*bulk=*/true);
+  check_batch_decode(dir.str(), prompt, /*simple=*/false, {.bulk_gemv = true});
+}
+
+// The decode step as one persistent kernel (CudaModelOptions::
+// persistent_decode; on sm_90+ it runs for these head dims, checked):
+// the CPU's logits within the same tolerance, free-running greedy tokens
+// the CPU's where its pick is decisive; graph replay and overlapped
+// launches bitwise the eager and ordinary runs; batched sequences (2 and
+// 4 x rows, a block per SM) bitwise their own logits alone (1 x row, two
+// blocks per SM: the same column runs per block and the same key splits).
+TEST_P(CudaGenFlash, PersistentDecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_persistent");
+  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  auto cpu = load_cpu(dir.str());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  const int max_seq = int(prompt.size()) + kGreedyTokens;
+  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .persistent_decode = true});
+  auto off = load_gpu(dir.str(), {.max_seq = max_seq, .overlap_launches = false, .persistent_decode = true});
+  if (cuda::decode_persistent_supported(0, c.head_dim)) {
+    EXPECT_TRUE(on->runs_persistent_decode(1)) << "the persistent step does not run here";
+  } else {
+    std::printf("  the persistent step does not run on this GPU: the ordinary step was checked\n");
+  }
+  check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
+  check_graph_replay(*on, prompt);
+  EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
+  check_batch_decode(dir.str(), prompt, /*simple=*/false, {.persistent_decode = true});
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,

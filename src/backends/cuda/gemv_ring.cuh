@@ -1,0 +1,317 @@
+// The shared-memory weight ring of the skinny GEMM (gemv_bulk.cu) as device
+// pieces, so that the ring GEMV kernel and the persistent decode kernel
+// (decode_persistent.cu) run the same producer, the same consumer loop and
+// so the same f32 sums in the same order: a result of one is bitwise the
+// result of the other.
+//
+// The ring: S slots of one unit each (8 weight rows × 2048 k, 32 KiB), a
+// "full" mbarrier per slot (the bulk copies' byte count) and an "empty" one
+// (the 8 consumer warps' arrivals). A producer warp issues the units of one
+// GEMV after another (RingPos carries the slot and its fill round from one
+// GEMV to the next), refilling a slot once the consumers emptied it; the
+// consumers take the units in the same order. Nothing in the producer reads
+// what an earlier kernel or stage writes, so it runs ahead of the consumers
+// by the whole ring.
+//
+// Thread t sums chunks t, t + 256, ... of each row (k in order), the block
+// adds its warps in order: the sums depend neither on the number of x rows
+// nor on the grid or the ring. Compiled to the bulk copies from sm_90 on;
+// below, the PTX helpers are empty (the host never launches them there).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/gemv_common.cuh"
+
+namespace lathe::cuda::ring {
+
+using namespace gemv_detail;
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kBulkThreads = kConsumers + 32;  // + the producer warp
+constexpr int kBulkRows = 8;                   // weight rows per tile
+constexpr int kStageK = kConsumers * 8;        // k per stage: a 16-byte chunk per consumer thread and row
+constexpr int kStageBytes = kBulkRows * kStageK * 2;
+constexpr int kMaxStages = 7;                  // 224 KiB
+constexpr int kMaxRingBytes = kMaxStages * kStageBytes;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LATHE_BULK_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define LATHE_BULK_ASM(...) (void)0
+#endif
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  LATHE_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the bulk copies (the async proxy).
+__device__ __forceinline__ void fence_barrier_init() {
+  LATHE_BULK_ASM("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+}
+// One arrival that also expects `bytes` more bytes in this phase.
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  LATHE_BULK_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  LATHE_BULK_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 1;
+  do {
+    LATHE_BULK_ASM(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// bytes (a multiple of 16) from global src to shared dst, counted on bar.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                          uint64_t policy) {
+  LATHE_BULK_ASM(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+// The consumer warps' own barrier (the producer warp never joins it).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+
+// The ring's shared memory: slot data and the two barriers per slot.
+struct Ring {
+  uint32_t data, full, empty;
+  int n_slots;
+};
+// Thread 0 initializes the barriers; the caller syncs the block after.
+__device__ __forceinline__ Ring make_ring(const void* data, const uint64_t* full, const uint64_t* empty, int n_slots) {
+  const Ring r{smem_addr(data), smem_addr(full), smem_addr(empty), n_slots};
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < n_slots; ++i) {
+      mbar_init(r.full + 8 * i, 1);
+      mbar_init(r.empty + 8 * i, kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  return r;
+}
+
+// Where a party (producer or consumers) stands in the ring: the next
+// unit's slot, that slot's fill round parity, the units passed so far, and
+// (consumers) the half of RingSums the next tile uses.
+struct RingPos {
+  int slot = 0;
+  uint32_t parity = 0;
+  int64_t units = 0;
+  int tile_parity = 0;
+  __device__ void next(int n_slots) {
+    ++units;
+    if (++slot == n_slots) slot = 0, parity ^= 1;
+  }
+};
+
+// A GEMV's units in order: the stage of k and the tile's first output column.
+template <GemvEpilogue E>
+struct UnitCursor {
+  static constexpr int64_t kTileCols = tile_columns<kBulkRows, E>();
+  int64_t u0;
+  int stage = 0;
+  __device__ void next(int k_stages) {
+    if (++stage == k_stages) stage = 0, u0 += kTileCols;
+  }
+};
+
+// Block blockIdx.x's equal run [c_begin, c_end) of a's output columns (pairs).
+__device__ __forceinline__ void block_columns(const GemvArgs& a, int64_t* c_begin, int64_t* c_end) {
+  const int64_t columns = gemv_columns(a);
+  *c_begin = columns * blockIdx.x / gridDim.x;
+  *c_end = columns * (blockIdx.x + 1) / gridDim.x;
+}
+__device__ __forceinline__ int k_stages_of(const GemvArgs& a) {
+  return static_cast<int>((a.k + kStageK - 1) / kStageK);
+}
+template <GemvEpilogue E>
+__device__ __forceinline__ int64_t units_of(int64_t c_begin, int64_t c_end, int k_stages) {
+  constexpr int64_t kTileCols = tile_columns<kBulkRows, E>();
+  return (c_end - c_begin + kTileCols - 1) / kTileCols * k_stages;
+}
+
+// The x chunk a consumer thread needs for one unit, as loaded (bf16 or f32,
+// and the norm weights' chunk), so its loads are in flight during the
+// previous unit's products.
+template <int B>
+struct XRaw {
+  uint4 v[B][2];  // bf16: v[b][0]; f32: two float4 as bits
+  uint4 norm;
+};
+// kCoherent: x was written by other blocks of this kernel (a stage of the
+// persistent decode kernel), so it is read through L2 (ld.global.cg), never
+// through the read-only path.
+template <bool kCoherent>
+__device__ __forceinline__ uint4 ld_x(const void* p) {
+  if constexpr (kCoherent) return __ldcg(static_cast<const uint4*>(p));
+  else return __ldg(static_cast<const uint4*>(p));
+}
+template <int B, bool kCoherent>
+__device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, XRaw<B>& x) {
+  if (c >= a.k / 8) return;
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    if (b >= rows) break;
+    if (a.x_f32) {
+      const uint4* p = reinterpret_cast<const uint4*>(a.x_f32 + int64_t(b) * a.k + c * 8);
+      x.v[b][0] = ld_x<kCoherent>(p), x.v[b][1] = ld_x<kCoherent>(p + 1);
+    } else {
+      x.v[b][0] = ld_x<kCoherent>(a.x + int64_t(b) * a.k + c * 8);
+    }
+  }
+  if (a.norm_w) x.norm = __ldg(reinterpret_cast<const uint4*>(a.norm_w + c * 8));
+}
+// x_chunk()'s arithmetic on a loaded chunk: 8 inputs of row b as floats
+// (times the norm weights, their squares added to *ss).
+template <int B>
+__device__ __forceinline__ void use_x(const GemvArgs& a, const XRaw<B>& x, int b, float* xf, float* ss) {
+  if (!a.x_f32) {
+    unpack8(x.v[b][0], xf);
+    return;
+  }
+  const uint4 h0 = x.v[b][0], h1 = x.v[b][1];
+  const uint32_t u[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) xf[i] = __uint_as_float(u[i]);
+  if (!a.norm_w) return;
+  float w[8];
+  unpack8(x.norm, w);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    *ss = fmaf(xf[i], xf[i], *ss);
+    xf[i] *= w[i];
+  }
+}
+
+// The producer warp: the units of a's columns [c_begin, c_end) (a lane per
+// weight row), each slot refilled once the consumers have emptied it.
+template <GemvEpilogue E>
+__device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos) {
+  const int lane = threadIdx.x & 31;
+  const uint64_t policy = evict_first_policy();
+  const int k_stages = k_stages_of(a);
+  const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
+  UnitCursor<E> cur{c_begin};
+  for (int64_t u = 0; u < n_units; ++u, cur.next(k_stages), pos.next(ring.n_slots)) {
+    if (pos.units >= ring.n_slots) mbar_wait(ring.empty + 8 * pos.slot, pos.parity ^ 1);
+    const int64_t k0 = int64_t(cur.stage) * kStageK;
+    const uint32_t bytes = static_cast<uint32_t>(min(int64_t(kStageK), a.k - k0) * 2);
+    const int64_t t_end = min(c_end, cur.u0 + UnitCursor<E>::kTileCols);
+    const int64_t row = lane < kBulkRows ? tile_row<kBulkRows, E>(a, cur.u0, t_end, lane) : -1;
+    const unsigned valid = __ballot_sync(0xffffffffu, row >= 0);
+    if (lane == 0) mbar_expect(ring.full + 8 * pos.slot, __popc(valid) * bytes);
+    __syncwarp();
+    if (row >= 0)
+      bulk_copy(ring.data + pos.slot * kStageBytes + lane * (kStageK * 2), a.w + row * a.k + k0, bytes,
+                ring.full + 8 * pos.slot, policy);
+  }
+}
+
+// The consumers' per-tile partial sums, by tile parity: a warp may start
+// the next tile's sums before the epilogue threads have read this one's.
+template <int B>
+struct RingSums {
+  float part[2][kConsumerWarps][kBulkRows * B];
+  float ss[2][kConsumerWarps][B];
+};
+
+// The 8 consumer warps: the units of a's columns [c_begin, c_end) in the
+// producer's order, each tile's sums and its epilogue. x (and what the
+// epilogue reads) may come from the previous kernel: under a programmatic
+// dependent launch the caller has waited for it.
+template <int B, GemvEpilogue E, bool kCoherent>
+__device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
+                              RingSums<B>& s) {
+  constexpr int R = kBulkRows, kW = kConsumerWarps;
+  constexpr int64_t kTileCols = tile_columns<R, E>();
+  const int rows = static_cast<int>(a.rows), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int k_stages = k_stages_of(a);
+  const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
+  if (n_units == 0) return;
+  float acc[R][B], ss[B];
+  XRaw<B> x_next;
+  load_x<B, kCoherent>(a, rows, threadIdx.x, x_next);
+  UnitCursor<E> cur{c_begin};
+  for (int64_t u = 0; u < n_units; ++u) {
+    if (cur.stage == 0) {
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        ss[b] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][b] = 0.0f;
+      }
+    }
+    const bool have = int64_t(cur.stage) * kConsumers + threadIdx.x < a.k / 8;
+    const XRaw<B> x = x_next;
+    const int next_stage = cur.stage + 1 == k_stages ? 0 : cur.stage + 1;
+    if (u + 1 < n_units) load_x<B, kCoherent>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
+    const uint32_t slot = ring.data + pos.slot * kStageBytes;
+    mbar_wait(ring.full + 8 * pos.slot, pos.parity);
+    if (have) {
+      float xf[B][8];
+#pragma unroll
+      for (int b = 0; b < B; ++b)
+        if (b < rows) use_x<B>(a, x, b, xf[b], &ss[b]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[8];
+        unpack8(lds128(slot + r * (kStageK * 2) + threadIdx.x * 16), wf);
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          if (b >= rows) break;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][b] = fmaf(wf[i], xf[b][i], acc[r][b]);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ring.empty + 8 * pos.slot);  // this warp is done with the slot
+    const int64_t u0 = cur.u0;
+    const bool tile_done = cur.stage == k_stages - 1;
+    cur.next(k_stages);
+    pos.next(ring.n_slots);
+    if (!tile_done) continue;
+    // The tile's sums: each warp's, then the block's in warp order, and the epilogue.
+    const int tp = pos.tile_parity;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float v = dev::warp_sum(acc[r][b]);
+        if (lane == 0) s.part[tp][warp][r * B + b] = v;
+      }
+    if (a.norm_w) {
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float v = dev::warp_sum(ss[b]);
+        if (lane == 0) s.ss[tp][warp][b] = v;
+      }
+    }
+    consumers_sync();
+    const int t = threadIdx.x, r = t / B, b = t % B;
+    if (t < R * B && b < rows) {
+      const float scale = row_scale<kW>(a, &s.ss[tp][0][b], B);
+      finish_tile_slot<R, E>(a, u0, min(c_end, u0 + kTileCols), r, b, scale, [&](int rr) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kW; ++w) sum += s.part[tp][w][rr * B + b];
+        return sum;
+      });
+    }
+    pos.tile_parity ^= 1;
+  }
+}
+
+}  // namespace lathe::cuda::ring
