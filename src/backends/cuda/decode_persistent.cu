@@ -55,6 +55,7 @@ constexpr int kMaxSlots = 6;           // 192 KiB: with the static shared memory
 // Registers per thread that let two blocks of kBulkThreads share an SM (65536 / 576, rounded down to 8).
 constexpr int kMaxRegisters = 112;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr long long kBarrierTimeoutCycles = 20'000'000'000LL;  // ~10 s at 2 GHz
 
 __host__ __device__ constexpr int64_t record_floats(int d) { return int64_t(kMaxSplits) * (d + 2) + 1; }
 
@@ -81,14 +82,26 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
-// Barrier number `epoch` (1, 2, ...) of this launch, for the consumer threads.
+__device__ __forceinline__ void trace_event(const PersistentDecodeArgs& p, int event) {
+  if (!p.trace || threadIdx.x != 0) return;
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  p.trace[int64_t(event) * gridDim.x + blockIdx.x] = ns;
+}
+
+// Barrier number `epoch` (1, 2, ...) of this launch, for the consumer
+// threads. A barrier still open after ~10 s of clock cycles means a block
+// was never scheduled (the grid outgrew what is resident): the kernel traps,
+// so the step fails with an error instead of hanging.
 __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned epoch) {
   consumers_sync();
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(counter, 1u);
     const unsigned target = epoch * gridDim.x;
+    const long long start = clock64();
     while (ld_acquire(counter) < target) {
+      if (clock64() - start > kBarrierTimeoutCycles) __trap();
     }
   }
   consumers_sync();
@@ -265,22 +278,28 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
     return;
   }
   wait_prior_grid();  // h, the RoPE tables and positions come from the kernels before
+  trace_event(p, 10 * p.n_layer + 1);
   RingPos pos;
   unsigned epoch = 0;
   const GemvArgs& a = s_args[0].get();
+  auto barrier = [&] {
+    trace_event(p, 2 * int(epoch));
+    grid_barrier(p.barrier, ++epoch);
+    trace_event(p, 2 * int(epoch) - 1);
+  };
   auto gemv_stage = [&](int i, auto e) {
     load_args(s_args[0], p.gemvs + i, p.rows, threadIdx.x, kConsumers);
     consumers_sync();
     int64_t c_begin, c_end;
     block_columns(a, &c_begin, &c_end);
     consume_units<B, decltype(e)::value, true>(a, c_begin, c_end, ring, pos, s_sums);
-    grid_barrier(p.barrier, ++epoch);
+    barrier();
   };
   using E = GemvEpilogue;
   for (int l = 0; l < p.n_layer; ++l) {
     gemv_stage(4 * l, std::integral_constant<E, E::kRopeAppend>{});
     attention_stage<D>(a.rope, p, splits, s_attn);
-    grid_barrier(p.barrier, ++epoch);
+    barrier();
     gemv_stage(4 * l + 1, std::integral_constant<E, E::kAddF32>{});
     gemv_stage(4 * l + 2, std::integral_constant<E, E::kSwigluF32>{});
     gemv_stage(4 * l + 3, std::integral_constant<E, E::kAddF32>{});
@@ -290,6 +309,7 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
   int64_t c_begin, c_end;
   block_columns(a, &c_begin, &c_end);
   consume_units<B, E::kStoreF32, true>(a, c_begin, c_end, ring, pos, s_sums);
+  trace_event(p, 10 * p.n_layer);
   // Every block has passed every barrier once all have counted themselves here: the last resets both counters.
   if (threadIdx.x == 0 && atomicAdd(p.barrier + 1, 1u) == gridDim.x - 1) {
     atomicExch(p.barrier, 0u);
@@ -393,6 +413,12 @@ Result<LaunchPlan> plan_launch(int device, int head_dim, int rows, int ring_kib)
 
 bool decode_persistent_supported(int device, int head_dim) {
   return (head_dim == 64 || head_dim == 128) && gemv_detail::has_bulk_copies(device);
+}
+
+int decode_persistent_grid(int device, int head_dim, int rows, int ring_kib) {
+  if (!decode_persistent_supported(device, head_dim) || rows < 1 || rows > 4) return 0;
+  auto plan = plan_launch(device, head_dim, rows, ring_kib);
+  return plan.is_ok() ? plan->per_sm * gemv_detail::sm_count(device) : 0;
 }
 
 Status decode_persistent_prepare(int device, int head_dim, int rows, int ring_kib) {

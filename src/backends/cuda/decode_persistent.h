@@ -32,6 +32,13 @@ struct PersistentDecodeArgs {
   float scale = 1.0f;               // softmax scale
   int ring_kib = 0;                 // per block (0: kGemvBulkRingKib)
   bool overlap = false;             // a programmatic dependent launch (the producer starts before the wait)
+  // Diagnostics (the bench): when set, each block's first thread writes the
+  // global timer (ns) to trace[e·grid + block] at event e: 2·s when stage s
+  // (per layer: q|k|v, attention, o, gate|up, down) ends, 2·s + 1 when its
+  // barrier lets the block go; 10·n_layer when the LM head ends;
+  // 10·n_layer + 1 when the block starts (after waiting for the previous
+  // kernel). grid: decode_persistent_grid().
+  uint64_t* trace = nullptr;
 };
 // The host copy of the stage list is checked here (every GemvArgs as gemv()
 // checks it, shapes of one model); a.gemvs must hold the same on the device.
@@ -40,6 +47,8 @@ Status decode_persistent(CudaContext& ctx, const PersistentDecodeArgs& a, const 
 // decode_persistent: once before the first call, and never while a stream
 // is being captured (it sets kernel attributes and asks for occupancy).
 Status decode_persistent_prepare(int device, int head_dim, int rows, int ring_kib);
+// The blocks of the step's grid (after decode_persistent_prepare), or 0.
+int decode_persistent_grid(int device, int head_dim, int rows, int ring_kib);
 // Whether the device and head_dim take the persistent step (sm_90+, head_dim 64 or 128).
 bool decode_persistent_supported(int device, int head_dim);
 

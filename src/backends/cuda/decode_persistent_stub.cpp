@@ -10,6 +10,7 @@ Status decode_persistent(CudaContext&, const PersistentDecodeArgs&, const GemvAr
 Status decode_persistent_prepare(int, int, int, int) {
   return unsupported("cuda: this build of lathe has no CUDA backend (nvcc was not found at build time)");
 }
+int decode_persistent_grid(int, int, int, int) { return 0; }
 bool decode_persistent_supported(int, int) { return false; }
 
 }  // namespace lathe::cuda
