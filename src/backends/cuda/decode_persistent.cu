@@ -54,6 +54,8 @@ constexpr int kRingKibOnePerSm = 192;  // the default ring of the one-block-per-
 constexpr int kMaxSlots = 6;           // 192 KiB: with the static shared memory, under the SM's 227 KiB
 // Registers per thread that let two blocks of kBulkThreads share an SM (65536 / 576, rounded down to 8).
 constexpr int kMaxRegisters = 112;
+// One block per SM: 65536 / 288, rounded down to 8 (__launch_bounds__ would cap it at 168).
+constexpr int kMaxRegistersOnePerSm = 224;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr long long kBarrierTimeoutCycles = 20'000'000'000LL;  // ~10 s at 2 GHz
 
@@ -263,6 +265,16 @@ __device__ void produce_all(const PersistentDecodeArgs& p, const Ring& ring, Arg
   stage(4 * p.n_layer, std::integral_constant<E, E::kStoreF32>{});
 }
 
+// One GEMV stage's consumer loop, compiled on its own: inlined into the
+// step's body it shared the registers with everything live across the
+// stages and kept its sums in local memory.
+template <int B, GemvEpilogue E>
+__device__ __noinline__ void consume_stage(const GemvArgs& a, const Ring& ring, RingPos& pos, RingSums<B>& s) {
+  int64_t c_begin, c_end;
+  block_columns(a, &c_begin, &c_end);
+  consume_units<B, E, true>(a, c_begin, c_end, ring, pos, s);
+}
+
 // The step's body, for the kernels below.
 template <int B, int D>
 __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_slots, int splits) {
@@ -290,9 +302,7 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
   auto gemv_stage = [&](int i, auto e) {
     load_args(s_args[0], p.gemvs + i, p.rows, threadIdx.x, kConsumers);
     consumers_sync();
-    int64_t c_begin, c_end;
-    block_columns(a, &c_begin, &c_end);
-    consume_units<B, decltype(e)::value, true>(a, c_begin, c_end, ring, pos, s_sums);
+    consume_stage<B, decltype(e)::value>(a, ring, pos, s_sums);
     barrier();
   };
   using E = GemvEpilogue;
@@ -306,9 +316,7 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
   }
   load_args(s_args[0], p.gemvs + 4 * p.n_layer, p.rows, threadIdx.x, kConsumers);
   consumers_sync();
-  int64_t c_begin, c_end;
-  block_columns(a, &c_begin, &c_end);
-  consume_units<B, E::kStoreF32, true>(a, c_begin, c_end, ring, pos, s_sums);
+  consume_stage<B, E::kStoreF32>(a, ring, pos, s_sums);
   trace_event(p, 10 * p.n_layer);
   // Every block has passed every barrier once all have counted themselves here: the last resets both counters.
   if (threadIdx.x == 0 && atomicAdd(p.barrier + 1, 1u) == gridDim.x - 1) {
@@ -326,7 +334,7 @@ __global__ void __maxnreg__(kMaxRegisters)
   run_step<1, D>(p, n_slots, splits);
 }
 template <int B, int D>
-__global__ void __launch_bounds__(kBulkThreads, 1)
+__global__ void __maxnreg__(kMaxRegistersOnePerSm)
     decode_persistent_kernel_x1(PersistentDecodeArgs p, int n_slots, int splits) {
   run_step<B, D>(p, n_slots, splits);
 }
