@@ -2,7 +2,8 @@
 // cuBLASLt at the Llama-3.1-8B linear shapes (8192 tokens: micro batch 4 at
 // sequence 2048) for forward, dX and dW, against the measured bf16 peak
 // (~810 TFLOP/s on H200); the LM head fused with cross-entropy against the
-// same peak; RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), the trainer's
+// same peak (f32 / bf16 logits, with and without overlap, at the 1B and 8B
+// hidden sizes); RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), the trainer's
 // [gate | up] SwiGLU and q|k|v split / merge, RoPE, the embedding, dtype
 // conversion and multi-tensor AdamW in GB/s against the
 // memory-bandwidth floor (~4.3 TB/s). Attention has its own bench. Times are the best of several
@@ -163,26 +164,83 @@ void bench_rope_embedding(CudaContext& ctx, DeviceArena& arena, int64_t tokens) 
 }
 
 // LM head + cross-entropy (loss and d_hidden, the frozen head's case) at the
-// 8B shapes: its floor is the two GEMMs' FLOPs, 4·tokens·vocab·dim.
+// 1B and 8B hidden sizes, for each logits dtype and overlap (bf16 also at
+// 2048 and 4096 rows a chunk: the dX GEMM's [rows, dim] output must cover
+// the SMs): the floor is the two GEMMs' FLOPs,
+// 4·tokens·vocab·dim.
 void bench_cross_entropy(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
-  arena.reset();
-  const int64_t dim = 4096, vocab = 128256;
-  auto hidden = arena.alloc_n<bf16_bits>(tokens * dim, "hidden");
-  auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
-  auto dh = arena.alloc_n<bf16_bits>(tokens * dim, "d_hidden");
-  auto targets = arena.alloc_n<int32_t>(tokens, "targets");
-  auto ws = arena.alloc(cross_entropy_workspace_bytes(vocab, 0), "workspace");
-  if (!hidden.is_ok() || !w.is_ok() || !dh.is_ok() || !targets.is_ok() || !ws.is_ok()) {
-    std::printf("%-24s skipped: arena too small\n", "lm_head + CE");
-    return;
+  struct Variant {
+    const char* name;
+    CeLogits logits;
+    CeOverlap overlap;
+    int64_t chunk_rows;
+  };
+  const Variant variants[] = {{"f32", CeLogits::kF32, CeOverlap::kOff, 0},
+                              {"f32 overlap", CeLogits::kF32, CeOverlap::kOn, 0},
+                              {"bf16", CeLogits::kBf16, CeOverlap::kOff, 0},
+                              {"bf16 overlap", CeLogits::kBf16, CeOverlap::kOn, 0},
+                              {"bf16 2048", CeLogits::kBf16, CeOverlap::kOff, 2048},
+                              {"bf16 2048 overlap", CeLogits::kBf16, CeOverlap::kOn, 2048},
+                              {"bf16 4096", CeLogits::kBf16, CeOverlap::kOff, 4096},
+                              {"bf16 4096 overlap", CeLogits::kBf16, CeOverlap::kOn, 4096}};
+  const int64_t vocab = 128256;
+  for (const int64_t dim : {int64_t{2048}, int64_t{4096}}) {
+    for (const Variant& v : variants) {
+      arena.reset();
+      auto hidden = arena.alloc_n<bf16_bits>(tokens * dim, "hidden");
+      auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
+      auto dh = arena.alloc_n<bf16_bits>(tokens * dim, "d_hidden");
+      auto targets = arena.alloc_n<int32_t>(tokens, "targets");
+      const size_t ws_bytes = cross_entropy_workspace_bytes(vocab, v.chunk_rows, v.logits, v.overlap);
+      auto ws = arena.alloc(ws_bytes, "workspace");
+      char name[64];
+      std::snprintf(name, sizeof(name), "CE d%lld %s", (long long)dim, v.name);
+      if (!hidden.is_ok() || !w.is_ok() || !dh.is_ok() || !targets.is_ok() || !ws.is_ok()) {
+        std::printf("%-24s skipped: arena too small\n", name);
+        continue;
+      }
+      if (!fill_zero(ctx, *targets, size_t(tokens) * 4).is_ok() ||
+          !fill_zero(ctx, *hidden, size_t(tokens * dim) * 2).is_ok() || !fill_zero(ctx, *w, size_t(vocab * dim) * 2).is_ok())
+        std::exit(1);
+      CrossEntropyCudaArgs ca{.hidden = *hidden, .w = *w, .targets = *targets, .d_hidden = *dh, .workspace = *ws,
+                              .n = tokens, .vocab = vocab, .dim = dim, .chunk_rows = v.chunk_rows, .logits = v.logits,
+                              .overlap = v.overlap};
+      const double s = time_calls(ctx, 3, [&] { return cross_entropy(ctx, ca).status(); });
+      const double tflops = 4.0 * double(tokens) * double(vocab) * double(dim) / s / 1e12;
+      std::printf("%-24s %10.3f %10.1f %7.0f%%   (TFLOP/s, of the GEMM peak; workspace %.0f MiB)\n", name, s * 1e3,
+                  tflops, 100.0 * tflops / kPeakTflops, double(ws_bytes) / (1 << 20));
+    }
   }
-  if (!fill_zero(ctx, *targets, size_t(tokens) * 4).is_ok()) std::exit(1);
-  CrossEntropyCudaArgs ca{.hidden = *hidden, .w = *w, .targets = *targets, .d_hidden = *dh, .workspace = *ws,
-                          .n = tokens, .vocab = vocab, .dim = dim};
-  const double s = time_calls(ctx, 3, [&] { return cross_entropy(ctx, ca).status(); });
-  const double tflops = 4.0 * double(tokens) * double(vocab) * double(dim) / s / 1e12;
-  std::printf("%-24s %10.3f %10.1f %7.0f%%   (TFLOP/s, of the GEMM peak)\n", "lm_head + CE fwd+dX", s * 1e3, tflops,
-              100.0 * tflops / kPeakTflops);
+}
+
+// The fused head's GEMMs alone, one chunk at a time: the logits GEMM
+// [rows, vocab] = hidden·wᵀ writing f32 or bf16, and the dX GEMM
+// [rows, dim] = g·w (k = vocab), whose small output needs enough rows to
+// cover the SMs. What the CE lines take beyond these is the row kernel.
+void bench_cross_entropy_gemms(CudaContext& ctx, DeviceArena& arena) {
+  const int64_t vocab = 128256;
+  std::printf("\n%-24s %10s %10s %8s\n", "CE chunk GEMM", "ms/call", "TFLOP/s", "% peak");
+  for (const int64_t dim : {int64_t{2048}, int64_t{4096}}) {
+    for (const int64_t rows : {int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
+      arena.reset();
+      auto h = arena.alloc_n<bf16_bits>(rows * dim, "hidden");
+      auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
+      auto logits = arena.alloc_n<float>(rows * vocab, "logits");
+      if (!h.is_ok() || !w.is_ok() || !logits.is_ok()) return;
+      const GemmArgs passes[] = {
+          {.a = *h, .b = *w, .c = *logits, .m = rows, .n = vocab, .k = dim, .trans_b = true, .c_dtype = DType::F32},
+          {.a = *h, .b = *w, .c = *logits, .m = rows, .n = vocab, .k = dim, .trans_b = true, .c_dtype = DType::BF16},
+          {.a = reinterpret_cast<bf16_bits*>(*logits), .b = *w, .c = *h, .m = rows, .n = dim, .k = vocab}};
+      const char* names[] = {"logits f32", "logits bf16", "dX"};
+      for (int p = 0; p < 3; ++p) {
+        const double s = time_calls(ctx, 10, [&] { return gemm(ctx, passes[p]); });
+        const double tflops = 2.0 * double(rows) * double(vocab) * double(dim) / s / 1e12;
+        char name[64];
+        std::snprintf(name, sizeof(name), "d%lld %lld rows %s", (long long)dim, (long long)rows, names[p]);
+        std::printf("%-24s %10.3f %10.1f %7.0f%%\n", name, s * 1e3, tflops, 100.0 * tflops / kPeakTflops);
+      }
+    }
+  }
 }
 
 // Multi-tensor AdamW over the LoRA parameters of the 8B shape (r 32, all
@@ -234,6 +292,7 @@ int main(int argc, char** argv) {
   bench_train_fused(*ctx, *arena, tokens);
   bench_rope_embedding(*ctx, *arena, tokens);
   bench_cross_entropy(*ctx, *arena, tokens);
+  bench_cross_entropy_gemms(*ctx, *arena);
   bench_adamw(*ctx, *arena);
   return 0;
 }

@@ -39,6 +39,13 @@ int64_t cuda_ce_chunk_rows() {
   return rows.is_ok() ? *rows : 0;
 }
 
+std::string cuda_ce() { return get("LATHE_CUDA_CE"); }
+
+bool cuda_ce_overlap() {
+  const Result<int64_t> on = get_int("LATHE_CUDA_CE_OVERLAP", 0, 0, 1);
+  return on.is_ok() && *on == 1;
+}
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

@@ -51,6 +51,17 @@ int64_t attn_bwd_streams();
 // cross-entropy (benchmarks). Default: 0, as many as ~768 MiB of f32 logits
 // and bf16 gradient hold (cross_entropy.cu). Unreadable values count as 0.
 int64_t cuda_ce_chunk_rows();
+// LATHE_CUDA_CE: f32 | bf16 — the dtype the GPU's fused LM head writes its
+// logits in where the caller leaves it open (cuda::CeLogits::kAuto). bf16
+// is what a bf16 model's lm_head returns; its gradient then overwrites the
+// logits in place. Default: empty, f32. Another value: the call fails
+// naming the variable.
+std::string cuda_ce();
+// LATHE_CUDA_CE_OVERLAP: 0 | 1 — whether the fused LM head reduces chunk i's
+// rows on a second stream while chunk i+1's logits GEMM runs, where the
+// caller leaves it open (cuda::CeOverlap::kAuto). Default: 0. Unreadable
+// values count as 0.
+bool cuda_ce_overlap();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");
