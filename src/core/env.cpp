@@ -46,6 +46,11 @@ bool cuda_ce_overlap() {
   return on.is_ok() && *on == 1;
 }
 
+int64_t cuda_ce_kept_kib() {
+  const Result<int64_t> kib = get_int("LATHE_CUDA_CE_KEPT_KIB", -1, -1, 1 << 20);
+  return kib.is_ok() ? *kib : -1;
+}
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

@@ -62,6 +62,11 @@ std::string cuda_ce();
 // caller leaves it open (cuda::CeOverlap::kAuto). Default: 0. Unreadable
 // values count as 0.
 bool cuda_ce_overlap();
+// LATHE_CUDA_CE_KEPT_KIB: KiB of each bf16 logit row the fused LM head's row
+// kernel keeps in shared memory between its two passes (benchmarks; 0: none,
+// the second pass reads the row again). Default: -1, as much as a block
+// holds. Unreadable values count as -1.
+int64_t cuda_ce_kept_kib();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

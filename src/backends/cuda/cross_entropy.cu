@@ -262,10 +262,13 @@ Status reduce_rows(CudaContext& ctx, cudaStream_t st, const RowArgs& ra, int64_t
     ce_rows<bf16_bits><<<grid, kRowThreads, 0, st>>>(ra);
   } else {
     // As much of the row as the block's shared memory holds, less the
-    // static scratch and the 1 KiB the SM reserves per block.
+    // static scratch and the 1 KiB the SM reserves per block
+    // (LATHE_CUDA_CE_KEPT_KIB caps it for benchmarks).
     int optin = 0;
     LATHE_CU_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device()));
-    const int64_t kept = std::min<int64_t>(ra.vocab / 8, std::max(optin - 2048, 0) / 16);
+    int64_t cap = std::max(optin - 2048, 0) / 16;
+    if (const int64_t kib = env::cuda_ce_kept_kib(); kib >= 0) cap = std::min(cap, kib * 1024 / 16);
+    const int64_t kept = std::min(ra.vocab / 8, cap);
     const size_t smem = static_cast<size_t>(kept) * 16;
     LATHE_CU_TRY(cudaFuncSetAttribute(ce_rows_bf16x8, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     ce_rows_bf16x8<<<grid, kVecThreads, smem, st>>>(ra, kept);
