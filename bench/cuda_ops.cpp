@@ -182,6 +182,8 @@ void bench_cross_entropy(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
                               {"bf16 kept 96K", CeLogits::kBf16, CeOverlap::kOff, 0, "96"},
                               {"bf16 kept 0", CeLogits::kBf16, CeOverlap::kOff, 0, "0"},
                               {"bf16 overlap", CeLogits::kBf16, CeOverlap::kOn, 0, ""},
+                              {"bf16 overlap kept 96K", CeLogits::kBf16, CeOverlap::kOn, 0, "96"},
+                              {"bf16 overlap kept 0", CeLogits::kBf16, CeOverlap::kOn, 0, "0"},
                               {"bf16 2048", CeLogits::kBf16, CeOverlap::kOff, 2048, ""},
                               {"bf16 2048 overlap", CeLogits::kBf16, CeOverlap::kOn, 2048, ""},
                               {"bf16 4096", CeLogits::kBf16, CeOverlap::kOff, 4096, ""},
