@@ -74,7 +74,8 @@ struct CudaModelOptions {
   // (decode_persistent.h: every layer's stages and the LM head separated by
   // grid barriers, the weights streaming through each block's ring across
   // them) where it runs: sm_90+, head_dim 64 or 128, no q/k norm, flash
-  // attention. Its ring takes bulk_ring_kib when set. Opt-in until measured.
+  // attention. Its ring takes bulk_ring_kib, its attention blocks at least
+  // attention_min_chunk keys, when set. Opt-in until measured.
   bool persistent_decode = false;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };

@@ -235,7 +235,7 @@ __device__ __noinline__ void attention_stage(const GemvRope& r, const Persistent
     const int pos = r.pos[t];
     const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
     const int len = pos + 1 - lo;
-    const int chunk = max(kMinKeys, (len + splits - 1) / splits);
+    const int chunk = max(p.min_keys > 0 ? p.min_keys : kMinKeys, (len + splits - 1) / splits);
     const int n_used = (len + chunk - 1) / chunk;
     if (split >= n_used) continue;
     const int j_begin = lo + split * chunk;
@@ -440,8 +440,8 @@ Status decode_persistent(CudaContext& ctx, const PersistentDecodeArgs& a, const 
   const char* kName = "cuda decode_persistent: ";
   if (a.rows < 1 || a.rows > 4 || a.n_layer < 1)
     return invalid_argument(kName, "rows ", a.rows, " (1..4) or n_layer ", a.n_layer, " out of range");
-  if (!a.gemvs || !host_gemvs || !a.attn_out || !a.workspace || !a.barrier || a.window < 0)
-    return invalid_argument(kName, "null argument or negative window");
+  if (!a.gemvs || !host_gemvs || !a.attn_out || !a.workspace || !a.barrier || a.window < 0 || a.min_keys < 0)
+    return invalid_argument(kName, "null argument, negative window or negative min_keys");
   LATHE_TRY(check_stages(a, host_gemvs));
   const int head_dim = host_gemvs[0].rope.head_dim, device = ctx.device();
   if (!decode_persistent_supported(device, head_dim))

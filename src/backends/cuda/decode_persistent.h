@@ -30,7 +30,8 @@ struct PersistentDecodeArgs {
   unsigned* barrier = nullptr;      // device [2], zero before the first call; every call leaves them zero
   int window = 0;                   // sliding window (0: none)
   float scale = 1.0f;               // softmax scale
-  int ring_kib = 0;                 // per block (0: kGemvBulkRingKib)
+  int ring_kib = 0;                 // per block (0: kGemvBulkRingKib for one row, 192 for more)
+  int min_keys = 0;                 // keys per attention block at least (0: 32)
   bool overlap = false;             // a programmatic dependent launch (the producer starts before the wait)
   // Diagnostics (the bench): when set, each block's first thread writes the
   // global timer (ns) to trace[e·grid + block] at event e: 2·s when stage s
