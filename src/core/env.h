@@ -67,6 +67,15 @@ bool cuda_ce_overlap();
 // the second pass reads the row again). Default: -1, as much as a block
 // holds. Unreadable values count as -1.
 int64_t cuda_ce_kept_kib();
+// LATHE_CUDA_LORA_OVERLAP: 0..4 — the GPU LoRA trainer's backward runs the
+// LoRA weight gradients (and the LoRA products only they read) on a second
+// stream beside the base GEMMs: 0 no; 1 yes, each group's at once; 3 yes,
+// gate|up's and o's deferred to run beside the attention backward; 2 and 4
+// as 1 and 3 with that stream at the device's greatest priority
+// (train/cuda_model_overlap.cpp). Results are bitwise the same in every
+// mode. Default: 0. Another value: an invalid-argument Status naming the
+// variable.
+Result<int64_t> cuda_lora_overlap();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

@@ -21,6 +21,7 @@
 
 #include "backends/cuda/attention.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/parallel.h"
 #include "train/cuda_model_impl.h"
 
@@ -214,7 +215,9 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   x.dv = x.act ? x.dk + T * kvd : nullptr;
   x.d_xn = x.act ? x.dv + T * kvd : nullptr;
   x.dh_bf = c.take<cuda::bf16_bits>(T * m.ld_dh_bf);
-  x.lora_f32 = c.take<float>(std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r));
+  const int64_t lora_floats = std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r);
+  x.lora_f32 = c.take<float>(lora_floats);
+  x.lora_side_f32 = m.overlap_mode > 0 ? c.take<float>(lora_floats) : nullptr;  // the LoRA side stream's
   x.dh = c.take<float>(T * H);
   // LoRA dropout only: rows of a projection's input gradient summed in f32
   // and of one member's f32 du·A (before that, its masked input in bf16), as
@@ -438,6 +441,13 @@ namespace {
 // Lays out m and picks selective's keep_layers: the most layers whose
 // arena (returned) stays within max_arena_bytes.
 Result<size_t> plan(CudaModelImpl& m) {
+  int64_t overlap = m.o.lora_overlap;
+  if (overlap < 0) {
+    LATHE_ASSIGN_OR_RETURN(overlap, env::cuda_lora_overlap());
+  }
+  if (overlap > 4) return invalid_argument("cuda trainer: lora_overlap ", overlap, " (expected 0 to 4)");
+  const bool lora = !m.o.full_sft && m.o.lora_dropout == 0.0f;  // dropout's path stays on one stream
+  m.overlap_mode = lora ? int(overlap) : 0;
   lay_out(m);
   size_t total = 0;
   auto size_arena = [&]() -> Status {
@@ -480,6 +490,7 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_ASSIGN_OR_RETURN(const size_t total, plan(*m));
   LATHE_TRY(sft_check_fits(*m, total));
   LATHE_ASSIGN_OR_RETURN(m->ctx, cuda::CudaContext::create(options.device));
+  LATHE_TRY(m->side_start());
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
   // Zeros everywhere, which the extended weights' off-diagonal LoRA slots

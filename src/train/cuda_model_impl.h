@@ -46,6 +46,7 @@
 
 #include "backends/cuda/lora_ops.h"
 #include "backends/cuda/phase_timer.h"
+#include "backends/cuda/stream_fork.h"
 #include "models/family.h"
 #include "train/cuda_model.h"
 
@@ -132,6 +133,7 @@ struct CScratch {
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh (row stride ld_dh_bf)
   float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
+  float* lora_side_f32 = nullptr;  // the same for the LoRA side stream (CLoraSide); null without it
   // LoRA dropout only (else null), [drop_cap, max_lora_in()] each: rows of a
   // group's input gradient summed in f32, and of a member's f32 du·A or,
   // before it, of its masked input (bf16, packed).
@@ -160,6 +162,29 @@ struct CSft {
   float* col_ws = nullptr;       // column_grad's workspace
   int32_t* emb_index = nullptr;  // [3·max_tokens + 1]: the batch's tokens sorted (sft_embedding_grad)
   std::vector<int32_t> host_index;
+};
+
+// The backward's LoRA side stream (cuda_model_overlap.cpp): a second
+// context on which each group's dB and dA (and, where the backward reruns
+// it, the x·Aᵀ only they read) run while the main stream runs the base
+// GEMMs. Events: fork (the side waits for the main stream's work so far),
+// done[2] (a group's side work, alternately), join (all side work).
+// Where a group's dB and dA run: the main stream (no overlap), the side
+// stream at once, or the side stream later (deferred to after o's dx).
+enum class SideRun { kMain, kNow, kLater };
+// A group's dB and dA waiting to be enqueued (deferred).
+struct CLoraTask {
+  const CGroup* group = nullptr;
+  bf16p xe = nullptr, dye = nullptr;
+  int64_t ld_dy = 0, n = 0;
+};
+struct CLoraSide {
+  std::optional<cuda::CudaContext> ctx;  // set when the overlap is on
+  cuda::CudaEvent fork, join, done[2];
+  int slot = 0;       // the done event the next group records
+  int prev = -1;      // a done event the main stream has not waited for yet; −1: none
+  bool busy = false;  // side work enqueued since the main stream last waited for all of it
+  std::vector<CLoraTask> later;  // deferred, not enqueued yet
 };
 
 struct CudaModelImpl;
@@ -211,6 +236,11 @@ struct CudaModelImpl {
   std::map<std::string, BaseTensor> base;
   std::optional<cuda::CudaAdamW> adamw;
   CSft sft;  // full SFT only
+  // CudaTrainOptions::lora_overlap resolved (0 with dropout or full SFT).
+  int overlap_mode = 0;
+  CLoraSide side;
+  // The side stream runs this pass's LoRA gradients (not with dropout).
+  bool overlap() const { return side.ctx.has_value() && !dropout(); }
   std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on
   // LoRA dropout (cuda_model_dropout.cpp): passes run so far (training and
   // evaluation alike, as TrainableModel counts them) and this pass's base
@@ -236,6 +266,7 @@ struct CudaModelImpl {
 
   CActs& act_of(int64_t l) { return acts[size_t(l)]; }
   Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
+  Status side_start();  // the LoRA side stream's context and events (with overlap_mode > 0)
   Status refresh_split();  // the 4-term copies from the masters (full SFT: the bf16 copies)
   std::vector<cuda::CudaAdamWParam> adamw_params() const;  // every table entry
 
@@ -255,6 +286,26 @@ struct CudaModelImpl {
   Status layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status attention_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status lora_u(int64_t l, int g, bf16p x_ext, int64_t n);
+  Status lora_u_on(cuda::CudaContext& c, float* part, int64_t l, int g, bf16p x_ext, int64_t n);
+  // The LoRA side stream (cuda_model_overlap.cpp).
+  Status side_fork();   // the side stream waits for what the main stream enqueued so far
+  Status side_join();   // enqueues deferred work; the main stream waits for all side work
+  Status side_flush();  // enqueues deferred work on the side stream
+  // Whether dx (packed [n, in]) overlays the group's x_ext or dy_ext rows.
+  bool dx_overlays(const CGroup& G, const bf16p x_ext, const bf16p dy_ext, int64_t ld_dy, const bf16p dx,
+                   int64_t n) const;
+  SideRun side_run_of(int g, int64_t n_lora, bool overlay) const;
+  // Around a group's dx GEMM: what the main stream must wait for first, and
+  // (after o's) the deferred work's start.
+  Status side_before_dx(SideRun run, bool overlay);
+  Status side_after_dx(int g);
+  // lora_u for a backward that only the LoRA gradients read (on the side
+  // stream when overlapping).
+  Status lora_u_for_grads(int64_t l, int g, bf16p x_ext, int64_t n);
+  Status lora_db(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
+                 int64_t ld_dy, int64_t n);
+  Status lora_da(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
+                 int64_t ld_dy, int64_t n);
   // With dropout (cuda_model_dropout.cpp): the members' x·A4ᵀ on their own
   // masked inputs into x.lora_f32; their dA; and dx = dy·W + Σ masked du·A.
   Status lora_u_dropout_products(const CGroup& G, const bf16p x_ext, int64_t n);

@@ -61,29 +61,32 @@ Status CudaModelImpl::norm(const bf16p xin, const bf16p residual, bf16p h_out, c
 // writes the 4-term split (hi, hi, hi, lo) of s·u straight into the x_ext
 // row (member 0 left of x when it has company, the rest right of it). The
 // same kernels on the same x give bitwise the same u, so a recomputation
-// reruns this. With dropout each member's product reads its own masked x
-// (its mask regenerated: the same again in a recomputation) and the sum
-// scales by s/(1 − p).
-Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) {
+// reruns this (on the side stream where only the LoRA gradients read it:
+// lora_u_for_grads). With dropout each member's product reads its own
+// masked x (its mask regenerated: the same again in a recomputation) and
+// the sum scales by s/(1 − p). `part` holds the f32 products: c's scratch.
+Status CudaModelImpl::lora_u_on(cuda::CudaContext& c, float* part, int64_t l, int g, bf16p xe, int64_t n) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), left = G.x_col > 0 ? 1 : 0;
   if (dropout())
-    LATHE_TRY(lora_u_dropout_products(G, xe, n));
+    LATHE_TRY(lora_u_dropout_products(G, xe, n));  // main stream only (no side stream with dropout)
   else
-    LATHE_TRY(cuda::gemm(ctx, {.a = xe + G.x_col, .b = G.a4(), .c = x.lora_f32, .m = n, .n = G.lw, .k = G.in,
-                               .trans_b = true, .c_dtype = DType::F32, .lda = G.ldx, .ldb = G.ldw}));
+    LATHE_TRY(cuda::gemm(c, {.a = xe + G.x_col, .b = G.a4(), .c = part, .m = n, .n = G.lw, .k = G.in,
+                             .trans_b = true, .c_dtype = DType::F32, .lda = G.ldx, .ldb = G.ldw}));
   const float scale = dropout() ? o.lora_scale * (1.0f / (1.0f - o.lora_dropout)) : o.lora_scale;
-  cuda::LoraPartsArgs parts{.src = x.lora_f32, .rows = n, .cols = r, .n_groups = 1, .n_parts = 3,
+  cuda::LoraPartsArgs parts{.src = part, .rows = n, .cols = r, .n_groups = 1, .n_parts = 3,
                             .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r, .scale = scale,
                             .split = xe, .split_ld = G.ldx};
-  if (left) LATHE_TRY(cuda::lora_sum_parts(ctx, parts));  // member 0, left of x
-  parts.src = x.lora_f32 + left * 4 * r;
+  if (left) LATHE_TRY(cuda::lora_sum_parts(c, parts));  // member 0, left of x
+  parts.src = part + left * 4 * r;
   parts.n_groups = nl - left;
   parts.split = xe + G.x_col + G.in;
-  return cuda::lora_sum_parts(ctx, parts);
+  return cuda::lora_sum_parts(c, parts);
 }
+
+Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) { return lora_u_on(ctx, x.lora_f32, l, g, xe, n); }
 
 // y = bf16(x·Wᵀ [+ b] + Σ_members s·u·Bᵀ) for one fused group, each output
 // element rounded once: per section one GEMM over x_ext's columns against
@@ -104,6 +107,37 @@ Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t
   return Status::ok();
 }
 
+// dB = dyᵀ·[u_hi | u_lo] → [out, 2r] per member of G, summed into its f32
+// gradient (u carries s), on context c with `part` its scratch.
+Status CudaModelImpl::lora_db(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p xe, const bf16p dye,
+                              int64_t ld_dy, int64_t n) {
+  const int64_t r = o.lora_r;
+  for (int k : G.loras) {
+    const CLora& a = loras[size_t(k)];
+    LATHE_TRY(cuda::gemm(c, {.a = dye + a.col, .b = xe + a.u_col + 2 * r, .c = part, .m = a.out, .n = 2 * r,
+                             .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldx}));
+    LATHE_TRY(cuda::lora_sum_parts(c, {.src = part, .rows = a.out, .cols = r, .n_parts = 2, .row_stride = 2 * r,
+                                       .part_stride = r, .sum = a.db, .accumulate = true}));
+  }
+  return Status::ok();
+}
+
+// dA = [du_hi | du_lo]ᵀ·x → [2r, in] per member of G (du from dy_ext's
+// columns), summed into its f32 gradient; on c with `part` its scratch.
+Status CudaModelImpl::lora_da(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p xe, const bf16p dye,
+                              int64_t ld_dy, int64_t n) {
+  const int64_t r = o.lora_r;
+  for (int k : G.loras) {
+    const CLora& a = loras[size_t(k)];
+    LATHE_TRY(cuda::gemm(c, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe + G.x_col, .c = part, .m = 2 * r,
+                             .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
+                             .ldb = G.ldx}));
+    LATHE_TRY(cuda::lora_sum_parts(c, {.src = part, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in,
+                                       .part_stride = r * G.in, .sum = a.da, .accumulate = true}));
+  }
+  return Status::ok();
+}
+
 // The backward of group_forward from dy_ext (dy in columns [0, out), rows
 // ld_dy apart, room for du in [out, out + lw)). In f32 per member: dB =
 // dyᵀ·(s·u) from x_ext's hi and lo terms, du = s·dy·B (dy times B4 inside
@@ -111,48 +145,51 @@ Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t
 // dA = duᵀ·x from its hi and lo terms; all exact against the split factors
 // (dy and x are bf16), summed into the f32 gradients. Then dx =
 // dy_ext·[W ; A4 planes] = dy·W + du·A, K = out + lw, ONE GEMM rounded once
-// (dx packed). The LoRA gradients read x_ext before dx is written, so dx may
-// overlay x_ext. With dropout, dA and dx take the masks (lora_da_dropout,
-// lora_dx_dropout); dB and du do not.
+// (dx packed). dx may overlay x_ext: the LoRA gradients read it first. With
+// dropout, dA and dx take the masks (lora_da_dropout, lora_dx_dropout); dB
+// and du do not.
+//   With the side stream (cuda_model_overlap.cpp) dB and dA run there, on
+// its own scratch, while the main stream computes du and then dx: at once
+// (dB from the start, dA once du is split) or, deferred, after o's dx (in
+// the attention backward's shadow). The same kernels on the same data: the
+// same bits, in any overlap.
 Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
   if (o.full_sft) LATHE_TRY(sft_group_grads(l, g, xe, dye, ld_dy, n));  // before dx overwrites anything
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  float* part = x.lora_f32;
+  const bool overlay = dx_overlays(G, xe, dye, ld_dy, dx, n);
+  const SideRun run = side_run_of(g, nl, overlay);
+  cuda::CudaContext& c = run == SideRun::kNow ? *side.ctx : ctx;
+  float* part = run == SideRun::kNow ? x.lora_side_f32 : x.lora_f32;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    for (int k : G.loras) {  // dB: dyᵀ·[u_hi | u_lo] → [out, 2r], summed (u carries s)
-      const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = xe + a.u_col + 2 * r, .c = part, .m = a.out, .n = 2 * r,
-                                 .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldx}));
-      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = a.out, .cols = r, .n_parts = 2,
-                                           .row_stride = 2 * r, .part_stride = r, .sum = a.db, .accumulate = true}));
-    }
+    if (run == SideRun::kNow) LATHE_TRY(side_fork());
+    if (run != SideRun::kLater) LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n));
     for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = part + a.slot * 4 * r, .m = n, .n = 4 * r,
-                                 .k = a.out, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw, .ldc = G.lw}));
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,
+                                 .n = 4 * r, .k = a.out, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw,
+                                 .ldc = G.lw}));
     }
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
                                          .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
                                          .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy}));
     if (dropout()) {  // dA from the masked x; dx with the masked du·A
       LATHE_TRY(lora_da_dropout(G, xe, dye, ld_dy, n));
       return lora_dx_dropout(G, dye, ld_dy, dx, n);
     }
-    for (int k : G.loras) {  // dA: [du_hi | du_lo]ᵀ·x → [2r, in], summed
-      const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe + G.x_col, .c = part,
-                                 .m = 2 * r, .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32,
-                                 .lda = ld_dy, .ldb = G.ldx}));
-      LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = part, .rows = r, .cols = G.in, .n_parts = 2,
-                                           .row_stride = G.in, .part_stride = r * G.in, .sum = a.da,
-                                           .accumulate = true}));
+    if (run == SideRun::kLater) {
+      side.later.push_back({.group = &G, .xe = xe, .dye = dye, .ld_dy = ld_dy, .n = n});
+    } else {
+      if (run == SideRun::kNow) LATHE_TRY(side_fork());  // du is split
+      LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n));
     }
   }
+  LATHE_TRY(side_before_dx(run, overlay));
   LATHE_TRY(phase(kPhGemmBwd));
-  return cuda::gemm(ctx, {.a = dye, .b = G.w, .c = dx, .m = n, .n = G.in, .k = G.out + G.lw, .lda = ld_dy,
-                          .ldb = G.ldw});
+  LATHE_TRY(cuda::gemm(ctx, {.a = dye, .b = G.w, .c = dx, .m = n, .n = G.in, .k = G.out + G.lw, .lda = ld_dy,
+                             .ldb = G.ldw}));
+  return side_after_dx(g);
 }
 
 // q, k, v of layer l (RoPE applied) from its xn1.
@@ -203,9 +240,13 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
 // (GEMMs and LoRA), q, k, v, h_mid and xn2 with gate|up's LoRA u, or in a
 // layer that keeps q, k, v and h_mid only the norms' outputs xn1 and xn2
 // and the LoRA u of q|k|v and gate|up that live in their rows (x_ext). The
-// last layer to write the shared buffers finds its own values there.
+// last layer to write the shared buffers finds its own values there. The
+// LoRA side stream's work of the layer above reads shared buffers this
+// rewrites: it is waited for first.
 Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen) {
-  if (o.recompute == CudaRecompute::kNone || l == last_shared) return Status::ok();
+  if (o.recompute == CudaRecompute::kNone) return Status::ok();
+  LATHE_TRY(side_join());
+  if (l == last_shared) return Status::ok();
   CActs& a = act_of(l);
   const CBlock& b = blocks[size_t(l)];
   const int64_t H = s.hidden;
@@ -214,16 +255,16 @@ Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen
                  group(kGqkv).ldx));
   if (o.recompute == CudaRecompute::kFull) return layer_forward(l, n, n_docs, max_seqlen);
   if (l < keep_layers) {
-    LATHE_TRY(lora_u(l, kGqkv, a.xn1, n));
+    LATHE_TRY(lora_u_for_grads(l, kGqkv, a.xn1, n));
     LATHE_TRY(phase(kPhElementwise));
     LATHE_TRY(norm(a.h_mid, nullptr, nullptr, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, H, group(kGgu).ldx));
-    return lora_u(l, kGgu, a.xn2, n);
+    return lora_u_for_grads(l, kGgu, a.xn2, n);
   }
   LATHE_TRY(attention_inputs(l, n));
   LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n));
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, H, group(kGgu).ldx));
-  return lora_u(l, kGgu, a.xn2, n);
+  return lora_u_for_grads(l, kGgu, a.xn2, n);
 }
 
 // Layer l's backward; x.dh holds the gradient of hs[l + 1] and x.dh_bf its
@@ -241,7 +282,7 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   if (!act_ready) {
     LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x_of(x.act, kGdown), .n_tokens = n, .inter = F,
                                               .ld_gu = ld_gu, .ld_out = group(kGdown).ldx}));
-    LATHE_TRY(lora_u(l, kGdown, x.act, n));
+    LATHE_TRY(lora_u_for_grads(l, kGdown, x.act, n));
   }
   // x.act becomes act's gradient (packed; down's LoRA reads act before),
   // and [gate | up] its own (in place, gate|up's dy_ext).
@@ -352,6 +393,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
     LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
     LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));
   }
+  LATHE_TRY(side_join());  // the LoRA gradients are complete on the main stream
   if (o.full_sft) LATHE_TRY(sft_embedding_grad(mb));  // x.dh: the gradient of hs[0]
   LATHE_TRY(ctx.check_launch("cuda backward"));
   return loss;
