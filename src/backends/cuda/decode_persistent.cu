@@ -49,13 +49,15 @@ using namespace ring;
 
 constexpr int kMaxSplits = 64;   // the workspace record of attention_decode.cu
 constexpr int kMinKeys = 32;     // keys per attention block at least
+constexpr int kAttnBatch = 4;    // key groups whose K/V rows one attention thread loads at once
 constexpr int kMaxBlocksPerSm = 2;
 constexpr int kRingKibOnePerSm = 192;  // the default ring of the one-block-per-SM kernel
 constexpr int kMaxSlots = 6;           // 192 KiB: with the static shared memory, under the SM's 227 KiB
-// Registers per thread that let two blocks of kBulkThreads share an SM (65536 / 576, rounded down to 8).
-constexpr int kMaxRegisters = 112;
-// One block per SM: 65536 / 288, rounded down to 8 (__launch_bounds__ would cap it at 168).
-constexpr int kMaxRegistersOnePerSm = 224;
+// Registers per thread that let two blocks of kBulkThreads share an SM:
+// registers go to warps in groups of four, so a block of 9 warps holds the
+// registers of 12 (65536 / (2 · 384), rounded down to 8). Measured: at 112
+// the occupancy API, rightly, gave one block per SM.
+constexpr int kMaxRegisters = 80;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr long long kBarrierTimeoutCycles = 20'000'000'000LL;  // ~10 s at 2 GHz
 
@@ -131,6 +133,7 @@ __device__ void merge_splits(const float* rec, int n, bf16_bits* out, AttnScratc
   const float base = mx == -INFINITY ? 0.f : mx;
   for (int d = threadIdx.x; d < D; d += kConsumers) {
     float acc = 0.f, sum = 0.f;
+#pragma unroll 8
     for (int i = 0; i < n; ++i) {
       const float w = exp2f(s.split_m[i] - base);
       acc += __ldcg(rec + i * (D + 2) + d) * w;
@@ -157,39 +160,44 @@ __device__ void attend_split(const GemvRope& r, const PersistentDecodeArgs& p, i
     for (int i = 0; i < 8; ++i) q[i] = raw[i] * p.scale * kLog2e;
   }
   float m = -INFINITY, l = 0.f;
-  auto load_kv = [&](int j, uint4& kr, uint4& vr) {
-    kr = vr = make_uint4(0, 0, 0, 0);
-    if (j >= j_end) return;
-    const int64_t off = (int64_t(j) * r.n_head_kv + hk) * D + d0;
-    kr = __ldcg(reinterpret_cast<const uint4*>(k_rows + off));
-    vr = __ldcg(reinterpret_cast<const uint4*>(v_rows + off));
-  };
-  uint4 k_next, v_next;
-  load_kv(j_begin + grp, k_next, v_next);
-  for (int jb = j_begin; jb < j_end; jb += kGroups) {  // the same trip count for every thread
-    const int j = jb + grp;
-    const uint4 kr = k_next, vr = v_next;
-    load_kv(j + kGroups, k_next, v_next);
-    float kf[8], vf[8];
-    unpack8(kr, kf);
-    unpack8(vr, vf);
-    float sc = 0.f;
+  // kBatch key groups' K and V rows in flight at once (one load latency for
+  // up to kBatch·kGroups keys: under the weights' stream each costs microseconds).
+  for (int jb = j_begin; jb < j_end; jb += kGroups * kAttnBatch) {  // the same trip count for every thread
+    uint4 kr[kAttnBatch], vr[kAttnBatch];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sc += q[i] * kf[i];
-#pragma unroll
-    for (int off = kLanes / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
-    if (j >= j_end) continue;
-    if (sc > m) {
-      const float alpha = exp2f(m - sc);
-      l *= alpha;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] *= alpha;
-      m = sc;
+    for (int i = 0; i < kAttnBatch; ++i) {
+      const int j = jb + i * kGroups + grp;
+      kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
+      if (j >= j_end) continue;
+      const int64_t off = (int64_t(j) * r.n_head_kv + hk) * D + d0;
+      kr[i] = __ldcg(reinterpret_cast<const uint4*>(k_rows + off));
+      vr[i] = __ldcg(reinterpret_cast<const uint4*>(v_rows + off));
     }
-    const float pr = exp2f(sc - m);
-    l += pr;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] += pr * vf[i];
+    for (int i = 0; i < kAttnBatch; ++i) {
+      if (jb + i * kGroups >= j_end) break;  // the same for every thread: the shuffles stay converged
+      const int j = jb + i * kGroups + grp;
+      float kf[8], vf[8];
+      unpack8(kr[i], kf);
+      unpack8(vr[i], vf);
+      float sc = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sc += q[e] * kf[e];
+#pragma unroll
+      for (int off = kLanes / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+      if (j >= j_end) continue;
+      if (sc > m) {
+        const float alpha = exp2f(m - sc);
+        l *= alpha;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] *= alpha;
+        m = sc;
+      }
+      const float pr = exp2f(sc - m);
+      l += pr;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] += pr * vf[e];
+    }
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) s.o[grp][d0 + i] = o[i];
@@ -224,6 +232,48 @@ __device__ void attend_split(const GemvRope& r, const PersistentDecodeArgs& p, i
   consumers_sync();  // s is reused by the next item
 }
 
+// Keys [j_begin, j_end) of item `item` of (sequence, head, split), or
+// false when the item has no keys.
+struct AttnItem {
+  int t, h, split, n_used, j_begin, j_end;
+};
+__device__ __forceinline__ bool attn_item(const GemvRope& r, const PersistentDecodeArgs& p, int splits, int item,
+                                          AttnItem* it) {
+  it->split = item % splits;
+  const int pair = item / splits;
+  it->t = pair / r.n_head, it->h = pair % r.n_head;
+  const int pos = r.pos[it->t];
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int len = pos + 1 - lo;
+  const int chunk = max(p.min_keys > 0 ? p.min_keys : kMinKeys, (len + splits - 1) / splits);
+  it->n_used = (len + chunk - 1) / chunk;
+  it->j_begin = lo + it->split * chunk;
+  it->j_end = min(pos + 1, it->j_begin + chunk);
+  return it->split < it->n_used;
+}
+
+// Before the q|k|v stage's barrier: the K and V rows of this block's
+// attention items are pulled into L2 (the rows of earlier steps are final;
+// the one this step appends is written to L2 over the prefetched line), so
+// the attention after the barrier does not wait on DRAM under the weights' stream.
+template <int D>
+__device__ __noinline__ void prefetch_keys(const GemvRope& r, const PersistentDecodeArgs& p, int splits) {
+  constexpr int kLines = D * 2 / 128;  // 128-byte lines per K or V row
+  const int n_items = p.rows * r.n_head * splits;
+  for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+    AttnItem it;
+    if (!attn_item(r, p, splits, item, &it)) continue;
+    const int hk = it.h / (r.n_head / r.n_head_kv);
+    const bf16_bits* rows[2] = {r.k_caches[it.t], r.v_caches[it.t]};
+    const int n = (it.j_end - it.j_begin) * 2 * kLines;
+    for (int i = threadIdx.x; i < n; i += kConsumers) {
+      const int j = it.j_begin + i / (2 * kLines), kv = i / kLines % 2, line = i % kLines;
+      const bf16_bits* at = rows[kv] + (int64_t(j) * r.n_head_kv + hk) * D + line * 64;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+    }
+  }
+}
+
 // The attention of every (sequence, head), items (sequence, head, split)
 // dealt to the blocks in turn.
 template <int D>
@@ -231,15 +281,9 @@ __device__ __noinline__ void attention_stage(const GemvRope& r, const Persistent
                                              AttnScratch<D>& s) {
   const int n_items = p.rows * r.n_head * splits;
   for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const int split = item % splits, pair = item / splits, t = pair / r.n_head, h = pair % r.n_head;
-    const int pos = r.pos[t];
-    const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
-    const int len = pos + 1 - lo;
-    const int chunk = max(p.min_keys > 0 ? p.min_keys : kMinKeys, (len + splits - 1) / splits);
-    const int n_used = (len + chunk - 1) / chunk;
-    if (split >= n_used) continue;
-    const int j_begin = lo + split * chunk;
-    attend_split<D>(r, p, t, h, split, n_used, j_begin, min(pos + 1, j_begin + chunk), s);
+    AttnItem it;
+    if (attn_item(r, p, splits, item, &it))
+      attend_split<D>(r, p, it.t, it.h, it.split, it.n_used, it.j_begin, it.j_end, s);
   }
 }
 
@@ -299,15 +343,20 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
     grid_barrier(p.barrier, ++epoch);
     trace_event(p, 2 * int(epoch) - 1);
   };
-  auto gemv_stage = [&](int i, auto e) {
+  auto gemv_work = [&](int i, auto e) {
     load_args(s_args[0], p.gemvs + i, p.rows, threadIdx.x, kConsumers);
     consumers_sync();
     consume_stage<B, decltype(e)::value>(a, ring, pos, s_sums);
+  };
+  auto gemv_stage = [&](int i, auto e) {
+    gemv_work(i, e);
     barrier();
   };
   using E = GemvEpilogue;
   for (int l = 0; l < p.n_layer; ++l) {
-    gemv_stage(4 * l, std::integral_constant<E, E::kRopeAppend>{});
+    gemv_work(4 * l, std::integral_constant<E, E::kRopeAppend>{});
+    prefetch_keys<D>(a.rope, p, splits);
+    barrier();
     attention_stage<D>(a.rope, p, splits, s_attn);
     barrier();
     gemv_stage(4 * l + 1, std::integral_constant<E, E::kAddF32>{});
@@ -334,7 +383,7 @@ __global__ void __maxnreg__(kMaxRegisters)
   run_step<1, D>(p, n_slots, splits);
 }
 template <int B, int D>
-__global__ void __maxnreg__(kMaxRegistersOnePerSm)
+__global__ void __launch_bounds__(kBulkThreads, 1)
     decode_persistent_kernel_x1(PersistentDecodeArgs p, int n_slots, int splits) {
   run_step<B, D>(p, n_slots, splits);
 }

@@ -151,11 +151,12 @@ struct XRaw {
   uint4 norm;
 };
 // kCoherent: x was written by other blocks of this kernel (a stage of the
-// persistent decode kernel), so it is read through L2 (ld.global.cg), never
-// through the read-only path.
+// persistent decode kernel), so it is read with an ordinary load (cached in
+// L1, which the barrier's acquire invalidates), never through the read-only
+// path, which is not kept coherent with writes during the kernel.
 template <bool kCoherent>
 __device__ __forceinline__ uint4 ld_x(const void* p) {
-  if constexpr (kCoherent) return __ldcg(static_cast<const uint4*>(p));
+  if constexpr (kCoherent) return __ldca(static_cast<const uint4*>(p));
   else return __ldg(static_cast<const uint4*>(p));
 }
 template <int B, bool kCoherent>
