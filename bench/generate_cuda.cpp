@@ -622,6 +622,8 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
         {"persistent step, ring 64 KiB", {.bulk_ring_kib = 64, .persistent_decode = true}},
         {"persistent step, ring 160 KiB", {.bulk_ring_kib = 160, .persistent_decode = true}},
         {"persistent step, attention chunks >= 128", {.attention_min_chunk = 128, .persistent_decode = true}},
+        {"persistent step, L2 4 units ahead", {.persistent_decode = true, .decode_l2_ahead = 4}},
+        {"persistent step, L2 8 units ahead", {.persistent_decode = true, .decode_l2_ahead = 8}},
         {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
         {"ring 96 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 1}},
         {"ring 160 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 160, .bulk_per_sm = 1}},

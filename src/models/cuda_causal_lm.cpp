@@ -377,7 +377,7 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   CudaModelOptions& o = impl_->opts;
   o.register_gemv = d.register_gemv, o.bulk_gemv = d.bulk_gemv, o.bulk_ring_kib = d.bulk_ring_kib;
   o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
-  o.persistent_decode = d.persistent_decode;
+  o.persistent_decode = d.persistent_decode, o.decode_l2_ahead = d.decode_l2_ahead;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

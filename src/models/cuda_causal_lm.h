@@ -77,6 +77,7 @@ struct CudaModelOptions {
   // attention. Its ring takes bulk_ring_kib, its attention blocks at least
   // attention_min_chunk keys, when set. Opt-in until measured.
   bool persistent_decode = false;
+  int decode_l2_ahead = 0;  // persistent_decode: 32 KiB weight units per block pulled into L2 ahead of its ring
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -103,8 +104,8 @@ class CudaCausalLM {
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
-  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, persistent_decode;
-  // drops captured graphs.
+  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, persistent_decode,
+  // decode_l2_ahead; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
   // Whether a decode step of `batch` sequences runs as the persistent kernel (persistent_decode).
   bool runs_persistent_decode(int batch) const;

@@ -60,7 +60,8 @@ Status CudaCausalLmImpl::decode_step_persistent(int b) {
                                   .workspace = static_cast<float*>(buf.attn_workspace),
                                   .barrier = buf.persist_barrier, .window = quirks.sliding_window,
                                   .scale = 1.0f / std::sqrt(static_cast<float>(hd)), .ring_kib = opts.bulk_ring_kib,
-                                  .min_keys = opts.attention_min_chunk, .overlap = overlap},
+                                  .min_keys = opts.attention_min_chunk, .l2_ahead = opts.decode_l2_ahead,
+                                  .overlap = overlap},
                                  persist_host.data());
 }
 

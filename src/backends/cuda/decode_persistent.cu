@@ -297,7 +297,7 @@ __device__ void produce_all(const PersistentDecodeArgs& p, const Ring& ring, Arg
     __syncwarp();
     int64_t c_begin, c_end;
     block_columns(slot.get(), &c_begin, &c_end);
-    produce_units<decltype(e)::value>(slot.get(), c_begin, c_end, ring, pos);
+    produce_units<decltype(e)::value>(slot.get(), c_begin, c_end, ring, pos, p.l2_ahead);
   };
   using E = GemvEpilogue;
   for (int l = 0; l < p.n_layer; ++l) {
@@ -489,8 +489,9 @@ Status decode_persistent(CudaContext& ctx, const PersistentDecodeArgs& a, const 
   const char* kName = "cuda decode_persistent: ";
   if (a.rows < 1 || a.rows > 4 || a.n_layer < 1)
     return invalid_argument(kName, "rows ", a.rows, " (1..4) or n_layer ", a.n_layer, " out of range");
-  if (!a.gemvs || !host_gemvs || !a.attn_out || !a.workspace || !a.barrier || a.window < 0 || a.min_keys < 0)
-    return invalid_argument(kName, "null argument, negative window or negative min_keys");
+  if (!a.gemvs || !host_gemvs || !a.attn_out || !a.workspace || !a.barrier || a.window < 0 || a.min_keys < 0 ||
+      a.l2_ahead < 0)
+    return invalid_argument(kName, "null argument, or negative window, min_keys or l2_ahead");
   LATHE_TRY(check_stages(a, host_gemvs));
   const int head_dim = host_gemvs[0].rope.head_dim, device = ctx.device();
   if (!decode_persistent_supported(device, head_dim))

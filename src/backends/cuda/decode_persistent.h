@@ -32,6 +32,7 @@ struct PersistentDecodeArgs {
   float scale = 1.0f;               // softmax scale
   int ring_kib = 0;                 // per block (0: kGemvBulkRingKib for one row, 192 for more)
   int min_keys = 0;                 // keys per attention block at least (0: 32)
+  int l2_ahead = 0;                 // weight units (32 KiB) per block pulled into L2 ahead of its ring (0: none)
   bool overlap = false;             // a programmatic dependent launch (the producer starts before the wait)
   // Diagnostics (the bench): when set, each block's first thread writes the
   // global timer (ns) to trace[e·grid + block] at event e: 2·s when stage s

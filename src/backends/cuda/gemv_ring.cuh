@@ -76,6 +76,10 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
 }
+// bytes (a multiple of 16) from global src into L2, nothing waiting on them.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  LATHE_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -197,15 +201,31 @@ __device__ __forceinline__ void use_x(const GemvArgs& a, const XRaw<B>& x, int b
 }
 
 // The producer warp: the units of a's columns [c_begin, c_end) (a lane per
-// weight row), each slot refilled once the consumers have emptied it.
+// weight row), each slot refilled once the consumers have emptied it. With
+// l2_ahead > 0, lanes 8..15 also pull units into L2 that far ahead of the
+// copies (the first l2_ahead at once), so that a ring refilled after the
+// consumers were away (a barrier, the attention) is refilled from L2.
 template <GemvEpilogue E>
-__device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos) {
+__device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
+                              int l2_ahead = 0) {
   const int lane = threadIdx.x & 31;
   const uint64_t policy = evict_first_policy();
   const int k_stages = k_stages_of(a);
   const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
-  UnitCursor<E> cur{c_begin};
+  UnitCursor<E> cur{c_begin}, ahead{c_begin};
+  auto prefetch = [&](const UnitCursor<E>& c) {
+    const int r = lane - kBulkRows;
+    if (r < 0 || r >= kBulkRows) return;
+    const int64_t k0 = int64_t(c.stage) * kStageK;
+    const int64_t row = tile_row<kBulkRows, E>(a, c.u0, min(c_end, c.u0 + UnitCursor<E>::kTileCols), r);
+    if (row >= 0) bulk_prefetch_l2(a.w + row * a.k + k0, static_cast<uint32_t>(min(int64_t(kStageK), a.k - k0) * 2));
+  };
+  for (int64_t u = 0; u < min(n_units, int64_t(l2_ahead)); ++u, ahead.next(k_stages)) prefetch(ahead);
   for (int64_t u = 0; u < n_units; ++u, cur.next(k_stages), pos.next(ring.n_slots)) {
+    if (l2_ahead > 0 && u + l2_ahead < n_units) {
+      prefetch(ahead);
+      ahead.next(k_stages);
+    }
     if (pos.units >= ring.n_slots) mbar_wait(ring.empty + 8 * pos.slot, pos.parity ^ 1);
     const int64_t k0 = int64_t(cur.stage) * kStageK;
     const uint32_t bytes = static_cast<uint32_t>(min(int64_t(kStageK), a.k - k0) * 2);
