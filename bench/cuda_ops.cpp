@@ -2,20 +2,22 @@
 // cuBLASLt at the Llama-3.1-8B linear shapes (8192 tokens: micro batch 4 at
 // sequence 2048) for forward, dX and dW, against the measured bf16 peak
 // (~810 TFLOP/s on H200); the LM head fused with cross-entropy against the
-// same peak (f32 / bf16 logits, with and without overlap, at the 1B and 8B
-// hidden sizes); RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), the trainer's
+// same peak (f32 / bf16 logits at the 1B and 8B hidden sizes, on random
+// data); RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), the trainer's
 // [gate | up] SwiGLU and q|k|v split / merge, RoPE, the embedding, dtype
 // conversion and multi-tensor AdamW in GB/s against the
 // memory-bandwidth floor (~4.3 TB/s). Attention has its own bench. Times are the best of several
 // repetitions of a stream-synchronized batch of calls. Without a GPU it says
 // so and exits 0.
 // Usage: bench_cuda_ops [tokens, default 8192]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/generation_ops.h"
 #include "cuda_timing.h"
 #include "backends/cuda/train_fused.h"
 
@@ -164,58 +166,52 @@ void bench_rope_embedding(CudaContext& ctx, DeviceArena& arena, int64_t tokens) 
 }
 
 // LM head + cross-entropy (loss and d_hidden, the frozen head's case) at the
-// 1B and 8B hidden sizes, for each logits dtype and overlap (bf16 also at
-// 2048 and 4096 rows a chunk: the dX GEMM's [rows, dim] output must cover
-// the SMs): the floor is the two GEMMs' FLOPs,
+// 1B and 8B hidden sizes on random inputs (all-zero ones run the tensor
+// cores cooler and faster than a training step does): f32 and bf16 logits,
+// bf16 also with none or 200 KiB of each row kept in shared memory and at
+// 1024 / 4096 rows a chunk. The floor is the two GEMMs' FLOPs,
 // 4·tokens·vocab·dim.
 void bench_cross_entropy(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
   struct Variant {
     const char* name;
     CeLogits logits;
-    CeOverlap overlap;
     int64_t chunk_rows;
-    const char* kept_kib;  // LATHE_CUDA_CE_KEPT_KIB for the bf16 row kernel; "": as much as fits
+    const char* kept_kib;  // LATHE_CUDA_CE_KEPT_KIB for the bf16 row kernel; "": the default
   };
-  const Variant variants[] = {{"f32", CeLogits::kF32, CeOverlap::kOff, 0, ""},
-                              {"f32 overlap", CeLogits::kF32, CeOverlap::kOn, 0, ""},
-                              {"bf16", CeLogits::kBf16, CeOverlap::kOff, 0, ""},
-                              {"bf16 kept 96K", CeLogits::kBf16, CeOverlap::kOff, 0, "96"},
-                              {"bf16 kept 0", CeLogits::kBf16, CeOverlap::kOff, 0, "0"},
-                              {"bf16 overlap", CeLogits::kBf16, CeOverlap::kOn, 0, ""},
-                              {"bf16 overlap kept 96K", CeLogits::kBf16, CeOverlap::kOn, 0, "96"},
-                              {"bf16 overlap kept 0", CeLogits::kBf16, CeOverlap::kOn, 0, "0"},
-                              {"bf16 2048", CeLogits::kBf16, CeOverlap::kOff, 2048, ""},
-                              {"bf16 2048 overlap", CeLogits::kBf16, CeOverlap::kOn, 2048, ""},
-                              {"bf16 4096", CeLogits::kBf16, CeOverlap::kOff, 4096, ""},
-                              {"bf16 4096 overlap", CeLogits::kBf16, CeOverlap::kOn, 4096, ""}};
+  const Variant variants[] = {{"f32", CeLogits::kF32, 0, ""},          {"bf16", CeLogits::kBf16, 0, ""},
+                              {"bf16 kept 0", CeLogits::kBf16, 0, "0"}, {"bf16 kept 200K", CeLogits::kBf16, 0, "200"},
+                              {"bf16 1024", CeLogits::kBf16, 1024, ""}, {"bf16 4096", CeLogits::kBf16, 4096, ""}};
   const int64_t vocab = 128256;
   for (const int64_t dim : {int64_t{2048}, int64_t{4096}}) {
+    arena.reset();
+    auto hidden = arena.alloc_n<bf16_bits>(tokens * dim, "hidden");
+    auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
+    auto dh = arena.alloc_n<bf16_bits>(tokens * dim, "d_hidden");
+    auto targets = arena.alloc_n<int32_t>(tokens, "targets");
+    size_t ws_bytes = 0;
+    for (const Variant& v : variants)
+      ws_bytes = std::max(ws_bytes, cross_entropy_workspace_bytes(vocab, v.chunk_rows, v.logits));
+    auto ws = arena.alloc(ws_bytes, "workspace");
+    if (!hidden.is_ok() || !w.is_ok() || !dh.is_ok() || !targets.is_ok() || !ws.is_ok()) {
+      std::printf("%-24s skipped: arena too small\n", "CE");
+      return;
+    }
+    if (!fill_zero(ctx, *targets, size_t(tokens) * 4).is_ok() ||
+        !fill_random_bf16(ctx, *hidden, tokens * dim, 1, 0.0f, 1.0f).is_ok() ||
+        !fill_random_bf16(ctx, *w, vocab * dim, 2, 0.0f, 0.02f).is_ok())
+      std::exit(1);
     for (const Variant& v : variants) {
-      arena.reset();
-      auto hidden = arena.alloc_n<bf16_bits>(tokens * dim, "hidden");
-      auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
-      auto dh = arena.alloc_n<bf16_bits>(tokens * dim, "d_hidden");
-      auto targets = arena.alloc_n<int32_t>(tokens, "targets");
-      const size_t ws_bytes = cross_entropy_workspace_bytes(vocab, v.chunk_rows, v.logits, v.overlap);
-      auto ws = arena.alloc(ws_bytes, "workspace");
-      char name[64];
-      std::snprintf(name, sizeof(name), "CE d%lld %s", (long long)dim, v.name);
-      if (!hidden.is_ok() || !w.is_ok() || !dh.is_ok() || !targets.is_ok() || !ws.is_ok()) {
-        std::printf("%-24s skipped: arena too small\n", name);
-        continue;
-      }
-      if (!fill_zero(ctx, *targets, size_t(tokens) * 4).is_ok() ||
-          !fill_zero(ctx, *hidden, size_t(tokens * dim) * 2).is_ok() || !fill_zero(ctx, *w, size_t(vocab * dim) * 2).is_ok())
-        std::exit(1);
       CrossEntropyCudaArgs ca{.hidden = *hidden, .w = *w, .targets = *targets, .d_hidden = *dh, .workspace = *ws,
-                              .n = tokens, .vocab = vocab, .dim = dim, .chunk_rows = v.chunk_rows, .logits = v.logits,
-                              .overlap = v.overlap};
+                              .n = tokens, .vocab = vocab, .dim = dim, .chunk_rows = v.chunk_rows, .logits = v.logits};
       setenv("LATHE_CUDA_CE_KEPT_KIB", v.kept_kib, 1);
       const double s = time_calls(ctx, 3, [&] { return cross_entropy(ctx, ca).status(); });
       unsetenv("LATHE_CUDA_CE_KEPT_KIB");
       const double tflops = 4.0 * double(tokens) * double(vocab) * double(dim) / s / 1e12;
+      char name[64];
+      std::snprintf(name, sizeof(name), "CE d%lld %s", (long long)dim, v.name);
       std::printf("%-24s %10.3f %10.1f %7.0f%%   (TFLOP/s, of the GEMM peak; workspace %.0f MiB)\n", name, s * 1e3,
-                  tflops, 100.0 * tflops / kPeakTflops, double(ws_bytes) / (1 << 20));
+                  tflops, 100.0 * tflops / kPeakTflops,
+                  double(cross_entropy_workspace_bytes(vocab, v.chunk_rows, v.logits)) / (1 << 20));
     }
   }
 }
@@ -234,12 +230,18 @@ void bench_cross_entropy_gemms(CudaContext& ctx, DeviceArena& arena) {
       auto w = arena.alloc_n<bf16_bits>(vocab * dim, "w");
       auto logits = arena.alloc_n<float>(rows * vocab, "logits");
       if (!h.is_ok() || !w.is_ok() || !logits.is_ok()) return;
+      if (!fill_random_bf16(ctx, *h, rows * dim, 1, 0.0f, 1.0f).is_ok() ||
+          !fill_random_bf16(ctx, *w, vocab * dim, 2, 0.0f, 0.02f).is_ok())
+        std::exit(1);
       const GemmArgs passes[] = {
           {.a = *h, .b = *w, .c = *logits, .m = rows, .n = vocab, .k = dim, .trans_b = true, .c_dtype = DType::F32},
           {.a = *h, .b = *w, .c = *logits, .m = rows, .n = vocab, .k = dim, .trans_b = true, .c_dtype = DType::BF16},
           {.a = reinterpret_cast<bf16_bits*>(*logits), .b = *w, .c = *h, .m = rows, .n = dim, .k = vocab}};
       const char* names[] = {"logits f32", "logits bf16", "dX"};
       for (int p = 0; p < 3; ++p) {
+        // dX reads a gradient-like bf16 [rows, vocab], not the f32 logits' bits.
+        if (p == 2 && !fill_random_bf16(ctx, reinterpret_cast<bf16_bits*>(*logits), rows * vocab, 3, 0.0f, 1e-5f).is_ok())
+          std::exit(1);
         const double s = time_calls(ctx, 10, [&] { return gemm(ctx, passes[p]); });
         const double tflops = 2.0 * double(rows) * double(vocab) * double(dim) / s / 1e12;
         char name[64];

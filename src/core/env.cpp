@@ -41,11 +41,6 @@ int64_t cuda_ce_chunk_rows() {
 
 std::string cuda_ce() { return get("LATHE_CUDA_CE"); }
 
-bool cuda_ce_overlap() {
-  const Result<int64_t> on = get_int("LATHE_CUDA_CE_OVERLAP", 0, 0, 1);
-  return on.is_ok() && *on == 1;
-}
-
 int64_t cuda_ce_kept_kib() {
   const Result<int64_t> kib = get_int("LATHE_CUDA_CE_KEPT_KIB", -1, -1, 1 << 20);
   return kib.is_ok() ? *kib : -1;

@@ -48,24 +48,20 @@ std::string attn_bwd_kernels();
 // Unreadable values count as the default.
 int64_t attn_bwd_streams();
 // LATHE_CUDA_CE_CHUNK_ROWS: rows per chunk of the GPU's fused LM head +
-// cross-entropy (benchmarks). Default: 0, as many as ~768 MiB of f32 logits
-// and bf16 gradient hold (cross_entropy.cu). Unreadable values count as 0.
+// cross-entropy (benchmarks). Default: 0, as many as ~512 MiB of bf16
+// logits (or ~768 MiB of f32 logits and bf16 gradient) hold
+// (cross_entropy.cu). Unreadable values count as 0.
 int64_t cuda_ce_chunk_rows();
-// LATHE_CUDA_CE: f32 | bf16 — the dtype the GPU's fused LM head writes its
+// LATHE_CUDA_CE: bf16 | f32 — the dtype the GPU's fused LM head writes its
 // logits in where the caller leaves it open (cuda::CeLogits::kAuto). bf16
 // is what a bf16 model's lm_head returns; its gradient then overwrites the
-// logits in place. Default: empty, f32. Another value: the call fails
+// logits in place. Default: empty, bf16. Another value: the call fails
 // naming the variable.
 std::string cuda_ce();
-// LATHE_CUDA_CE_OVERLAP: 0 | 1 — whether the fused LM head reduces chunk i's
-// rows on a second stream while chunk i+1's logits GEMM runs, where the
-// caller leaves it open (cuda::CeOverlap::kAuto). Default: 0. Unreadable
-// values count as 0.
-bool cuda_ce_overlap();
 // LATHE_CUDA_CE_KEPT_KIB: KiB of each bf16 logit row the fused LM head's row
 // kernel keeps in shared memory between its two passes (benchmarks; 0: none,
-// the second pass reads the row again). Default: -1, as much as a block
-// holds. Unreadable values count as -1.
+// the second pass reads the row again). Default: -1, 96 KiB (capped at what
+// a block holds). Unreadable values count as -1.
 int64_t cuda_ce_kept_kib();
 // LATHE_CUDA_LORA_OVERLAP: 0..4 — the GPU LoRA trainer's backward runs the
 // LoRA weight gradients (and the LoRA products only they read) on a second

@@ -259,6 +259,7 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.inv_freq, f32(hd / 2, "inv_freq"));
   LATHE_ASSIGN_OR_RETURN(x.attn_ws, alloc(cuda::attention_varlen_backward_workspace_bytes(T, int(s.n_head)),
                                           "attention workspace"));
+  LATHE_ASSIGN_OR_RETURN(x.ce_counters, alloc(cuda::cross_entropy_counter_bytes(), "cross-entropy counters"));
   LATHE_ASSIGN_OR_RETURN(x.tokens, i32(T, "tokens"));
   LATHE_ASSIGN_OR_RETURN(x.targets, i32(T, "targets"));
   LATHE_ASSIGN_OR_RETURN(x.positions, i32(T, "positions"));

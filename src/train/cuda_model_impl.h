@@ -140,6 +140,7 @@ struct CScratch {
   float *drop_acc = nullptr, *drop_tmp = nullptr;
   float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)
+  void* ce_counters = nullptr;  // the head's loss counters, read at the end of a pass
   int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *cu_seqlens = nullptr;
 };
 

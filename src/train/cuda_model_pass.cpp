@@ -376,14 +376,21 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
                    last ? 0 : ld_xn1));
   }
   LATHE_TRY(phase(kPhHead));
-  auto ce = cuda::cross_entropy(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
-                                      .d_hidden = backward ? x.d_xf : nullptr,
-                                      .d_w = backward && o.full_sft ? sft.lm_head : nullptr,
-                                      .workspace = x.ce_ws, .n = n, .vocab = s.vocab, .dim = H,
-                                      .grad_scale = loss_scale});
-  if (!ce.is_ok()) return ce.status().with_context("cuda forward");
-  PassLoss loss{.loss_sum = ce->loss_sum, .n_supervised = ce->n_valid};
-  if (!backward) return loss;
+  // The loss counters stay on the device until the pass is enqueued: one
+  // wait at its end, not a drained stream between forward and backward.
+  Status ce = cuda::cross_entropy_enqueue(ctx, {.hidden = x.xf, .w = lm_head, .targets = x.targets,
+                                                .d_hidden = backward ? x.d_xf : nullptr,
+                                                .d_w = backward && o.full_sft ? sft.lm_head : nullptr,
+                                                .workspace = x.ce_ws, .n = n, .vocab = s.vocab, .dim = H,
+                                                .grad_scale = loss_scale},
+                                          x.ce_counters);
+  if (!ce.is_ok()) return ce.with_context("cuda forward");
+  auto pass_loss = [&]() -> Result<PassLoss> {
+    auto stats = cuda::cross_entropy_counters(ctx, x.ce_counters, s.vocab);
+    if (!stats.is_ok()) return stats.status().with_context("cuda forward");
+    return PassLoss{.loss_sum = stats->loss_sum, .n_supervised = stats->n_valid};
+  };
+  if (!backward) return pass_loss();
   LATHE_TRY(phase(kPhElementwise));
   if (o.full_sft) LATHE_TRY(sft_norm_grad(sft.final_norm, x.d_xf, hs[size_t(L)], x.rstd_f, n, H));
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
@@ -396,7 +403,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(side_join());  // the LoRA gradients are complete on the main stream
   if (o.full_sft) LATHE_TRY(sft_embedding_grad(mb));  // x.dh: the gradient of hs[0]
   LATHE_TRY(ctx.check_launch("cuda backward"));
-  return loss;
+  return pass_loss();
 }
 
 }  // namespace lathe

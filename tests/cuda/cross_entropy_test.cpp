@@ -5,12 +5,12 @@
 // against ref::cross_entropy; bf16 logits against a reference that rounds
 // each logit to bf16 first, as a bf16 lm_head's output is (the loss then
 // upcasts it), on the 8-wide kernel (vocab a multiple of 8, and at Llama 3's
-// 128256, wider than shared memory holds) and the element-wise one.
-// Tolerances: the loss comes from f32 sums over exact inputs (1e-4
+// 128256, wider than the shared memory kept per row) and the element-wise
+// one. Tolerances: the loss comes from f32 sums over exact inputs (1e-4
 // relative); the gradients pass through the bf16 softmax − onehot and, for
 // d_hidden, a bf16 output, so 1e-2 of max|want| (two bf16 roundings, 2⁻⁹
-// each, plus f32 sums). Overlap must give the serialized call's bits, and
-// two runs the same bits.
+// each, plus f32 sums). Two runs give the same bits; counters left on the
+// device by cross_entropy_enqueue read back as the waiting call's.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -81,18 +81,17 @@ struct CeRun {
 };
 
 CeRun run_cross_entropy(CudaContext& ctx, const Problem& p, const std::vector<float>& dw0, float scale, int64_t chunk,
-                      CeLogits logits, CeOverlap overlap) {
+                        CeLogits logits) {
   CeRun r;
   DeviceBuffer d_h = upload_bf16(ctx, p.hidden), d_w = upload_bf16(ctx, p.w), d_t = upload(ctx, p.targets);
   DeviceBuffer d_dh = upload_bf16(ctx, std::vector<float>(p.n * p.dim)), d_dw = upload(ctx, dw0);
-  auto ws = DeviceBuffer::alloc(0, cross_entropy_workspace_bytes(p.vocab, chunk, logits, overlap));
+  auto ws = DeviceBuffer::alloc(0, cross_entropy_workspace_bytes(p.vocab, chunk, logits));
   EXPECT_TRUE(ws.is_ok()) << ws.status().message();
   if (!ws.is_ok()) return r;
   auto got = cross_entropy(ctx, {.hidden = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w),
                                  .targets = dptr<int32_t>(d_t), .d_hidden = dptr<bf16_bits>(d_dh),
                                  .d_w = dptr<float>(d_dw), .workspace = ws->data(), .n = p.n, .vocab = p.vocab,
-                                 .dim = p.dim, .chunk_rows = chunk, .grad_scale = scale, .logits = logits,
-                                 .overlap = overlap});
+                                 .dim = p.dim, .chunk_rows = chunk, .grad_scale = scale, .logits = logits});
   EXPECT_TRUE(got.is_ok()) << got.status().message();
   if (!got.is_ok()) return r;
   r.stats = *got;
@@ -125,12 +124,10 @@ TEST(CudaCrossEntropy, LossAndGradientsMatchReferenceAcrossChunks) {
        .d_hidden = view(dh_ref, {p.n, p.dim}), .d_w = view(dw_ref, {p.vocab, p.dim}), .grad_scale = scale});
   std::vector<float> dw_added(dw_ref.size());
   for (size_t i = 0; i < dw_ref.size(); ++i) dw_added[i] = dw_ref[i] - dw0[i];
-  for (CeOverlap overlap : {CeOverlap::kOff, CeOverlap::kOn}) {
-    for (int64_t chunk : {int64_t{16}, int64_t{37}, int64_t{0}}) {
-      SCOPED_TRACE(::testing::Message() << "chunk_rows " << chunk << " overlap " << int(overlap));
-      CeRun got = run_cross_entropy(ctx, p, dw0, scale, chunk, CeLogits::kF32, overlap);
-      expect_matches(got, p, want, dh_ref, dw_added);
-    }
+  for (int64_t chunk : {int64_t{16}, int64_t{37}, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "chunk_rows " << chunk);
+    CeRun got = run_cross_entropy(ctx, p, dw0, scale, chunk, CeLogits::kF32);
+    expect_matches(got, p, want, dh_ref, dw_added);
   }
 }
 
@@ -146,13 +143,10 @@ TEST(CudaCrossEntropy, Bf16LogitsMatchRoundedReference) {
     std::vector<float> dh_ref(p.n * p.dim), dw_added(p.vocab * p.dim);
     const CrossEntropyStats want = bf16_logit_reference(p, scale, dh_ref, dw_added);
     const std::vector<float> dw0 = random_bf16(p.vocab * p.dim, 63, 0.01f);
-    for (CeOverlap overlap : {CeOverlap::kOff, CeOverlap::kOn}) {
-      for (int64_t chunk : {int64_t{4}, int64_t{16}, int64_t{0}}) {
-        SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " chunk_rows " << chunk << " overlap "
-                                          << int(overlap));
-        CeRun got = run_cross_entropy(ctx, p, dw0, scale, chunk, CeLogits::kBf16, overlap);
-        expect_matches(got, p, want, dh_ref, dw_added);
-      }
+    for (int64_t chunk : {int64_t{4}, int64_t{16}, int64_t{0}}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " chunk_rows " << chunk);
+      CeRun got = run_cross_entropy(ctx, p, dw0, scale, chunk, CeLogits::kBf16);
+      expect_matches(got, p, want, dh_ref, dw_added);
     }
   }
 }
@@ -161,25 +155,56 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Overlap runs the same kernels on the same data: the serialized call's bits,
-// and the loss (summed in a fixed order) the same bits on every run.
-TEST(CudaCrossEntropy, OverlapGivesTheSerializedBits) {
+// The loss is summed in a fixed order: two runs give the same bits.
+TEST(CudaCrossEntropy, RepeatsBitForBit) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
   Problem p = make_problem(70);
   const std::vector<float> dw0 = random_bf16(p.vocab * p.dim, 63, 0.01f);
   for (CeLogits logits : {CeLogits::kF32, CeLogits::kBf16}) {
     SCOPED_TRACE(::testing::Message() << "logits " << int(logits));
-    const CeRun base = run_cross_entropy(ctx, p, dw0, 0.5f, 16, logits, CeOverlap::kOff);
-    for (CeOverlap overlap : {CeOverlap::kOff, CeOverlap::kOn, CeOverlap::kOn}) {
-      const CeRun r = run_cross_entropy(ctx, p, dw0, 0.5f, 16, logits, overlap);
-      EXPECT_EQ(std::memcmp(&r.stats.loss_sum, &base.stats.loss_sum, sizeof(double)), 0)
-          << r.stats.loss_sum << " vs " << base.stats.loss_sum;
-      EXPECT_EQ(r.stats.n_valid, base.stats.n_valid);
-      EXPECT_TRUE(same_bits(r.dh, base.dh));
-      EXPECT_TRUE(same_bits(r.dw, base.dw));
-    }
+    const CeRun a = run_cross_entropy(ctx, p, dw0, 0.5f, 16, logits);
+    const CeRun b = run_cross_entropy(ctx, p, dw0, 0.5f, 16, logits);
+    EXPECT_EQ(std::memcmp(&a.stats.loss_sum, &b.stats.loss_sum, sizeof(double)), 0)
+        << a.stats.loss_sum << " vs " << b.stats.loss_sum;
+    EXPECT_EQ(a.stats.n_valid, b.stats.n_valid);
+    EXPECT_TRUE(same_bits(a.dh, b.dh));
+    EXPECT_TRUE(same_bits(a.dw, b.dw));
   }
+}
+
+// cross_entropy_enqueue leaves the counters in the caller's buffer, which
+// later work on the workspace does not touch: read afterwards they are the
+// waiting call's; a bad target is reported by the read.
+TEST(CudaCrossEntropy, DeferredCountersReadAsTheWaitingCall) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  Problem p = make_problem();
+  DeviceBuffer d_h = upload_bf16(ctx, p.hidden), d_w = upload_bf16(ctx, p.w), d_t = upload(ctx, p.targets);
+  DeviceBuffer d_dh = upload_bf16(ctx, std::vector<float>(p.n * p.dim));
+  const size_t ws_bytes = cross_entropy_workspace_bytes(p.vocab, 16, CeLogits::kBf16);
+  auto ws = DeviceBuffer::alloc(0, ws_bytes);
+  auto counters = DeviceBuffer::alloc(0, cross_entropy_counter_bytes());
+  ASSERT_TRUE(ws.is_ok() && counters.is_ok());
+  CrossEntropyCudaArgs args{.hidden = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w), .targets = dptr<int32_t>(d_t),
+                            .d_hidden = dptr<bf16_bits>(d_dh), .workspace = ws->data(), .n = p.n, .vocab = p.vocab,
+                            .dim = p.dim, .chunk_rows = 16, .logits = CeLogits::kBf16};
+  auto waited = cross_entropy(ctx, args);
+  ASSERT_TRUE(waited.is_ok()) << waited.status().message();
+  ASSERT_TRUE(cross_entropy_enqueue(ctx, args, counters->data()).is_ok());
+  ASSERT_TRUE(fill_zero(ctx, ws->data(), ws_bytes).is_ok());  // later work reusing the workspace
+  auto deferred = cross_entropy_counters(ctx, counters->data(), p.vocab);
+  ASSERT_TRUE(deferred.is_ok()) << deferred.status().message();
+  EXPECT_EQ(std::memcmp(&deferred->loss_sum, &waited->loss_sum, sizeof(double)), 0);
+  EXPECT_EQ(deferred->n_valid, waited->n_valid);
+  EXPECT_FALSE(cross_entropy_enqueue(ctx, args, nullptr).is_ok());
+  p.targets[5] = -7;
+  DeviceBuffer bad_t = upload(ctx, p.targets);
+  args.targets = dptr<int32_t>(bad_t);
+  ASSERT_TRUE(cross_entropy_enqueue(ctx, args, counters->data()).is_ok());
+  auto bad = cross_entropy_counters(ctx, counters->data(), p.vocab);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("1 target(s) outside"), std::string::npos) << bad.status().message();
 }
 
 TEST(CudaCrossEntropy, LossOnlyNeedsNoGradientBuffers) {
@@ -192,19 +217,16 @@ TEST(CudaCrossEntropy, LossOnlyNeedsNoGradientBuffers) {
   const CrossEntropyStats want_bf16 = bf16_logit_reference(p, 1.0f, unused_dh, unused_dw);
   DeviceBuffer d_h = upload_bf16(ctx, p.hidden), d_w = upload_bf16(ctx, p.w), d_t = upload(ctx, p.targets);
   for (CeLogits logits : {CeLogits::kF32, CeLogits::kBf16}) {
-    for (CeOverlap overlap : {CeOverlap::kOff, CeOverlap::kOn}) {
-      SCOPED_TRACE(::testing::Message() << "logits " << int(logits) << " overlap " << int(overlap));
-      auto ws = DeviceBuffer::alloc(0, cross_entropy_workspace_bytes(p.vocab, 8, logits, overlap));
-      ASSERT_TRUE(ws.is_ok());
-      auto got = cross_entropy(ctx, {.hidden = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w),
-                                     .targets = dptr<int32_t>(d_t), .workspace = ws->data(), .n = p.n,
-                                     .vocab = p.vocab, .dim = p.dim, .chunk_rows = 8, .logits = logits,
-                                     .overlap = overlap});
-      ASSERT_TRUE(got.is_ok()) << got.status().message();
-      const CrossEntropyStats& w = logits == CeLogits::kF32 ? want : want_bf16;
-      EXPECT_EQ(got->n_valid, w.n_valid);
-      EXPECT_NEAR(got->loss_sum, w.loss_sum, 1e-4 * std::abs(w.loss_sum));
-    }
+    SCOPED_TRACE(::testing::Message() << "logits " << int(logits));
+    auto ws = DeviceBuffer::alloc(0, cross_entropy_workspace_bytes(p.vocab, 8, logits));
+    ASSERT_TRUE(ws.is_ok());
+    auto got = cross_entropy(ctx, {.hidden = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w),
+                                   .targets = dptr<int32_t>(d_t), .workspace = ws->data(), .n = p.n,
+                                   .vocab = p.vocab, .dim = p.dim, .chunk_rows = 8, .logits = logits});
+    ASSERT_TRUE(got.is_ok()) << got.status().message();
+    const CrossEntropyStats& w = logits == CeLogits::kF32 ? want : want_bf16;
+    EXPECT_EQ(got->n_valid, w.n_valid);
+    EXPECT_NEAR(got->loss_sum, w.loss_sum, 1e-4 * std::abs(w.loss_sum));
   }
 }
 
@@ -215,12 +237,11 @@ TEST(CudaCrossEntropy, TargetOutsideVocabIsAnError) {
   p.targets[3] = static_cast<int32_t>(p.vocab);
   DeviceBuffer d_h = upload_bf16(ctx, p.hidden), d_w = upload_bf16(ctx, p.w), d_t = upload(ctx, p.targets);
   for (CeLogits logits : {CeLogits::kF32, CeLogits::kBf16}) {
-    auto ws = DeviceBuffer::alloc(0, cross_entropy_workspace_bytes(p.vocab, 16, logits, CeOverlap::kOff));
+    auto ws = DeviceBuffer::alloc(0, cross_entropy_workspace_bytes(p.vocab, 16, logits));
     ASSERT_TRUE(ws.is_ok());
     auto got = cross_entropy(ctx, {.hidden = dptr<bf16_bits>(d_h), .w = dptr<bf16_bits>(d_w),
                                    .targets = dptr<int32_t>(d_t), .workspace = ws->data(), .n = p.n,
-                                   .vocab = p.vocab, .dim = p.dim, .chunk_rows = 16, .logits = logits,
-                                   .overlap = CeOverlap::kOff});
+                                   .vocab = p.vocab, .dim = p.dim, .chunk_rows = 16, .logits = logits});
     ASSERT_FALSE(got.is_ok());
     EXPECT_NE(got.status().message().find("outside"), std::string::npos) << got.status().message();
   }

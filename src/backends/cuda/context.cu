@@ -13,9 +13,6 @@ CudaContext::Impl::~Impl() {
     if (p.c) cublasLtMatrixLayoutDestroy(p.c);
     if (p.desc) cublasLtMatmulDescDestroy(p.desc);
   }
-  for (cudaEvent_t e : ce_events)
-    if (e) cudaEventDestroy(e);
-  if (ce_stream) cudaStreamDestroy(ce_stream);
   if (workspace) cudaFree(workspace);
   if (lt) cublasLtDestroy(lt);
   if (stream) cudaStreamDestroy(stream);

@@ -44,10 +44,6 @@ struct CudaContext::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<GemmKey, GemmPlan> plans;
-  // The fused LM head's second stream (non-blocking) and its fork / join
-  // events, made on its first overlapped call (cross_entropy.cu).
-  cudaStream_t ce_stream = nullptr;
-  cudaEvent_t ce_events[4] = {};
   ~Impl();
 };
 

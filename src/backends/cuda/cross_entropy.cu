@@ -1,28 +1,30 @@
 // LM head fused with cross-entropy, chunked over tokens so only one chunk's
-// [chunk_rows, vocab] logits exist at a time (two with overlap). Per chunk: a
-// GEMM writes the logits into the workspace; one block per row finds max and
-// Σ exp in one online pass, writes the row's loss to a per-row buffer and the
-// bf16 gradient grad_scale·(softmax − onehot) (zeros for ignored rows); a
+// [chunk_rows, vocab] logits exist at a time. Per chunk: a GEMM writes the
+// logits into the workspace; one block per row finds max and Σ exp in one
+// online pass, writes the row's loss to a per-row buffer and the bf16
+// gradient grad_scale·(softmax − onehot) (zeros for ignored rows); a
 // one-block kernel adds the chunk's row losses in a fixed order to a double
-// (no float atomics: the loss is repeatable bit for bit); two GEMMs then give
-// d_hidden for the chunk and accumulate d_w. Ignored rows still go through
-// the GEMMs. A target outside [0, vocab) that is not the ignore index is
-// counted on the device and reported as an error after the call.
-// Logits (CeLogits): f32 logits with the gradient in a buffer beside them
-// (6 bytes a cell), or bf16 logits, one rounding of the f32 accumulation as a
-// bf16 lm_head returns them, with the gradient written over them in place (2
-// bytes a cell; a row's block reads all of it before any thread writes). The
-// bf16 kernel keeps as much of its row in shared memory as fits (~224 KiB of
-// the 256 KiB a 128256-wide row takes), so its second pass reads the rest
-// from global memory only: one block per SM.
-// Overlap (CeOverlap): chunk i's row kernel and loss sum run on a second
-// stream while the main stream runs chunk i+1's logits GEMM and chunk i's
-// gradient GEMMs (events fork and join; two workspace halves). The same
-// kernels read the same data, so the results are the serialized order's bits.
+// counter (no float atomics: the loss is repeatable bit for bit); two GEMMs
+// then give d_hidden for the chunk and accumulate d_w. Ignored rows still go
+// through the GEMMs. A target outside [0, vocab) that is not the ignore
+// index is counted on the device and reported when the counters are read.
+// The counters can stay on the device (cross_entropy_enqueue) so a training
+// pass reads them once at its end instead of draining the stream mid-pass.
+// Logits (CeLogits): bf16 by default, one rounding of the f32 accumulation as
+// a bf16 lm_head returns them, the gradient written over them in place (2
+// bytes a cell; a row's block reads all of it before any thread writes); or
+// f32 with the gradient in a buffer beside them (6 bytes a cell). The bf16
+// kernel keeps 96 KiB of its row in shared memory between its passes (two
+// blocks per SM). Measured on H200 (bench_cuda_ops, 8192 tokens, vocab
+// 128256): d2048 f32 14.7 ms (72% of the GEMM peak), bf16 12.0 (89%); d4096
+// 24.3 / 22.5 ms (88 / 95%); the chunk GEMMs alone run at 97-104%. A second
+// stream running chunk i's rows beside chunk i+1's GEMMs gained nothing
+// measurable (< 1%), so there is none.
 // Chunk size: every chunk's GEMMs read the whole [vocab, dim] head, so a
 // chunk is as many rows as fit in about 768 MiB of f32 workspace or 512 MiB
-// of bf16 (two halves; 1024 rows at vocab 128256 either way), which keeps
-// the GEMMs compute-bound.
+// of bf16 (1024 / 2048 rows at vocab 128256), which keeps the GEMMs
+// compute-bound; the bf16 workspace stays under the trainer's layer scratch
+// that it overlays at the Llama 1B and 8B shapes.
 #include <algorithm>
 
 #include "backends/cuda/context_impl.h"
@@ -34,39 +36,27 @@ namespace {
 constexpr int kRowThreads = 512;
 constexpr int kVecThreads = 1024;
 constexpr int kSumThreads = 256;
+constexpr int64_t kKeptKib = 96;
 constexpr size_t kAlign = 256;
 
 size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
-struct Mode {
-  bool bf16 = false;
-  bool overlap = false;
-};
-
-Result<Mode> resolve(CeLogits logits, CeOverlap overlap) {
-  Mode m;
-  if (logits == CeLogits::kAuto) {
-    const std::string v = env::cuda_ce();
-    if (v == "bf16") {
-      m.bf16 = true;
-    } else if (!v.empty() && v != "f32") {
-      return invalid_argument("cuda cross_entropy: LATHE_CUDA_CE=", v, " (want f32 or bf16)");
-    }
-  } else {
-    m.bf16 = logits == CeLogits::kBf16;
-  }
-  m.overlap = overlap == CeOverlap::kAuto ? env::cuda_ce_overlap() : overlap == CeOverlap::kOn;
-  return m;
+Result<bool> bf16_logits(CeLogits logits) {
+  if (logits != CeLogits::kAuto) return logits == CeLogits::kBf16;
+  const std::string v = env::cuda_ce();
+  if (v.empty() || v == "bf16") return true;
+  if (v == "f32") return false;
+  return invalid_argument("cuda cross_entropy: LATHE_CUDA_CE=", v, " (want bf16 or f32)");
 }
 
 // Rows per chunk when the caller leaves it to us, a multiple of 64 between
-// 64 and 4096: f32 logits + bf16 gradient (6 bytes a cell) in about 768 MiB,
-// or two halves of bf16 logits (4 bytes a cell) in 512 MiB.
-// LATHE_CUDA_CE_CHUNK_ROWS (core/env.h) overrides it for benchmarks.
+// 64 and 4096: f32 logits + bf16 gradient (6 bytes a cell) in about
+// 768 MiB, or bf16 logits (2 bytes) in 512 MiB. LATHE_CUDA_CE_CHUNK_ROWS
+// (core/env.h) overrides it for benchmarks.
 int64_t device_chunk_rows(int64_t vocab, bool bf16) {
   const int64_t forced = env::cuda_ce_chunk_rows();
   const int64_t v = std::max<int64_t>(vocab, 1);
-  const int64_t rows = forced > 0 ? forced : bf16 ? (int64_t{512} << 20) / (4 * v) : (int64_t{768} << 20) / (6 * v);
+  const int64_t rows = forced > 0 ? forced : bf16 ? (int64_t{512} << 20) / (2 * v) : (int64_t{768} << 20) / (6 * v);
   return std::clamp<int64_t>(rows / 64 * 64, 64, 4096);
 }
 
@@ -76,23 +66,20 @@ struct Stats {
   unsigned long long n_bad;
 };
 
-// The workspace: the counters, then one half (two with overlap), each a
-// chunk's logits, its bf16 gradient (f32 logits only) and its row losses.
+// The workspace: the counters of a waiting call, then a chunk's logits, its
+// bf16 gradient (f32 logits only) and its row losses.
 struct Layout {
   int64_t chunk = 0;
-  int halves = 1;
   size_t logits_bytes = 0, grad_bytes = 0, loss_bytes = 0;
-  size_t half_bytes() const { return logits_bytes + grad_bytes + loss_bytes; }
-  size_t total() const { return aligned(sizeof(Stats)) + size_t(halves) * half_bytes(); }
+  size_t total() const { return aligned(sizeof(Stats)) + logits_bytes + grad_bytes + loss_bytes; }
 };
 
-Layout layout_of(int64_t vocab, int64_t chunk_rows, Mode m) {
+Layout layout_of(int64_t vocab, int64_t chunk_rows, bool bf16) {
   Layout L;
-  L.chunk = chunk_rows > 0 ? chunk_rows : device_chunk_rows(vocab, m.bf16);
-  L.halves = m.overlap ? 2 : 1;
+  L.chunk = chunk_rows > 0 ? chunk_rows : device_chunk_rows(vocab, bf16);
   const size_t cells = static_cast<size_t>(vocab) * static_cast<size_t>(L.chunk);
-  L.logits_bytes = aligned(cells * (m.bf16 ? sizeof(bf16_bits) : sizeof(float)));
-  L.grad_bytes = m.bf16 ? 0 : aligned(cells * sizeof(bf16_bits));
+  L.logits_bytes = aligned(cells * (bf16 ? sizeof(bf16_bits) : sizeof(float)));
+  L.grad_bytes = bf16 ? 0 : aligned(cells * sizeof(bf16_bits));
   L.loss_bytes = aligned(static_cast<size_t>(L.chunk) * sizeof(float));
   return L;
 }
@@ -253,21 +240,22 @@ __global__ void __launch_bounds__(kSumThreads) sum_row_losses(const float* row_l
   if (threadIdx.x == 0) stats->loss_sum += part[0];
 }
 
-// The row kernel and the loss sum for one chunk on stream st.
-Status reduce_rows(CudaContext& ctx, cudaStream_t st, const RowArgs& ra, int64_t rows, bool bf16) {
+// The row kernel and the loss sum for one chunk.
+Status reduce_rows(CudaContext& ctx, const RowArgs& ra, int64_t rows, bool bf16) {
+  cudaStream_t st = stream_of(ctx);
   const unsigned grid = static_cast<unsigned>(rows);
   if (!bf16) {
     ce_rows<float><<<grid, kRowThreads, 0, st>>>(ra);
   } else if (ra.vocab % 8 != 0) {
     ce_rows<bf16_bits><<<grid, kRowThreads, 0, st>>>(ra);
   } else {
-    // As much of the row as the block's shared memory holds, less the
-    // static scratch and the 1 KiB the SM reserves per block
-    // (LATHE_CUDA_CE_KEPT_KIB caps it for benchmarks).
+    // 96 KiB of the row (LATHE_CUDA_CE_KEPT_KIB for benchmarks), at most
+    // what a block's shared memory holds less the static scratch and the
+    // 1 KiB the SM reserves per block.
     int optin = 0;
     LATHE_CU_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device()));
-    int64_t cap = std::max(optin - 2048, 0) / 16;
-    if (const int64_t kib = env::cuda_ce_kept_kib(); kib >= 0) cap = std::min(cap, kib * 1024 / 16);
+    const int64_t kib = env::cuda_ce_kept_kib();
+    const int64_t cap = std::min<int64_t>(std::max(optin - 2048, 0), (kib >= 0 ? kib : kKeptKib) * 1024) / 16;
     const int64_t kept = std::min(ra.vocab / 8, cap);
     const size_t smem = static_cast<size_t>(kept) * 16;
     LATHE_CU_TRY(cudaFuncSetAttribute(ce_rows_bf16x8, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -276,16 +264,6 @@ Status reduce_rows(CudaContext& ctx, cudaStream_t st, const RowArgs& ra, int64_t
   LATHE_TRY(ctx.check_launch("cross_entropy rows"));
   sum_row_losses<<<1, kSumThreads, 0, st>>>(ra.row_loss, rows, ra.stats);
   return ctx.check_launch("cross_entropy loss sum");
-}
-
-// The context's second stream and events, made on first use.
-Result<cudaStream_t> side_stream(CudaContext& ctx) {
-  CudaContext::Impl& im = *ctx.impl();
-  if (!im.ce_stream) {
-    LATHE_CU_TRY(cudaStreamCreateWithFlags(&im.ce_stream, cudaStreamNonBlocking));
-    for (cudaEvent_t& e : im.ce_events) LATHE_CU_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
-  return im.ce_stream;
 }
 
 Status check_args(const CrossEntropyCudaArgs& a) {
@@ -300,101 +278,62 @@ Status check_args(const CrossEntropyCudaArgs& a) {
   return Status::ok();
 }
 
-// One call's chunks. stage_logits(j): chunk j's logits GEMM on the main
-// stream, its rows and loss sum on the side stream (the main one without
-// overlap); stage_grad(j): chunk j's gradient GEMMs on the main stream. With
-// overlap the main stream runs stage_logits(j + 1) before stage_grad(j).
-struct Pass {
-  CudaContext& ctx;
-  const CrossEntropyCudaArgs& a;
-  Mode mode;
-  Layout L;
-  char* halves;
-  Stats* stats;
-  cudaStream_t main, side;
-  cudaEvent_t* logits_ready;  // [2]
-  cudaEvent_t* rows_done;     // [2]
-
-  int64_t rows_of(int64_t j) const { return std::min(L.chunk, a.n - j * L.chunk); }
-  char* half(int64_t j) const { return halves + (j % L.halves) * L.half_bytes(); }
-  bf16_bits* grad_of(int64_t j) const {
-    return reinterpret_cast<bf16_bits*>(half(j) + (mode.bf16 ? 0 : L.logits_bytes));
-  }
-
-  Status stage_logits(int64_t j) {
-    const int64_t rows = rows_of(j);
-    char* h = half(j);
-    if (mode.overlap && j >= 2) LATHE_CU_TRY(cudaStreamWaitEvent(main, rows_done[j % 2], 0));
-    GemmArgs lg{.a = a.hidden + j * L.chunk * a.dim, .b = a.w, .c = h, .m = rows, .n = a.vocab, .k = a.dim,
-                .trans_b = true, .c_dtype = mode.bf16 ? DType::BF16 : DType::F32};
-    LATHE_TRY(gemm(ctx, lg));
-    if (mode.overlap) {
-      LATHE_CU_TRY(cudaEventRecord(logits_ready[j % 2], main));
-      LATHE_CU_TRY(cudaStreamWaitEvent(side, logits_ready[j % 2], 0));
-    }
-    RowArgs ra{h, a.d_hidden ? grad_of(j) : nullptr, a.targets + j * L.chunk,
-               reinterpret_cast<float*>(h + L.logits_bytes + L.grad_bytes), stats, a.vocab, a.grad_scale};
-    LATHE_TRY(reduce_rows(ctx, side, ra, rows, mode.bf16));
-    if (mode.overlap) LATHE_CU_TRY(cudaEventRecord(rows_done[j % 2], side));
-    return Status::ok();
-  }
-
-  Status stage_grad(int64_t j) {
-    if (!a.d_hidden) return Status::ok();
-    const int64_t rows = rows_of(j);
-    if (mode.overlap) LATHE_CU_TRY(cudaStreamWaitEvent(main, rows_done[j % 2], 0));
-    const bf16_bits* g = grad_of(j);
-    GemmArgs dh{.a = g, .b = a.w, .c = a.d_hidden + j * L.chunk * a.dim, .m = rows, .n = a.dim, .k = a.vocab,
-                .c_dtype = DType::BF16};
-    LATHE_TRY(gemm(ctx, dh));
-    if (!a.d_w) return Status::ok();
-    GemmArgs dw{.a = g, .b = a.hidden + j * L.chunk * a.dim, .c = a.d_w, .m = a.vocab, .n = a.dim, .k = rows,
-                .trans_a = true, .c_dtype = DType::F32, .beta = 1.0f};
-    return gemm(ctx, dw);
-  }
-
-  Status run() {
-    const int64_t n_chunks = (a.n + L.chunk - 1) / L.chunk, ahead = mode.overlap ? 1 : 0;
-    for (int64_t j = 0; j < std::min(ahead, n_chunks); ++j) LATHE_TRY(stage_logits(j));
-    for (int64_t i = 0; i < n_chunks; ++i) {
-      if (i + ahead < n_chunks) LATHE_TRY(stage_logits(i + ahead));
-      LATHE_TRY(stage_grad(i));
-    }
-    if (mode.overlap && n_chunks > 0) LATHE_CU_TRY(cudaStreamWaitEvent(main, rows_done[(n_chunks - 1) % 2], 0));
-    return Status::ok();
-  }
-};
+// One chunk: the logits GEMM, the rows and loss sum, the gradient GEMMs.
+Status run_chunk(CudaContext& ctx, const CrossEntropyCudaArgs& a, const Layout& L, bool bf16, Stats* stats,
+                 int64_t r0) {
+  const int64_t rows = std::min(L.chunk, a.n - r0);
+  char* logits = static_cast<char*>(a.workspace) + aligned(sizeof(Stats));
+  bf16_bits* grad = reinterpret_cast<bf16_bits*>(logits + (bf16 ? 0 : L.logits_bytes));
+  const bf16_bits* h = a.hidden + r0 * a.dim;
+  GemmArgs lg{.a = h, .b = a.w, .c = logits, .m = rows, .n = a.vocab, .k = a.dim, .trans_b = true,
+              .c_dtype = bf16 ? DType::BF16 : DType::F32};
+  LATHE_TRY(gemm(ctx, lg));
+  RowArgs ra{logits, a.d_hidden ? grad : nullptr, a.targets + r0,
+             reinterpret_cast<float*>(logits + L.logits_bytes + L.grad_bytes), stats, a.vocab, a.grad_scale};
+  LATHE_TRY(reduce_rows(ctx, ra, rows, bf16));
+  if (!a.d_hidden) return Status::ok();
+  GemmArgs dh{.a = grad, .b = a.w, .c = a.d_hidden + r0 * a.dim, .m = rows, .n = a.dim, .k = a.vocab,
+              .c_dtype = DType::BF16};
+  LATHE_TRY(gemm(ctx, dh));
+  if (!a.d_w) return Status::ok();
+  GemmArgs dw{.a = grad, .b = h, .c = a.d_w, .m = a.vocab, .n = a.dim, .k = rows, .trans_a = true,
+              .c_dtype = DType::F32, .beta = 1.0f};
+  return gemm(ctx, dw);
+}
 
 }  // namespace
 
-size_t cross_entropy_workspace_bytes(int64_t vocab, int64_t chunk_rows, CeLogits logits, CeOverlap overlap) {
-  const Result<Mode> mode = resolve(logits, overlap);
-  // An unknown LATHE_CUDA_CE fails the call; size for the larger layout.
-  const Mode m = mode.is_ok() ? *mode : Mode{.bf16 = false, .overlap = env::cuda_ce_overlap()};
-  return layout_of(vocab, chunk_rows, m).total();
+size_t cross_entropy_workspace_bytes(int64_t vocab, int64_t chunk_rows, CeLogits logits) {
+  const Result<bool> bf16 = bf16_logits(logits);
+  return layout_of(vocab, chunk_rows, bf16.is_ok() && *bf16).total();  // unknown LATHE_CUDA_CE: f32, the larger
 }
 
-Result<CrossEntropyStats> cross_entropy(CudaContext& ctx, const CrossEntropyCudaArgs& a) {
+size_t cross_entropy_counter_bytes() { return sizeof(Stats); }
+
+Status cross_entropy_enqueue(CudaContext& ctx, const CrossEntropyCudaArgs& a, void* counters) {
   LATHE_TRY(check_args(a));
-  LATHE_ASSIGN_OR_RETURN(const Mode mode, resolve(a.logits, a.overlap));
-  char* ws = static_cast<char*>(a.workspace);
-  CudaContext::Impl& im = *ctx.impl();
-  Pass pass{.ctx = ctx, .a = a, .mode = mode, .L = layout_of(a.vocab, a.chunk_rows, mode),
-            .halves = ws + aligned(sizeof(Stats)), .stats = reinterpret_cast<Stats*>(ws), .main = stream_of(ctx),
-            .side = stream_of(ctx), .logits_ready = im.ce_events, .rows_done = im.ce_events + 2};
-  if (mode.overlap) {
-    LATHE_ASSIGN_OR_RETURN(pass.side, side_stream(ctx));
-  }
-  LATHE_CU_TRY(cudaMemsetAsync(pass.stats, 0, sizeof(Stats), pass.main));
-  LATHE_TRY(pass.run());
+  if (!counters) return invalid_argument("cuda cross_entropy: counters are required");
+  LATHE_ASSIGN_OR_RETURN(const bool bf16, bf16_logits(a.logits));
+  const Layout L = layout_of(a.vocab, a.chunk_rows, bf16);
+  Stats* stats = static_cast<Stats*>(counters);
+  LATHE_CU_TRY(cudaMemsetAsync(stats, 0, sizeof(Stats), stream_of(ctx)));
+  for (int64_t r0 = 0; r0 < a.n; r0 += L.chunk) LATHE_TRY(run_chunk(ctx, a, L, bf16, stats, r0));
+  return Status::ok();
+}
+
+Result<CrossEntropyStats> cross_entropy_counters(CudaContext& ctx, const void* counters, int64_t vocab) {
   Stats host{};
-  LATHE_CU_TRY(cudaMemcpyAsync(&host, pass.stats, sizeof(Stats), cudaMemcpyDeviceToHost, pass.main));
-  LATHE_CU_TRY(cudaStreamSynchronize(pass.main));
+  LATHE_TRY(copy_to_host(ctx, &host, counters, sizeof(Stats)));
   if (host.n_bad > 0) {
-    return invalid_argument("cuda cross_entropy: ", host.n_bad, " target(s) outside [0, ", a.vocab,
+    return invalid_argument("cuda cross_entropy: ", host.n_bad, " target(s) outside [0, ", vocab,
                             ") that are not the ignore index ", kCrossEntropyIgnore);
   }
   return CrossEntropyStats{host.loss_sum, static_cast<int64_t>(host.n_valid)};
+}
+
+Result<CrossEntropyStats> cross_entropy(CudaContext& ctx, const CrossEntropyCudaArgs& a) {
+  LATHE_TRY(cross_entropy_enqueue(ctx, a, a.workspace));
+  return cross_entropy_counters(ctx, a.workspace, a.vocab);
 }
 
 }  // namespace lathe::cuda

@@ -239,35 +239,39 @@ Status embedding_backward(CudaContext& ctx, const EmbeddingBackwardCudaArgs& a);
 // workspace, reduced per row (max, Σ exp), turned into the bf16 gradient
 // grad_scale·(softmax − onehot) (zero for ignored rows), and pushed through
 // two more GEMMs: d_hidden[chunk] = g·w and d_w += gᵀ·hidden[chunk].
-// Logits: kF32 keeps them as the GEMM accumulates them and writes the
-// gradient beside them; kBf16 rounds them once to bf16 (what a bf16 model's
-// lm_head returns before the loss upcasts) and writes the gradient over
-// them, a third of the workspace per row. Overlap: kOn reduces chunk i's
-// rows on a second stream while chunk i+1's logits GEMM runs (two workspace
-// halves); the results are the bits of kOff. kAuto: LATHE_CUDA_CE and
-// LATHE_CUDA_CE_OVERLAP (core/env.h), read at each call. The loss is summed
-// in a fixed order: repeatable bit for bit at the same chunk_rows.
+// Logits: kBf16 rounds them once to bf16 (what a bf16 model's lm_head
+// returns before the loss upcasts) and writes the gradient over them;
+// kF32 keeps them as the GEMM accumulates them, the gradient beside them
+// (three times the workspace per row). kAuto: LATHE_CUDA_CE (core/env.h),
+// bf16 unless it says f32, read at each call. The loss is summed in a fixed
+// order: the same bits on every run at the same chunk_rows.
 enum class CeLogits : uint8_t { kAuto, kF32, kBf16 };
-enum class CeOverlap : uint8_t { kAuto, kOff, kOn };
 struct CrossEntropyCudaArgs {
   const bf16_bits* hidden = nullptr;  // [n, dim]
   const bf16_bits* w = nullptr;       // [vocab, dim]
   const int32_t* targets = nullptr;   // [n], kCrossEntropyIgnore for unsupervised rows
   bf16_bits* d_hidden = nullptr;      // [n, dim] or null (loss only)
   float* d_w = nullptr;               // [vocab, dim] accumulated, or null (head frozen)
-  void* workspace = nullptr;          // cross_entropy_workspace_bytes(vocab, chunk_rows, logits, overlap)
+  void* workspace = nullptr;          // cross_entropy_workspace_bytes(vocab, chunk_rows, logits)
   int64_t n = 0, vocab = 0, dim = 0;
   int64_t chunk_rows = 0;             // 0: as many as fit in the default workspace (cross_entropy.cu)
   float grad_scale = 1.0f;
   CeLogits logits = CeLogits::kAuto;
-  CeOverlap overlap = CeOverlap::kAuto;
 };
-// The workspace a call with the same vocab, chunk_rows, logits and overlap
-// needs (kAuto read from the environment now: size it in the process that
-// calls).
-size_t cross_entropy_workspace_bytes(int64_t vocab, int64_t chunk_rows, CeLogits logits = CeLogits::kAuto,
-                                     CeOverlap overlap = CeOverlap::kAuto);
-// Waits for the stream to read back the loss.
+// The workspace a call with the same vocab, chunk_rows and logits needs
+// (kAuto read from the environment now: size it in the process that calls).
+size_t cross_entropy_workspace_bytes(int64_t vocab, int64_t chunk_rows, CeLogits logits = CeLogits::kAuto);
+// Enqueues the pass on ctx's stream without waiting; its loss counters land
+// in `counters`, device memory of cross_entropy_counter_bytes() that the
+// caller owns and keeps until it reads them (not the workspace, which later
+// work may reuse). Argument errors return here.
+size_t cross_entropy_counter_bytes();
+Status cross_entropy_enqueue(CudaContext& ctx, const CrossEntropyCudaArgs& a, void* counters);
+// Waits for ctx's stream and reads what the enqueue left in counters: the
+// loss sum and supervised count, or an error counting the targets outside
+// [0, vocab) that are not the ignore index.
+Result<CrossEntropyStats> cross_entropy_counters(CudaContext& ctx, const void* counters, int64_t vocab);
+// Both, the counters in the workspace: waits.
 Result<CrossEntropyStats> cross_entropy(CudaContext& ctx, const CrossEntropyCudaArgs& a);
 
 // ---- AdamW -----------------------------------------------------------------

@@ -67,7 +67,10 @@ Status swiglu_forward(CudaContext&, const SwigluCudaArgs&) { return no_cuda(); }
 Status swiglu_backward(CudaContext&, const SwigluBackwardCudaArgs&) { return no_cuda(); }
 Status embedding_forward(CudaContext&, const EmbeddingCudaArgs&) { return no_cuda(); }
 Status embedding_backward(CudaContext&, const EmbeddingBackwardCudaArgs&) { return no_cuda(); }
-size_t cross_entropy_workspace_bytes(int64_t, int64_t, CeLogits, CeOverlap) { return 0; }
+size_t cross_entropy_workspace_bytes(int64_t, int64_t, CeLogits) { return 0; }
+size_t cross_entropy_counter_bytes() { return 0; }
+Status cross_entropy_enqueue(CudaContext&, const CrossEntropyCudaArgs&, void*) { return no_cuda(); }
+Result<CrossEntropyStats> cross_entropy_counters(CudaContext&, const void*, int64_t) { return no_cuda(); }
 Result<CrossEntropyStats> cross_entropy(CudaContext&, const CrossEntropyCudaArgs&) { return no_cuda(); }
 Result<CudaAdamW> CudaAdamW::create(CudaContext&, const CudaAdamWConfig&, std::vector<CudaAdamWParam>) {
   return no_cuda();
