@@ -173,9 +173,13 @@ struct CSft {
 // Where a group's dB and dA run: the main stream (no overlap), the side
 // stream at once, or the side stream later (deferred to after o's dx).
 enum class SideRun { kMain, kNow, kLater };
-// A group's dB and dA waiting to be enqueued (deferred).
+// A group's dB and dA, or (u) its x·Aᵀ for them, waiting to be enqueued
+// (deferred).
 struct CLoraTask {
   const CGroup* group = nullptr;
+  int64_t l = 0;
+  int g = 0;
+  bool u = false;
   bf16p xe = nullptr, dye = nullptr;
   int64_t ld_dy = 0, n = 0;
 };
@@ -291,14 +295,16 @@ struct CudaModelImpl {
   // The LoRA side stream (cuda_model_overlap.cpp).
   Status side_fork();   // the side stream waits for what the main stream enqueued so far
   Status side_join();   // enqueues deferred work; the main stream waits for all side work
+  Status side_wait_all();  // the main stream waits for all side work enqueued
   Status side_flush();  // enqueues deferred work on the side stream
-  // Whether dx (packed [n, in]) overlays the group's x_ext or dy_ext rows.
-  bool dx_overlays(const CGroup& G, const bf16p x_ext, const bf16p dy_ext, int64_t ld_dy, const bf16p dx,
+  Status side_fork_for(int64_t l, int g);  // side_fork, after this group's deferred x·Aᵀ if any
+  // Whether dx (packed [n, in]) overlays n rows of x_ext or dy_ext (null: none).
+  bool dx_overlays(const bf16p dx, int64_t in, const bf16p x_ext, int64_t ldx, const bf16p dy_ext, int64_t ld_dy,
                    int64_t n) const;
   SideRun side_run_of(int g, int64_t n_lora, bool overlay) const;
-  // Around a group's dx GEMM: what the main stream must wait for first, and
-  // (after o's) the deferred work's start.
-  Status side_before_dx(SideRun run, bool overlay);
+  // Around a group's dx GEMM ([n, in] packed at dx): what the main stream
+  // must wait for first, and (after o's) the deferred work's start.
+  Status side_before_dx(SideRun run, bool overlay, const bf16p dx, int64_t in, int64_t n);
   Status side_after_dx(int g);
   // lora_u for a backward that only the LoRA gradients read (on the side
   // stream when overlapping).
@@ -312,7 +318,7 @@ struct CudaModelImpl {
   Status lora_u_dropout_products(const CGroup& G, const bf16p x_ext, int64_t n);
   Status lora_da_dropout(const CGroup& G, const bf16p x_ext, const bf16p dy_ext, int64_t ld_dy, int64_t n);
   Status lora_dx_dropout(const CGroup& G, const bf16p dy_ext, int64_t ld_dy, bf16p dx, int64_t n);
-  Status group_forward(int64_t l, int g, bf16p x_ext, bf16p y, int64_t ld_y, int64_t n);
+  Status group_forward(int64_t l, int g, bf16p x_ext, bf16p y, int64_t ld_y, int64_t n, bool u_kept = false);
   Status group_backward(int64_t l, int g, bf16p x_ext, bf16p dy_ext, int64_t ld_dy, bf16p dx, int64_t n);
   Status norm(const bf16p x, const bf16p residual, bf16p h_out, const bf16p w, bf16p y, float* rstd, int64_t rows,
               int64_t dim, int64_t ld_y = 0);

@@ -7,10 +7,11 @@
 //
 // CudaTrainOptions::lora_overlap (LATHE_CUDA_LORA_OVERLAP): 0 off; 1 each
 // group's dB and dA at once (dB from the group's start, dA once du is
-// split); 3 gate|up's and o's deferred until o's dx is done, so that they
-// run beside the attention backward (down's and q|k|v's at once: their
-// inputs do not live that long); 2 and 4 as 1 and 3 with the side stream
-// at the device's greatest priority.
+// split); 3 gate|up's and o's (and a recomputation's x·Aᵀ for gate|up and
+// q|k|v) deferred until o's dx is done, so that they run beside the
+// attention backward (down's and q|k|v's gradients at once: their inputs
+// do not live that long); 2 and 4 as 1 and 3 with the side stream at the
+// device's greatest priority.
 //
 // Ordering, by events (backends/cuda/stream_fork.h), all decided by the host
 // as it enqueues:
@@ -22,10 +23,11 @@
 //     a group's fork to that wait the main stream writes none of what the
 //     group's side work reads (its dy_ext and x_ext) — except where dx
 //     itself overlays them (down's dx over the recomputed silu(gate)·up):
-//     there dx waits for its own group's side work. Deferred gate|up and o
-//     read gate|up (kept per layer), xn2, the o rows of dh_bf and the
-//     attention output, none written before q|k|v's dx, which waits for
-//     them;
+//     there dx waits for all side work enqueued. Deferred work reads
+//     gate|up (kept per layer), xn1 and xn2 (rewritten only by the next
+//     recomputation), the o rows of dh_bf and the attention output, none
+//     written before q|k|v's dx, which waits for it (a dx that would
+//     overlay deferred work's inputs enqueues and waits for it first);
 //   - a recomputation rewrites shared inputs (xn1, xn2, q|k|v's dy_ext): it
 //     waits for all side work first, and so does the end of the backward,
 //     so the gradients are complete in main-stream order for clip, AdamW
@@ -71,6 +73,10 @@ Status CudaModelImpl::side_flush() {
   if (side.later.empty()) return Status::ok();
   LATHE_TRY(side_fork());
   for (const CLoraTask& t : side.later) {
+    if (t.u) {
+      LATHE_TRY(lora_u_on(*side.ctx, x.lora_side_f32, t.l, t.g, t.xe, t.n));
+      continue;
+    }
     LATHE_TRY(lora_db(*side.ctx, x.lora_side_f32, *t.group, t.xe, t.dye, t.ld_dy, t.n));
     LATHE_TRY(lora_da(*side.ctx, x.lora_side_f32, *t.group, t.xe, t.dye, t.ld_dy, t.n));
   }
@@ -81,8 +87,18 @@ Status CudaModelImpl::side_flush() {
   return Status::ok();
 }
 
+Status CudaModelImpl::side_fork_for(int64_t l, int g) {
+  for (const CLoraTask& t : side.later)
+    if (t.l == l && t.g == g) return side_flush();  // its deferred x·Aᵀ goes first (and forks)
+  return side_fork();
+}
+
 Status CudaModelImpl::side_join() {
   LATHE_TRY(side_flush());
+  return side_wait_all();
+}
+
+Status CudaModelImpl::side_wait_all() {
   if (!side.busy) return Status::ok();
   LATHE_TRY(phase(kPhLora));  // a stall here is the LoRA branch's
   LATHE_TRY(side.join.record(*side.ctx));
@@ -92,14 +108,14 @@ Status CudaModelImpl::side_join() {
   return Status::ok();
 }
 
-bool CudaModelImpl::dx_overlays(const CGroup& G, const bf16p xe, const bf16p dye, int64_t ld_dy, const bf16p dx,
-                                int64_t n) const {
+bool CudaModelImpl::dx_overlays(const bf16p dx, int64_t in, const bf16p xe, int64_t ldx, const bf16p dye,
+                                int64_t ld_dy, int64_t n) const {
   const auto* lo = reinterpret_cast<const char*>(dx);
-  const auto* hi = reinterpret_cast<const char*>(dx + n * G.in);
+  const auto* hi = reinterpret_cast<const char*>(dx + n * in);
   auto overlays = [&](const bf16p p, int64_t ld) {
-    return lo < reinterpret_cast<const char*>(p + n * ld) && reinterpret_cast<const char*>(p) < hi;
+    return p && lo < reinterpret_cast<const char*>(p + n * ld) && reinterpret_cast<const char*>(p) < hi;
   };
-  return overlays(xe, G.ldx) || overlays(dye, ld_dy);
+  return overlays(xe, ldx) || overlays(dye, ld_dy);
 }
 
 SideRun CudaModelImpl::side_run_of(int g, int64_t n_lora, bool overlay) const {
@@ -108,9 +124,13 @@ SideRun CudaModelImpl::side_run_of(int g, int64_t n_lora, bool overlay) const {
   return defers && !overlay ? SideRun::kLater : SideRun::kNow;
 }
 
-Status CudaModelImpl::side_before_dx(SideRun run, bool overlay) {
+Status CudaModelImpl::side_before_dx(SideRun run, bool overlay, const bf16p dx, int64_t in, int64_t n) {
   if (!overlap()) return Status::ok();
-  if (run == SideRun::kMain || overlay) return side_join();
+  bool hits_later = false;  // dx overlays what deferred work reads: it goes now
+  for (const CLoraTask& t : side.later)
+    hits_later = hits_later || dx_overlays(dx, in, t.xe, t.group->ldx, t.dye, t.ld_dy, n);
+  if (hits_later) LATHE_TRY(side_flush());
+  if (run == SideRun::kMain || overlay || hits_later) return side_wait_all();
   LATHE_TRY(phase(kPhLora));  // a stall here is the LoRA branch's
   if (side.prev >= 0) LATHE_TRY(side.done[side.prev].wait(ctx));
   side.prev = -1;
@@ -123,8 +143,18 @@ Status CudaModelImpl::side_before_dx(SideRun run, bool overlay) {
 
 Status CudaModelImpl::side_after_dx(int g) { return overlap() && g == kGo ? side_flush() : Status::ok(); }
 
+// A recomputation's x·Aᵀ that only the LoRA gradients read: on the side
+// stream, deferred with them for q|k|v (a layer keeping q, k, v) and
+// gate|up (xn1 and xn2 are next rewritten by the next recomputation, which
+// waits for all side work); down's (over the recomputed silu(gate)·up,
+// which down's own dx overlays) at once.
 Status CudaModelImpl::lora_u_for_grads(int64_t l, int g, bf16p xe, int64_t n) {
-  if (!overlap() || blocks[size_t(l)].g[size_t(g)].loras.empty()) return lora_u(l, g, xe, n);
+  const CGroup& G = blocks[size_t(l)].g[size_t(g)];
+  if (!overlap() || G.loras.empty()) return lora_u(l, g, xe, n);
+  if (overlap_mode >= 3 && g != kGdown) {
+    side.later.push_back({.group = &G, .l = l, .g = g, .u = true, .xe = xe, .n = n});
+    return Status::ok();
+  }
   LATHE_TRY(phase(kPhLora));
   LATHE_TRY(side_fork());
   return lora_u_on(*side.ctx, x.lora_side_f32, l, g, xe, n);

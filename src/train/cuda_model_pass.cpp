@@ -95,10 +95,11 @@ Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) { return lor
 // GEMM's epilogue in f32 before the rounding. s·u's 4-term split makes its
 // product with B's 4-term copy f32-accurate (lora_ops.h), so the one
 // rounding is that of the f32 base product plus the f32 LoRA branch. y's
-// rows are ld_y apart (0: packed).
-Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t ld_y, int64_t n) {
+// rows are ld_y apart (0: packed). u_kept: x_ext still holds this pass's
+// s·u terms (a recomputation over a kept input), which are not rerun.
+Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t ld_y, int64_t n, bool u_kept) {
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
-  LATHE_TRY(lora_u(l, g, xe, n));
+  if (!u_kept) LATHE_TRY(lora_u(l, g, xe, n));
   LATHE_TRY(phase(kPhGemmFwd));
   for (const CSection& c : G.sections)
     LATHE_TRY(cuda::gemm(ctx, {.a = xe + c.k0, .b = G.w + c.row0 * G.ldw + (c.k0 - G.x_col), .c = y + c.row0,
@@ -157,13 +158,13 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
   if (o.full_sft) LATHE_TRY(sft_group_grads(l, g, xe, dye, ld_dy, n));  // before dx overwrites anything
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  const bool overlay = dx_overlays(G, xe, dye, ld_dy, dx, n);
+  const bool overlay = dx_overlays(dx, G.in, xe, G.ldx, dye, ld_dy, n);
   const SideRun run = side_run_of(g, nl, overlay);
   cuda::CudaContext& c = run == SideRun::kNow ? *side.ctx : ctx;
   float* part = run == SideRun::kNow ? x.lora_side_f32 : x.lora_f32;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    if (run == SideRun::kNow) LATHE_TRY(side_fork());
+    if (run == SideRun::kNow) LATHE_TRY(side_fork_for(l, g));
     if (run != SideRun::kLater) LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n));
     for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
@@ -179,13 +180,13 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
       return lora_dx_dropout(G, dye, ld_dy, dx, n);
     }
     if (run == SideRun::kLater) {
-      side.later.push_back({.group = &G, .xe = xe, .dye = dye, .ld_dy = ld_dy, .n = n});
+      side.later.push_back({.group = &G, .l = l, .g = g, .xe = xe, .dye = dye, .ld_dy = ld_dy, .n = n});
     } else {
       if (run == SideRun::kNow) LATHE_TRY(side_fork());  // du is split
       LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n));
     }
   }
-  LATHE_TRY(side_before_dx(run, overlay));
+  LATHE_TRY(side_before_dx(run, overlay, dx, G.in, n));
   LATHE_TRY(phase(kPhGemmBwd));
   LATHE_TRY(cuda::gemm(ctx, {.a = dye, .b = G.w, .c = dx, .m = n, .n = G.in, .k = G.out + G.lw, .lda = ld_dy,
                              .ldb = G.ldw}));
@@ -236,8 +237,9 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
 }
 
 // What layer l's backward reads and its recompute mode did not keep: with
-// "full" the whole forward from hs[l]; with "selective" xn1, q|k|v and o
-// (GEMMs and LoRA), q, k, v, h_mid and xn2 with gate|up's LoRA u, or in a
+// "full" the whole forward from hs[l]; with "selective" xn1, q|k|v (GEMM
+// and LoRA) and o (its GEMM: its LoRA u lives in the kept attention
+// output's rows), q, k, v, h_mid and xn2 with gate|up's LoRA u, or in a
 // layer that keeps q, k, v and h_mid only the norms' outputs xn1 and xn2
 // and the LoRA u of q|k|v and gate|up that live in their rows (x_ext). The
 // last layer to write the shared buffers finds its own values there. The
@@ -261,7 +263,7 @@ Status CudaModelImpl::recompute(int64_t l, int64_t n, int n_docs, int max_seqlen
     return lora_u_for_grads(l, kGgu, a.xn2, n);
   }
   LATHE_TRY(attention_inputs(l, n));
-  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n));
+  LATHE_TRY(group_forward(l, kGo, a.attn, x.tmp_h, 0, n, /*u_kept=*/true));  // the attention output is kept
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, H, group(kGgu).ldx));
   return lora_u_for_grads(l, kGgu, a.xn2, n);
