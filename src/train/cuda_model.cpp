@@ -217,7 +217,12 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   x.dh_bf = c.take<cuda::bf16_bits>(T * m.ld_dh_bf);
   const int64_t lora_floats = std::max(T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r);
   x.lora_f32 = c.take<float>(lora_floats);
-  x.lora_side_f32 = m.overlap_mode > 0 ? c.take<float>(lora_floats) : nullptr;  // the LoRA side stream's
+  // The LoRA side stream's, as large: it runs only in the backward, between
+  // recomputations (cuda_model_overlap.cpp), where tmp_h is dead; its own
+  // buffer when tmp_h is too small.
+  x.lora_side_f32 = nullptr;
+  if (m.overlap_mode > 0)
+    x.lora_side_f32 = lora_floats * 4 <= T * H * 2 ? reinterpret_cast<float*>(x.tmp_h) : c.take<float>(lora_floats);
   x.dh = c.take<float>(T * H);
   // LoRA dropout only: rows of a projection's input gradient summed in f32
   // and of one member's f32 du·A (before that, its masked input in bf16), as

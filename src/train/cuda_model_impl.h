@@ -133,7 +133,7 @@ struct CScratch {
   bf16p dq = nullptr, dk = nullptr, dv = nullptr, xf = nullptr, d_xf = nullptr;
   bf16p dh_bf = nullptr;  // dh rounded to bf16 by the norm backward that made dh (row stride ld_dh_bf)
   float* lora_f32 = nullptr;  // a LoRA GEMM's partial products, summed by lora_sum_parts
-  float* lora_side_f32 = nullptr;  // the same for the LoRA side stream (CLoraSide); null without it
+  float* lora_side_f32 = nullptr;  // the same for the LoRA side stream (CLoraSide; over tmp_h); null without it
   // LoRA dropout only (else null), [drop_cap, max_lora_in()] each: rows of a
   // group's input gradient summed in f32, and of a member's f32 du·A or,
   // before it, of its masked input (bf16, packed).

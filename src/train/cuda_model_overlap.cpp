@@ -33,8 +33,10 @@
 //     so the gradients are complete in main-stream order for clip, AdamW
 //     and reads.
 // The side has its own scratch (x.lora_side_f32, as large as the main
-// one's x.lora_f32: in the layer scratch, which the LM head's workspace
-// overlays, so at the benchmark's shapes it costs no memory) and its own
+// one's x.lora_f32, over tmp_h: the side runs only in the backward, and
+// tmp_h is written there only inside a recomputation, which starts by
+// waiting for all side work and ends before side work is forked again; so
+// it costs no memory) and its own
 // cuBLASLt workspace of the main one's size (64 MiB, outside the arena):
 // each GEMM plans the same algorithm on either stream, and every kernel
 // and reduction order is the same, so results are bitwise those of the
