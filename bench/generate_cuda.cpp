@@ -16,11 +16,11 @@
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
-// --persistent 0 turns off the persistent GEMV grids kCudaDecodeShapes
+// --persistent 0 turns off the persistent GEMV grids cuda_decode_shapes()
 // picks (CudaModelOptions::persistent_gemv). --registers 1 runs the decode
 // GEMVs on kCudaDecodeRegisterShapes (the grids before the shared-memory
 // ring); --bulk 1 every one on the ring with --ring-kib KiB and
-// --ring-per-sm blocks per SM (0: kCudaDecodeShapes' values);
+// --ring-per-sm blocks per SM (0: cuda_decode_shapes()' values);
 // --attn-chunk N the decode attention with chunks of at least N keys. Up
 // to 4 sequences each shape's row is followed by the A/B line: the same
 // model's decode as the persistent step (CudaModelOptions::
@@ -33,7 +33,7 @@
 // call on its own copy of the weights, so nothing is served from L2), in
 // GB/s of weights (K/V for attention) beside the ~4.3 TB/s floor; whole
 // layers chained as the step runs them (q|k|v, attention, o, gate|up,
-// down: what the boundaries cost) with kCudaDecodeShapes and on the ring;
+// down: what the boundaries cost) with cuda_decode_shapes() and on the ring;
 // and the step the per-step kernels add up to, beside the one measured.
 #include <algorithm>
 #include <chrono>
@@ -278,7 +278,7 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
   return KernelRow{label, t, double(w_bytes), per_step};
 }
 
-// How the decode step runs its GEMVs: kCudaDecodeShapes (persistent as
+// How the decode step runs its GEMVs: cuda_decode_shapes() (persistent as
 // CudaModelOptions::persistent_gemv) or every one on the shared-memory ring.
 struct StepGemvs {
   bool persistent = true, registers = false, bulk = false;
@@ -363,7 +363,8 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
         grid.shape == (small ? g.shape : 0) && grid.persistent == (small && g.persistent && step.persistent);
     return same ? calls : 0;
   };
-  const lathe::CudaDecodeShapes& sh = step.registers ? lathe::kCudaDecodeRegisterShapes : lathe::kCudaDecodeShapes;
+  const lathe::CudaDecodeShapes& sh =
+      step.registers ? lathe::kCudaDecodeRegisterShapes : lathe::cuda_decode_shapes(batch);
   const int layers = c.num_hidden_layers;
   const LayerGemvs l = layer_gemvs(kb, c, batch, max_ctx, overlap, grid);
   rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", l.qkv_rows, l.qkv, per_step(sh.qkv, layers)));
@@ -539,9 +540,9 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   }
   // Whole layers: the kCudaDecodeShapes and kCudaDecodeRegisterShapes grids, then every GEMV on the ring.
   const bool small = batch <= 4;
-  for (const auto* table : {&lathe::kCudaDecodeShapes, &lathe::kCudaDecodeRegisterShapes}) {
+  for (const auto* table : {&lathe::cuda_decode_shapes(batch), &lathe::kCudaDecodeRegisterShapes}) {
     const lathe::CudaDecodeShapes& sh = *table;
-    const char* name = table == &lathe::kCudaDecodeShapes ? "kCudaDecodeShapes" : "kCudaDecodeRegisterShapes";
+    const char* name = table == &lathe::kCudaDecodeRegisterShapes ? "kCudaDecodeRegisterShapes" : "cuda_decode_shapes";
     rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, [&](int i) {
       const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
       return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent,
@@ -625,6 +626,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
         {"persistent step, L2 4 units ahead", {.persistent_decode = true, .decode_l2_ahead = 4}},
         {"persistent step, L2 8 units ahead", {.persistent_decode = true, .decode_l2_ahead = 8}},
         {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
+        {"ring 96 KiB 2/SM (kCudaDecodeShapes)", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 2}},
         {"ring 96 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 1}},
         {"ring 160 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 160, .bulk_per_sm = 1}},
         {"ring 64 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2}},

@@ -31,7 +31,7 @@
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
-// shape measured fastest for it (kCudaDecodeShapes), or with bulk_gemv the
+// shape measured fastest for it (cuda_decode_shapes(B)), or with bulk_gemv the
 // shared-memory ring.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
@@ -176,7 +176,7 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
 // kFusedNormRows rows the norm is computed inside the GEMV (every block
 // rereads h, which stays in its SM's L1); more rows would not fit there,
 // so they take the norm kernel first.
-// g with the grid of kCudaDecodeShapes up to kFusedNormRows rows (shape 0 above).
+// g with `grid` (of cuda_decode_shapes) up to kFusedNormRows rows (shape 0 above).
 cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) const {
   const bool small = g.rows <= kFusedNormRows;
   g.shape = small ? (opts.bulk_gemv ? cuda::kGemvBulkShape : grid.shape) : 0;
@@ -205,7 +205,7 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
   const float eps = cfg.rms_norm_eps;
-  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : kCudaDecodeShapes;
+  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
   if (!w.q_norm) {
     // RoPE and the cache append in the projection's epilogue.
     cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
@@ -244,7 +244,7 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : kCudaDecodeShapes;
+  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
   return norm_gemv(final_norm, with_grid({.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
                                           .epilogue = cuda::GemvEpilogue::kStoreF32},
                                          grids.lm_head));

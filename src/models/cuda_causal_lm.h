@@ -37,7 +37,17 @@ namespace lathe {
 // fastest before the ring (CudaModelOptions::register_gemv): 16-row blocks
 // (shape 3) for the projections of k = hidden (8B: q|k|v 17.0, gate|up
 // 67.0, the LM head 255), 256-thread blocks (shape 2) for o (12.1) and down
-// (32.3); no persistent grid won.
+// (32.3); no persistent grid won. Those were measured at one sequence: at
+// 2-4 the ring's products need more registers (125 at 2 rows, 168 at 4)
+// than two blocks per SM leave, so its grid of 2/SM runs as two waves.
+// Measured whole steps (tok/s, 1B / 8B): 2 sequences, kCudaDecodeShapes
+// 1385 / 346, the ring of 96 KiB at one block per SM 1521 / 369, the
+// register grids 1371 / 330; 4 sequences 1951 / 461, 2056 / 475 and 2233 /
+// 492. So cuda_decode_shapes(rows): kCudaDecodeShapes for one sequence,
+// kCudaDecodeShapes2 (the ring at one block per SM) for two to four: the
+// ring's sums do not depend on its grid, so a sequence decoded in a batch
+// keeps the logits it has alone, bitwise (the register grids sum in
+// another order).
 struct CudaGemvGrid {
   uint8_t shape = 0;
   bool persistent = true;
@@ -51,6 +61,13 @@ inline constexpr CudaGemvGrid kCudaRing96x2{4, false, 96, 2};
 inline constexpr CudaDecodeShapes kCudaDecodeShapes{kCudaRing96x2, kCudaRing96x2, kCudaRing96x2, kCudaRing96x2,
                                                     kCudaRing96x2};
 inline constexpr CudaDecodeShapes kCudaDecodeRegisterShapes{{3, false}, {2, false}, {3, false}, {2, false}, {3, false}};
+inline constexpr CudaGemvGrid kCudaRing96x1{4, false, 96, 1};
+inline constexpr CudaDecodeShapes kCudaDecodeShapes2{kCudaRing96x1, kCudaRing96x1, kCudaRing96x1, kCudaRing96x1,
+                                                     kCudaRing96x1};
+// The grids a decode step of `rows` sequences (up to 4) takes by default.
+inline constexpr const CudaDecodeShapes& cuda_decode_shapes(int64_t rows) {
+  return rows <= 1 ? kCudaDecodeShapes : kCudaDecodeShapes2;
+}
 
 struct CudaModelOptions {
   int device = 0;                // CUDA device index

@@ -16,8 +16,8 @@
 // most two per SM: two 96 KiB rings fill an SM), so a block spinning at a
 // barrier never keeps another from being scheduled. The barrier is a
 // counter in global memory: each block's first consumer thread adds one
-// (after a fence that publishes its block's writes) and spins until the
-// counter reaches the barrier's number times the grid; the last block out
+// (a release: it publishes its block's writes) and spins until the counter
+// reaches the barrier's number times the grid (then an acquire); the last block out
 // of the kernel resets it for the next launch. Activations written during
 // the kernel are read through L2 (ld.global.cg), never the read-only path.
 //
@@ -78,12 +78,26 @@ __device__ __forceinline__ void load_args(ArgsSlot& dst, const GemvArgs* src, in
   for (int i = tid; i < kWords; i += n) d[i] = i == kRows ? uint32_t(rows) : i == kRows + 1 ? 0u : __ldg(s + i);
 }
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+// The barrier's spin reads relaxed and acquires once (a fence) when it has
+// seen the count: an acquire per read invalidates the SM's L1 each time
+// (CCTL.IVALL), which the other block on the SM reads its x from.
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
   unsigned v = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
 #endif
   return v;
+}
+// One arrival that publishes the block's writes (the consumers synced before it).
+__device__ __forceinline__ void arrive_release(unsigned* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void trace_event(const PersistentDecodeArgs& p, int event) {
@@ -100,13 +114,13 @@ __device__ __forceinline__ void trace_event(const PersistentDecodeArgs& p, int e
 __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned epoch) {
   consumers_sync();
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
+    arrive_release(counter);
     const unsigned target = epoch * gridDim.x;
     const long long start = clock64();
-    while (ld_acquire(counter) < target) {
+    while (ld_relaxed(counter) < target) {
       if (clock64() - start > kBarrierTimeoutCycles) __trap();
     }
+    fence_acquire();
   }
   consumers_sync();
 }

@@ -277,7 +277,10 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
     const bool have = int64_t(cur.stage) * kConsumers + threadIdx.x < a.k / 8;
     const XRaw<B> x = x_next;
     const int next_stage = cur.stage + 1 == k_stages ? 0 : cur.stage + 1;
-    if (u + 1 < n_units) load_x<B, kCoherent>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
+    // One stage of k (k <= kStageK): every unit takes the same x chunk, loaded once (the persistent kernel's
+    // loads may miss L1).
+    if (u + 1 < n_units && (!kCoherent || k_stages > 1))
+      load_x<B, kCoherent>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
     if (have) {
