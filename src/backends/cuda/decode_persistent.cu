@@ -33,6 +33,20 @@
 // and the last block of a (sequence, head) to finish (a count in the
 // workspace, as attention_decode.cu) merges the splits with log-sum-exp
 // weights.
+//
+// Measured on the H200 (batch 1): correct (the CPU's logits and greedy
+// tokens within the tolerances, bitwise across graph replay, launch modes
+// and batch sizes) but about half the speed of the kernel-per-stage step:
+// Llama-3.2-1B 572-645 tok/s against 1,145, 8B 121-149 against 256. The
+// per-stage trace (bench_generate_cuda's "persistent step stages") shows
+// every block's GEMV work, not the barriers (~1 us each) nor their skew,
+// taking ~2.2x the standalone kernels' time, at one block per SM as at two
+// (a first build ran one: 112 registers, and registers go to warps in
+// fours). Changed since, not yet measured: x loads cached in L1 without
+// the barrier's spin invalidating it on every poll, and a one-stage GEMV
+// loading x once. L2 prefetch of the weights ahead of the ring
+// (CudaModelOptions::decode_l2_ahead) measured slower (484 vs 572 tok/s).
+// So the step stays opt-in (CudaModelOptions::persistent_decode).
 #include <algorithm>
 #include <cmath>
 #include <mutex>
