@@ -9,7 +9,11 @@
 // and its fraction of the 810 TFLOP/s bf16 GEMM peak. With --profile 1 (the
 // default) two more steps run with the model's phase timer on, and a second
 // table gives each phase's milliseconds per step (CUDA events between phase
-// changes; those steps are not in the throughput figures).
+// changes; those steps are not in the throughput figures). The phases time
+// the main stream: with the LoRA gradients on their side stream (the
+// default; LATHE_CUDA_LORA_OVERLAP=0 turns it off) "LoRA" is the LoRA work
+// left on the main stream plus its waits for the side, and the side's
+// kernels show only as far as they slow what the main stream runs.
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]

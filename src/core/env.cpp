@@ -46,7 +46,7 @@ int64_t cuda_ce_kept_kib() {
   return kib.is_ok() ? *kib : -1;
 }
 
-Result<int64_t> cuda_lora_overlap() { return get_int("LATHE_CUDA_LORA_OVERLAP", 0, 0, 4); }
+Result<int64_t> cuda_lora_overlap() { return get_int("LATHE_CUDA_LORA_OVERLAP", 2, 0, 2); }
 
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());

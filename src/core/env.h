@@ -63,14 +63,12 @@ std::string cuda_ce();
 // the second pass reads the row again). Default: -1, 96 KiB (capped at what
 // a block holds). Unreadable values count as -1.
 int64_t cuda_ce_kept_kib();
-// LATHE_CUDA_LORA_OVERLAP: 0..4 — the GPU LoRA trainer's backward runs the
-// LoRA weight gradients (and the LoRA products only they read) on a second
-// stream beside the base GEMMs: 0 no; 1 yes, each group's at once; 3 yes,
-// gate|up's and o's deferred to run beside the attention backward; 2 and 4
-// as 1 and 3 with that stream at the device's greatest priority
-// (train/cuda_model_overlap.cpp). Results are bitwise the same in every
-// mode. Default: 0. Another value: an invalid-argument Status naming the
-// variable.
+// LATHE_CUDA_LORA_OVERLAP: 0 | 1 | 2 — the GPU LoRA trainer's backward runs
+// the LoRA weight gradients (and the LoRA products only they read) on a
+// second stream beside the main one: 0 no; 1 yes; 2 yes, that stream at the
+// device's greatest priority (train/cuda_model_overlap.cpp). Results are
+// bitwise the same in every mode. Default: 2. Another value: an
+// invalid-argument Status naming the variable.
 Result<int64_t> cuda_lora_overlap();
 
 // Reads a variable; returns fallback when unset or empty.

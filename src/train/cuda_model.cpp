@@ -451,7 +451,7 @@ Result<size_t> plan(CudaModelImpl& m) {
   if (overlap < 0) {
     LATHE_ASSIGN_OR_RETURN(overlap, env::cuda_lora_overlap());
   }
-  if (overlap > 4) return invalid_argument("cuda trainer: lora_overlap ", overlap, " (expected 0 to 4)");
+  if (overlap > 2) return invalid_argument("cuda trainer: lora_overlap ", overlap, " (expected 0, 1 or 2)");
   const bool lora = !m.o.full_sft && m.o.lora_dropout == 0.0f;  // dropout's path stays on one stream
   m.overlap_mode = lora ? int(overlap) : 0;
   lay_out(m);

@@ -113,12 +113,11 @@ struct CudaTrainOptions {
   // pass count (passes_run()).
   float lora_dropout = 0.0f;
   uint64_t seed = 1234;
-  // The backward's LoRA weight gradients on a second stream, overlapping
-  // the main stream's work (cuda_model_overlap.cpp): 0 off, 1 at once, 3
-  // gate|up's and o's deferred beside the attention backward, 2 and 4 as 1
-  // and 3 with that stream at the greatest priority; −1:
-  // LATHE_CUDA_LORA_OVERLAP (core/env.h). Bitwise the same results in every
-  // mode; unused with LoRA dropout or full SFT.
+  // The backward's LoRA weight gradients on a second stream beside the
+  // main one (cuda_model_overlap.cpp): 0 off, 1 on, 2 on with that stream
+  // at the greatest priority; −1: LATHE_CUDA_LORA_OVERLAP (core/env.h,
+  // default 2). Bitwise the same results in every mode; unused with LoRA
+  // dropout or full SFT.
   int lora_overlap = -1;
   cuda::CudaAdamWConfig adamw;
 };

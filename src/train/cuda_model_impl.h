@@ -170,26 +170,12 @@ struct CSft {
 // it, the x·Aᵀ only they read) run while the main stream runs the base
 // GEMMs. Events: fork (the side waits for the main stream's work so far),
 // done[2] (a group's side work, alternately), join (all side work).
-// Where a group's dB and dA run: the main stream (no overlap), the side
-// stream at once, or the side stream later (deferred to after o's dx).
-enum class SideRun { kMain, kNow, kLater };
-// A group's dB and dA, or (u) its x·Aᵀ for them, waiting to be enqueued
-// (deferred).
-struct CLoraTask {
-  const CGroup* group = nullptr;
-  int64_t l = 0;
-  int g = 0;
-  bool u = false;
-  bf16p xe = nullptr, dye = nullptr;
-  int64_t ld_dy = 0, n = 0;
-};
 struct CLoraSide {
   std::optional<cuda::CudaContext> ctx;  // set when the overlap is on
   cuda::CudaEvent fork, join, done[2];
   int slot = 0;       // the done event the next group records
   int prev = -1;      // a done event the main stream has not waited for yet; −1: none
   bool busy = false;  // side work enqueued since the main stream last waited for all of it
-  std::vector<CLoraTask> later;  // deferred, not enqueued yet
 };
 
 struct CudaModelImpl;
@@ -293,19 +279,15 @@ struct CudaModelImpl {
   Status lora_u(int64_t l, int g, bf16p x_ext, int64_t n);
   Status lora_u_on(cuda::CudaContext& c, float* part, int64_t l, int g, bf16p x_ext, int64_t n);
   // The LoRA side stream (cuda_model_overlap.cpp).
-  Status side_fork();   // the side stream waits for what the main stream enqueued so far
-  Status side_join();   // enqueues deferred work; the main stream waits for all side work
-  Status side_wait_all();  // the main stream waits for all side work enqueued
-  Status side_flush();  // enqueues deferred work on the side stream
-  Status side_fork_for(int64_t l, int g);  // side_fork, after this group's deferred x·Aᵀ if any
-  // Whether dx (packed [n, in]) overlays n rows of x_ext or dy_ext (null: none).
+  Status side_fork();  // the side stream waits for what the main stream enqueued so far
+  Status side_join();  // the main stream waits for all side work
+  // Whether dx (packed [n, in]) overlays n rows of x_ext or dy_ext.
   bool dx_overlays(const bf16p dx, int64_t in, const bf16p x_ext, int64_t ldx, const bf16p dy_ext, int64_t ld_dy,
                    int64_t n) const;
-  SideRun side_run_of(int g, int64_t n_lora, bool overlay) const;
-  // Around a group's dx GEMM ([n, in] packed at dx): what the main stream
-  // must wait for first, and (after o's) the deferred work's start.
-  Status side_before_dx(SideRun run, bool overlay, const bf16p dx, int64_t in, int64_t n);
-  Status side_after_dx(int g);
+  // Before a group's dx GEMM: the main stream waits for the previous
+  // group's side work, and for this group's too when dx overlays what it
+  // reads (`overlay`) or when this group ran nothing there (`on_side` false).
+  Status side_before_dx(bool on_side, bool overlay);
   // lora_u for a backward that only the LoRA gradients read (on the side
   // stream when overlapping).
   Status lora_u_for_grads(int64_t l, int g, bf16p x_ext, int64_t n);

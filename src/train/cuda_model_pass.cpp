@@ -150,22 +150,20 @@ Status CudaModelImpl::lora_da(cuda::CudaContext& c, float* part, const CGroup& G
 // dropout, dA and dx take the masks (lora_da_dropout, lora_dx_dropout); dB
 // and du do not.
 //   With the side stream (cuda_model_overlap.cpp) dB and dA run there, on
-// its own scratch, while the main stream computes du and then dx: at once
-// (dB from the start, dA once du is split) or, deferred, after o's dx (in
-// the attention backward's shadow). The same kernels on the same data: the
-// same bits, in any overlap.
+// its own scratch, while the main stream computes du and then dx (dB from
+// the start, dA once du is split). The same kernels on the same data: the
+// same bits, with or without it.
 Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
   if (o.full_sft) LATHE_TRY(sft_group_grads(l, g, xe, dye, ld_dy, n));  // before dx overwrites anything
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  const bool overlay = dx_overlays(dx, G.in, xe, G.ldx, dye, ld_dy, n);
-  const SideRun run = side_run_of(g, nl, overlay);
-  cuda::CudaContext& c = run == SideRun::kNow ? *side.ctx : ctx;
-  float* part = run == SideRun::kNow ? x.lora_side_f32 : x.lora_f32;
+  const bool on_side = overlap() && nl > 0;
+  cuda::CudaContext& c = on_side ? *side.ctx : ctx;
+  float* part = on_side ? x.lora_side_f32 : x.lora_f32;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    if (run == SideRun::kNow) LATHE_TRY(side_fork_for(l, g));
-    if (run != SideRun::kLater) LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n));
+    if (on_side) LATHE_TRY(side_fork());
+    LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n));
     for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
       LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,
@@ -179,18 +177,13 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
       LATHE_TRY(lora_da_dropout(G, xe, dye, ld_dy, n));
       return lora_dx_dropout(G, dye, ld_dy, dx, n);
     }
-    if (run == SideRun::kLater) {
-      side.later.push_back({.group = &G, .l = l, .g = g, .xe = xe, .dye = dye, .ld_dy = ld_dy, .n = n});
-    } else {
-      if (run == SideRun::kNow) LATHE_TRY(side_fork());  // du is split
-      LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n));
-    }
+    if (on_side) LATHE_TRY(side_fork());  // du is split
+    LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n));
   }
-  LATHE_TRY(side_before_dx(run, overlay, dx, G.in, n));
+  LATHE_TRY(side_before_dx(on_side, dx_overlays(dx, G.in, xe, G.ldx, dye, ld_dy, n)));
   LATHE_TRY(phase(kPhGemmBwd));
-  LATHE_TRY(cuda::gemm(ctx, {.a = dye, .b = G.w, .c = dx, .m = n, .n = G.in, .k = G.out + G.lw, .lda = ld_dy,
-                             .ldb = G.ldw}));
-  return side_after_dx(g);
+  return cuda::gemm(ctx, {.a = dye, .b = G.w, .c = dx, .m = n, .n = G.in, .k = G.out + G.lw, .lda = ld_dy,
+                          .ldb = G.ldw});
 }
 
 // q, k, v of layer l (RoPE applied) from its xn1.

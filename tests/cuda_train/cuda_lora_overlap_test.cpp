@@ -1,7 +1,6 @@
 // The LoRA side stream (train/cuda_model_overlap.cpp) changes when the
 // backward's LoRA gradients run, never what they are: models with the
-// overlap off and in each of its modes (at once, deferred beside the
-// attention backward, each at either stream priority), from the same
+// overlap off and on (the side stream at either priority), from the same
 // weights and adapter, take the same optimizer steps (two micro batches
 // accumulated per step, clipping, AdamW) and must agree bit for bit in every
 // loss, every accumulated gradient and the parameters after each step. Each
@@ -123,7 +122,7 @@ void run_modes(const CudaModelShape& shape, CudaRecompute mode, int64_t keep_lay
   bool any = false;
   for (float g : serial.grads[0]) any = any || g != 0.0f;
   EXPECT_TRUE(any);
-  for (int overlap : {1, 2, 3, 4}) {
+  for (int overlap : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << "LATHE_CUDA_LORA_OVERLAP " << overlap);
     auto on = make(shape, options(mode, overlap, keep_layers, r));
     ASSERT_TRUE(on);
@@ -141,7 +140,7 @@ TEST(CudaLoraOverlap, StepsAreBitwiseTheSerialOnes) {
   run_modes(small_shape(true), CudaRecompute::kSelective, 1, "selective, q|k|v bias and q/k norms, r 32", 32);
 }
 
-// The switch: an option, else the environment (0 to 4; anything else is
+// The switch: an option, else the environment (0, 1 or 2; anything else is
 // refused naming the variable); the side stream's scratch is planned only
 // when it is on, and never with LoRA dropout (which stays on one stream).
 TEST(CudaLoraOverlap, PlansTheSideScratchAndRefusesBadSwitches) {
@@ -158,7 +157,7 @@ TEST(CudaLoraOverlap, PlansTheSideScratchAndRefusesBadSwitches) {
   CudaTrainOptions drop_off = drop;
   drop_off.lora_overlap = 0;
   EXPECT_EQ(bytes(drop), bytes(drop_off));
-  auto bad = CudaTrainableModel::plan_arena(shape, options(CudaRecompute::kNone, 5));
+  auto bad = CudaTrainableModel::plan_arena(shape, options(CudaRecompute::kNone, 3));
   EXPECT_FALSE(bad.is_ok());
   // At the benchmark's shapes the side scratch (f32 [tokens, 12r]) costs
   // nothing: it lies over tmp_h, dead while the side stream runs.
