@@ -562,7 +562,13 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                                 r.chunk));
   PersistentBench pb;
   const bool persist = make_persistent(*ctx, kb, c, batch, mean_ctx, overlap, pb);
-  if (persist) rows.push_back(time_persistent(*ctx, pb));
+  if (persist) {
+    rows.push_back(time_persistent(*ctx, pb));
+    pb.args.gemv_only = true;
+    rows.push_back(time_persistent(*ctx, pb));
+    rows.back().name += " (GEMV stages only: no attention, no barriers)";
+    pb.args.gemv_only = false;
+  }
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
               "x0: a block shape the step does not run there; layer rows: GB/s of the layer's GEMV weights)\n",
               s.name, batch);

@@ -367,6 +367,7 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
   unsigned epoch = 0;
   const GemvArgs& a = s_args[0].get();
   auto barrier = [&] {
+    if (p.gemv_only) return;
     trace_event(p, 2 * int(epoch));
     grid_barrier(p.barrier, ++epoch);
     trace_event(p, 2 * int(epoch) - 1);
@@ -383,10 +384,12 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
   using E = GemvEpilogue;
   for (int l = 0; l < p.n_layer; ++l) {
     gemv_work(4 * l, std::integral_constant<E, E::kRopeAppend>{});
-    prefetch_keys<D>(a.rope, p, splits);
-    barrier();
-    attention_stage<D>(a.rope, p, splits, s_attn);
-    barrier();
+    if (!p.gemv_only) {
+      prefetch_keys<D>(a.rope, p, splits);
+      barrier();
+      attention_stage<D>(a.rope, p, splits, s_attn);
+      barrier();
+    }
     gemv_stage(4 * l + 1, std::integral_constant<E, E::kAddF32>{});
     gemv_stage(4 * l + 2, std::integral_constant<E, E::kSwigluF32>{});
     gemv_stage(4 * l + 3, std::integral_constant<E, E::kAddF32>{});

@@ -41,6 +41,10 @@ struct PersistentDecodeArgs {
   // 10·n_layer + 1 when the block starts (after waiting for the previous
   // kernel). grid: decode_persistent_grid().
   uint64_t* trace = nullptr;
+  // Diagnostics (the bench): only the GEMV stages, no attention and no
+  // barriers (the results are meaningless): what the weights' streaming
+  // through the rings costs by itself.
+  bool gemv_only = false;
 };
 // The host copy of the stage list is checked here (every GemvArgs as gemv()
 // checks it, shapes of one model); a.gemvs must hold the same on the device.
