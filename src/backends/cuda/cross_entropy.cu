@@ -15,15 +15,18 @@
 // bytes a cell; a row's block reads all of it before any thread writes); or
 // f32 with the gradient in a buffer beside them (6 bytes a cell). The bf16
 // kernel keeps 96 KiB of its row in shared memory between its passes (two
-// blocks per SM). Measured on H200 (bench_cuda_ops, 8192 tokens, vocab
-// 128256): d2048 f32 14.7 ms (72% of the GEMM peak), bf16 12.0 (89%); d4096
-// 24.3 / 22.5 ms (88 / 95%); the chunk GEMMs alone run at 97-104%. A second
-// stream running chunk i's rows beside chunk i+1's GEMMs gained nothing
-// measurable (< 1%), so there is none.
+// blocks per SM). Measured on H200 (bench_cuda_ops, random inputs, 8192
+// tokens, vocab 128256): d2048 f32 16.0 ms (66% of the 810 TFLOP/s GEMM
+// peak), bf16 13.2 (80%); d4096 28.6 / 25.5 ms (74 / 83%); the chunk GEMMs
+// alone run at 79-90%, so bf16 leaves ~0.5 ms of 13.2 to the row kernels.
+// In the training step: 1B 34.8 -> 27.2 ms of the head (77.7k -> 79.8k
+// tokens/s), 8B 29.8 -> 26.1 ms. A second stream running chunk i's rows
+// beside chunk i+1's GEMMs gained < 1%, so there is none.
 // Chunk size: every chunk's GEMMs read the whole [vocab, dim] head, so a
 // chunk is as many rows as fit in about 768 MiB of f32 workspace or 512 MiB
 // of bf16 (1024 / 2048 rows at vocab 128256), which keeps the GEMMs
-// compute-bound; the bf16 workspace stays under the trainer's layer scratch
+// compute-bound (bf16 at 2048 rows: 5% faster than 1024, 4096 no better);
+// the bf16 workspace stays under the trainer's layer scratch
 // that it overlays at the Llama 1B and 8B shapes.
 #include <algorithm>
 
