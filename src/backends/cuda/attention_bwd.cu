@@ -160,8 +160,10 @@ __device__ __forceinline__ void dq_tile(float (*dq)[4], const uint32_t (*qf)[4],
   scores_times_tile<D, Path::kLdmatrix>(dq, s, sK);
 }
 
-// Blocks run in reverse tile order: the last query tiles see the most keys
-// and start first, so the short ones fill the tail.
+// The grid is (head, document, tile) with the tile slowest, so blocks are
+// dispatched tile by tile across every head and document, in reverse: the
+// last query tiles see the most keys and all of them start first, so the
+// short ones fill the tail.
 template <int D, class Path>
 __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dq_kernel(BwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS;
@@ -171,10 +173,10 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dq_kernel
   bf16* sK = sO + kTile;  // kBufs K tiles, then kBufs V tiles
   bf16* sV = sK + Path::kBufs * kTile;
 
-  const int h = blockIdx.y, hk = h / (p.n_head / p.n_head_kv);
-  const int64_t base = p.cu[blockIdx.z];
-  const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const int h = blockIdx.x, hk = h / (p.n_head / p.n_head_kv);
+  const int64_t base = p.cu[blockIdx.y];
+  const int n = p.cu[blockIdx.y + 1] - p.cu[blockIdx.y];
+  const int i0 = (gridDim.z - 1 - blockIdx.z) * kBlockRows;
   if (i0 >= n) return;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
   const int row_a = i0 + warp * 16 + g, row_b = row_a + 8;
@@ -334,6 +336,8 @@ __device__ __forceinline__ void stage_query_tile(const BwdParams& p, bf16* sQ, b
   }
 }
 
+// Grid (KV head, document, key tile), the tile slowest: key tile 0 of every
+// head and document sees the most queries and is dispatched first.
 template <int D, class Path>
 __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kernel(BwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS, kBufs = Path::kBufs;
@@ -345,10 +349,10 @@ __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dkdv_kern
   float* sL = reinterpret_cast<float*>(sO + kBufs * kTile);  // kBufs × 64 lse
   float* sD = sL + kBufs * kBlockRows;  // kBufs × 64 delta
 
-  const int hk = blockIdx.y, group = p.n_head / p.n_head_kv;
-  const int64_t base = p.cu[blockIdx.z];
-  const int n = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  const int j0 = blockIdx.x * kBlockRows;
+  const int hk = blockIdx.x, group = p.n_head / p.n_head_kv;
+  const int64_t base = p.cu[blockIdx.y];
+  const int n = p.cu[blockIdx.y + 1] - p.cu[blockIdx.y];
+  const int j0 = blockIdx.z * kBlockRows;
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
   const int key_a = j0 + warp * 16 + g, key_b = key_a + 8;
@@ -701,10 +705,10 @@ Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen,
   // dkdv first: its causal blocks are the unequal ones; dq's many short
   // blocks then fill the SMs its tail leaves idle when they run beside it.
   LATHE_ASSIGN_OR_RETURN(const SideStream* side, side_stream_for(st));
-  dkdv_kernel<D, Path><<<dim3(tiles, p.n_head_kv, n_docs), kThreads, smem_dkdv, st>>>(p);
+  dkdv_kernel<D, Path><<<dim3(p.n_head_kv, n_docs, tiles), kThreads, smem_dkdv, st>>>(p);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv launch"));
   const cudaStream_t dq_stream = side ? side->stream : st;
-  dq_kernel<D, Path><<<dim3(tiles, p.n_head, n_docs), kThreads, smem_dq, dq_stream>>>(p);
+  dq_kernel<D, Path><<<dim3(p.n_head, n_docs, tiles), kThreads, smem_dq, dq_stream>>>(p);
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dq launch"));
   return side ? join_side_stream(*side, st) : Status::ok();
 }
