@@ -163,7 +163,9 @@ __device__ __forceinline__ void dq_tile(float (*dq)[4], const uint32_t (*qf)[4],
 // The grid is (head, document, tile) with the tile slowest, so blocks are
 // dispatched tile by tile across every head and document, in reverse: the
 // last query tiles see the most keys and all of them start first, so the
-// short ones fill the tail.
+// short ones fill the tail (H200, 14:37 UTC 2026-11-30, against tiles
+// fastest: alone 154.5 → 167.5 TFLOP/s at head_dim 64, 180.9 → 185.0 at
+// 128; in the training step 1B 42.4 → 42.2 ms, 8B 77.4 → 75.9 ms).
 template <int D, class Path>
 __global__ void __launch_bounds__(kThreads, bwd_min_blocks<D, Path>()) dq_kernel(BwdParams p) {
   constexpr int kS = D + 8, kTile = kBlockRows * kS;
