@@ -54,8 +54,6 @@
 #include "backends/cuda/attention_common.cuh"
 
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "core/env.h"
@@ -646,44 +644,6 @@ template <int D>
 Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st) {
   return f.load_store ? launch_fused_as<D, false>(p, f, n_docs, max_seqlen, st)
                       : launch_fused_as<D, true>(p, f, n_docs, max_seqlen, st);
-}
-
-// The stream dq runs on beside dkdv (LATHE_ATTN_BWD_STREAMS=2, the
-// default): one per device, made on first use and kept, with the events that
-// fork it from the caller's stream after the delta kernel and join it back.
-// Both kernels read what delta wrote and write disjoint outputs, so the
-// results are the same bits in either order. Works under stream capture
-// (the side stream joins the capture through the fork event). One training
-// step per device at a time shares these events.
-struct SideStream {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
-};
-
-// nullptr when LATHE_ATTN_BWD_STREAMS=1; else the device's side stream,
-// forked from st (it waits for everything st has queued so far).
-Result<const SideStream*> side_stream_for(cudaStream_t st) {
-  static const int streams = int(env::attn_bwd_streams());
-  if (streams < 2) return static_cast<const SideStream*>(nullptr);
-  static std::mutex mu;
-  static std::map<int, SideStream> per_device;
-  int device = 0;
-  LATHE_TRY(cuda_check(cudaGetDevice(&device), "cudaGetDevice"));
-  std::lock_guard<std::mutex> lock(mu);
-  SideStream& side = per_device[device];
-  if (!side.stream) {
-    LATHE_TRY(cuda_check(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking), "attention side stream"));
-    LATHE_TRY(cuda_check(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming), "attention fork event"));
-    LATHE_TRY(cuda_check(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming), "attention join event"));
-  }
-  LATHE_TRY(cuda_check(cudaEventRecord(side.fork, st), "attention fork record"));
-  LATHE_TRY(cuda_check(cudaStreamWaitEvent(side.stream, side.fork, 0), "attention fork wait"));
-  return static_cast<const SideStream*>(&side);
-}
-
-Status join_side_stream(const SideStream& side, cudaStream_t st) {
-  LATHE_TRY(cuda_check(cudaEventRecord(side.join, side.stream), "attention join record"));
-  return cuda_check(cudaStreamWaitEvent(st, side.join, 0), "attention join wait");
 }
 
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the

@@ -338,4 +338,20 @@ Status launch_backward_sm90(const BwdParams& p, int d, int rows, int n_docs, int
 
 Status cuda_check(cudaError_t err, const char* what);
 
+// The stream the backward's dq kernel runs on beside dkdv
+// (LATHE_ATTN_BWD_STREAMS=2, the default; attention_streams.cu): one per
+// device, made on first use and kept, with the events that fork it from the
+// caller's stream and join it back. Works under stream capture (the side
+// stream joins the capture through the fork event). One backward per device
+// at a time shares these events.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+// nullptr when LATHE_ATTN_BWD_STREAMS=1; else the device's side stream,
+// forked from st (it waits for everything st has queued so far).
+Result<const SideStream*> side_stream_for(cudaStream_t st);
+// st waits for everything queued on the side stream so far.
+Status join_side_stream(const SideStream& side, cudaStream_t st);
+
 }  // namespace lathe::cuda::attn
