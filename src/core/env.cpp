@@ -29,10 +29,7 @@ std::string cpu_gemm() { return get("LATHE_CPU_GEMM"); }
 
 std::string attn_bwd_kernels() { return get("LATHE_ATTN_BWD"); }
 
-int64_t attn_bwd_streams() {
-  const Result<int64_t> n = get_int("LATHE_ATTN_BWD_STREAMS", 2, 1, 2);
-  return n.is_ok() ? *n : 2;
-}
+Result<int64_t> attn_bwd_streams() { return get_int("LATHE_ATTN_BWD_STREAMS", 2, 1, 2); }
 
 int64_t cuda_ce_chunk_rows() {
   const Result<int64_t> rows = get_int("LATHE_CUDA_CE_CHUNK_ROWS", 0, 0, 1 << 16);

@@ -45,8 +45,8 @@ std::string cpu_gemm();
 std::string attn_bwd_kernels();
 // LATHE_ATTN_BWD_STREAMS: 2 (default) runs the GPU attention backward's dq
 // kernel on a second stream beside dkdv; 1 runs them one after the other.
-// Unreadable values count as the default.
-int64_t attn_bwd_streams();
+// Another value: an invalid-argument Status naming the variable.
+Result<int64_t> attn_bwd_streams();
 // LATHE_CUDA_CE_CHUNK_ROWS: rows per chunk of the GPU's fused LM head +
 // cross-entropy (benchmarks). Default: 0, as many as ~512 MiB of bf16
 // logits (or ~768 MiB of f32 logits and bf16 gradient) hold

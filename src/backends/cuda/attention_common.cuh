@@ -349,7 +349,8 @@ struct SideStream {
   cudaEvent_t fork = nullptr, join = nullptr;
 };
 // nullptr when LATHE_ATTN_BWD_STREAMS=1; else the device's side stream,
-// forked from st (it waits for everything st has queued so far).
+// forked from st (it waits for everything st has queued so far); an error
+// naming the variable when it holds anything else.
 Result<const SideStream*> side_stream_for(cudaStream_t st);
 // st waits for everything queued on the side stream so far.
 Status join_side_stream(const SideStream& side, cudaStream_t st);

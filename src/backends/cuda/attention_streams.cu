@@ -10,8 +10,9 @@
 namespace lathe::cuda::attn {
 
 Result<const SideStream*> side_stream_for(cudaStream_t st) {
-  static const int streams = int(env::attn_bwd_streams());
-  if (streams < 2) return static_cast<const SideStream*>(nullptr);
+  static const Result<int64_t> streams = env::attn_bwd_streams();  // read once
+  if (!streams.is_ok()) return streams.status();
+  if (*streams < 2) return static_cast<const SideStream*>(nullptr);
   static std::mutex mu;
   static std::map<int, SideStream> per_device;
   int device = 0;

@@ -1,0 +1,63 @@
+// The GPU switches read from the environment: a value outside what a
+// switch takes is an error naming the variable, never a silent default.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "core/env.h"
+
+namespace lathe {
+namespace {
+
+// Sets name to value for the scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Env, AttentionBackwardStreams) {
+  {
+    ScopedEnv unset("LATHE_ATTN_BWD_STREAMS", "");
+    auto n = env::attn_bwd_streams();
+    ASSERT_TRUE(n.is_ok()) << n.status().message();
+    EXPECT_EQ(*n, 2);
+  }
+  {
+    ScopedEnv one("LATHE_ATTN_BWD_STREAMS", "1");
+    auto n = env::attn_bwd_streams();
+    ASSERT_TRUE(n.is_ok()) << n.status().message();
+    EXPECT_EQ(*n, 1);
+  }
+  for (const char* bad : {"3", "0", "two"}) {
+    ScopedEnv b("LATHE_ATTN_BWD_STREAMS", bad);
+    auto n = env::attn_bwd_streams();
+    ASSERT_FALSE(n.is_ok()) << bad;
+    EXPECT_NE(n.status().message().find("LATHE_ATTN_BWD_STREAMS"), std::string::npos) << n.status().message();
+  }
+}
+
+TEST(Env, LoraOverlap) {
+  ScopedEnv bad("LATHE_CUDA_LORA_OVERLAP", "5");
+  auto n = env::cuda_lora_overlap();
+  ASSERT_FALSE(n.is_ok());
+  EXPECT_NE(n.status().message().find("LATHE_CUDA_LORA_OVERLAP"), std::string::npos) << n.status().message();
+}
+
+}  // namespace
+}  // namespace lathe
