@@ -373,6 +373,9 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
     trace_event(p, 2 * int(epoch) - 1);
   };
   auto gemv_work = [&](int i, auto e) {
+    // The previous stage's last epilogue threads may still read its args:
+    // a barrier's sync covers that, a GEMV-only run (no barriers) needs this.
+    if (p.gemv_only) consumers_sync();
     load_args(s_args[0], p.gemvs + i, p.rows, threadIdx.x, kConsumers);
     consumers_sync();
     consume_stage<B, decltype(e)::value>(a, ring, pos, s_sums);
@@ -394,6 +397,7 @@ __device__ __forceinline__ void run_step(const PersistentDecodeArgs& p, int n_sl
     gemv_stage(4 * l + 2, std::integral_constant<E, E::kSwigluF32>{});
     gemv_stage(4 * l + 3, std::integral_constant<E, E::kAddF32>{});
   }
+  if (p.gemv_only) consumers_sync();
   load_args(s_args[0], p.gemvs + 4 * p.n_layer, p.rows, threadIdx.x, kConsumers);
   consumers_sync();
   consume_stage<B, E::kStoreF32>(a, ring, pos, s_sums);
