@@ -12,7 +12,7 @@
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
 //                       [--persistent 1] [--registers 0] [--bulk 0] [--ring-kib 0] [--ring-per-sm 0]
-//                       [--attn-chunk 0]
+//                       [--attn-chunk 0] [--split-k-attention 0]
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
@@ -21,15 +21,17 @@
 // GEMVs on kCudaDecodeRegisterShapes (the grids before the shared-memory
 // ring); --bulk 1 every one on the ring with --ring-kib KiB and
 // --ring-per-sm blocks per SM (0: cuda_decode_shapes()' values);
-// --attn-chunk N the decode attention with chunks of at least N keys. Up
+// --attn-chunk N the split-K decode attention with chunks of at least N
+// keys; --split-k-attention 1 the step on it (not the cluster kernel). Up
 // to 4 sequences each shape's row is followed by the A/B line: the same
 // model's decode as the persistent step (CudaModelOptions::
-// persistent_decode, its default ring, 64 and 160 KiB), on
-// kCudaDecodeRegisterShapes and on other ring sizes.
+// persistent_decode), with the split-K attention instead of the cluster
+// kernel, the cluster kernel at 2 and 1 query heads per block, and on
+// kCudaDecodeRegisterShapes.
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
-// at the mean context, timed as a CUDA graph of back-to-back calls (each
+// at the mean context (split-K and cluster kernels), timed as a CUDA graph of back-to-back calls (each
 // call on its own copy of the weights, so nothing is served from L2), in
 // GB/s of weights (K/V for attention) beside the ~4.3 TB/s floor; whole
 // layers chained as the step runs them (q|k|v, attention, o, gate|up,
@@ -283,6 +285,7 @@ KernelRow time_gemv(cu::CudaContext& ctx, const KernelBuffers& kb, const std::st
 struct StepGemvs {
   bool persistent = true, registers = false, bulk = false;
   int ring_kib = 0, per_sm = 0, attention_min_chunk = 0;
+  bool split_k_attention = false;
 };
 
 // A grid of the kernel table: block shape (ring_kib for the shared-memory
@@ -388,7 +391,7 @@ cu::AttentionDecodeBatchArgs attention_args(cu::CudaContext& ctx, const KernelBu
 // where the pool holds them: what the boundaries between kernels cost.
 KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int ctx_len,
                      bool overlap, const std::string& label, const std::function<Grid(int)>& grid_of,
-                     int min_chunk = 0) {
+                     int min_chunk = 0, cu::DecodeKernel attention = cu::DecodeKernel::kAuto) {
   const LayerGemvs l[5] = {layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(0)),
                            layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(1)),
                            layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(2)),
@@ -403,12 +406,15 @@ KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelC
     cu::GemvArgs qkv = l[0].qkv, o = l[1].o, gu = l[2].gate_up, down = l[3].down;
     qkv.w = w, o.w = w + l[0].qkv_rows * k, gu.w = o.w + l[0].o_rows * k, down.w = gu.w + l[0].gate_up_rows * k;
     LATHE_TRY(cu::gemv(ctx, qkv));
-    LATHE_TRY(cu::attention_decode_batch_chunked(attention_args(ctx, kb, c, batch, ctx_len, overlap), min_chunk));
+    cu::AttentionDecodeBatchArgs attn = attention_args(ctx, kb, c, batch, ctx_len, overlap);
+    attn.kernel = attention;
+    LATHE_TRY(cu::attention_decode_batch_chunked(attn, min_chunk));
     LATHE_TRY(cu::gemv(ctx, o));
     LATHE_TRY(cu::gemv(ctx, gu));
     return cu::gemv(ctx, down);
   });
-  const std::string chunk = min_chunk ? ", attention chunks >= " + std::to_string(min_chunk) : "";
+  const std::string chunk = (attention == cu::DecodeKernel::kSplitK ? ", split-K attention" : "") +
+                            (min_chunk ? ", attention chunks >= " + std::to_string(min_chunk) : std::string());
   return KernelRow{"layer chained (" + label + chunk + ")", t, double(elems) * 2, 0};
 }
 
@@ -528,32 +534,44 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
     gemv_rows(*ctx, kb, c, batch, mean_ctx, false, {.shape = cu::kGemvBulkShape, .ring_kib = 96}, step, rows);
     for (size_t i = rows.size() - 5; i < rows.size(); ++i) rows[i].per_step = 0;  // the step overlaps its launches
   }
+  // The attention: the split-K kernel at a few chunk sizes, the cluster kernel at 4, 2 and 1 query heads per block.
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim;
-  for (int chunk : {0, 64, 128}) {
-    const double t_attn = time_graph(*ctx, 64, [&](int) {
-      return cu::attention_decode_batch_chunked(attention_args(*ctx, kb, c, batch, mean_ctx, overlap), chunk);
-    });
-    rows.push_back({"attention, ctx " + std::to_string(mean_ctx) +
-                        (chunk ? " (chunks >= " + std::to_string(chunk) + " keys)" : ""),
-                    t_attn, double(batch) * 2.0 * mean_ctx * kv_dim * 2,
-                    chunk == step.attention_min_chunk ? c.num_hidden_layers : 0});
-  }
+  const bool cluster = cu::attention_decode_cluster_fits(attention_args(*ctx, kb, c, batch, mean_ctx, overlap));
+  auto attention_row = [&](const std::string& name, int chunk, cu::DecodeKernel kernel, int heads, bool in_step) {
+    cu::AttentionDecodeBatchArgs a = attention_args(*ctx, kb, c, batch, mean_ctx, overlap);
+    a.kernel = kernel, a.cluster_heads = heads;
+    const double t = time_graph(*ctx, 64, [&](int) { return cu::attention_decode_batch_chunked(a, chunk); });
+    rows.push_back({"attention, ctx " + std::to_string(mean_ctx) + " (" + name + ")", t,
+                    double(batch) * 2.0 * mean_ctx * kv_dim * 2, in_step ? c.num_hidden_layers : 0});
+  };
+  const bool step_split_k = !cluster || step.split_k_attention;
+  for (int chunk : {0, 64, 128})
+    attention_row(chunk ? "split-K, chunks >= " + std::to_string(chunk) + " keys" : "split-K", chunk,
+                  cu::DecodeKernel::kSplitK, 0, step_split_k && chunk == step.attention_min_chunk);
+  if (cluster)
+    for (int heads : {4, 2, 1})
+      if ((c.num_attention_heads / c.num_key_value_heads) % heads == 0)
+        attention_row("cluster, " + std::to_string(heads) + " q heads per block", 0, cu::DecodeKernel::kCluster, heads,
+                      heads == 4 && !step_split_k);
   // Whole layers: the kCudaDecodeShapes and kCudaDecodeRegisterShapes grids, then every GEMV on the ring.
   const bool small = batch <= 4;
   for (const auto* table : {&lathe::cuda_decode_shapes(batch), &lathe::kCudaDecodeRegisterShapes}) {
     const lathe::CudaDecodeShapes& sh = *table;
     const char* name = table == &lathe::kCudaDecodeRegisterShapes ? "kCudaDecodeRegisterShapes" : "cuda_decode_shapes";
-    rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, [&](int i) {
+    auto grid_of = [&](int i) {
       const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
       return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent,
                   .ring_kib = g[i].ring_kib, .per_sm = g[i].per_sm};
-    }));
+    };
+    rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of));
+    if (table != &lathe::kCudaDecodeRegisterShapes && cluster)
+      rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of, 0, cu::DecodeKernel::kSplitK));
   }
   struct RingCase {
     int kib, per_sm, chunk;
   };
   if (small)
-    for (RingCase r : {RingCase{96, 1, 0}, {160, 1, 0}, {64, 2, 0}, {96, 2, 64}})
+    for (RingCase r : {RingCase{96, 1, 0}, {160, 1, 0}, {64, 2, 0}})
       rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap,
                                 "smem ring " + std::to_string(r.kib) + " KiB, " + std::to_string(r.per_sm) + "/SM",
                                 [&](int) {
@@ -597,7 +615,8 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
                                .overlap_launches = overlap, .persistent_gemv = step.persistent,
                                .register_gemv = step.registers, .bulk_gemv = step.bulk,
                                .bulk_ring_kib = step.ring_kib, .bulk_per_sm = step.per_sm,
-                               .attention_min_chunk = step.attention_min_chunk};
+                               .attention_min_chunk = step.attention_min_chunk,
+                               .split_k_attention = step.split_k_attention};
   auto model = CudaCausalLM::random(*header, opts, /*seed=*/1);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -626,18 +645,10 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
     };
     const Case cases[] = {
         {"persistent step", {.persistent_decode = true}},
-        {"persistent step, ring 64 KiB", {.bulk_ring_kib = 64, .persistent_decode = true}},
-        {"persistent step, ring 160 KiB", {.bulk_ring_kib = 160, .persistent_decode = true}},
-        {"persistent step, attention chunks >= 128", {.attention_min_chunk = 128, .persistent_decode = true}},
-        {"persistent step, L2 4 units ahead", {.persistent_decode = true, .decode_l2_ahead = 4}},
-        {"persistent step, L2 8 units ahead", {.persistent_decode = true, .decode_l2_ahead = 8}},
+        {"split-K attention (the step before the cluster kernel)", {.split_k_attention = true}},
+        {"cluster attention, 2 q heads per block", {.attention_cluster_heads = 2}},
+        {"cluster attention, 1 q head per block", {.attention_cluster_heads = 1}},
         {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
-        {"ring 96 KiB 2/SM (kCudaDecodeShapes)", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 2}},
-        {"ring 96 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 1}},
-        {"ring 160 KiB 1/SM", {.bulk_gemv = true, .bulk_ring_kib = 160, .bulk_per_sm = 1}},
-        {"ring 64 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2}},
-        {"ring 96 KiB 2/SM + attention chunks >= 64",
-         {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 2, .attention_min_chunk = 64}},
     };
     for (const Case& c : cases) {
       m.set_decode_gemvs(c.o);
@@ -660,7 +671,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
 int main(int argc, char** argv) {
   std::string which = "all";
   int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1, bulk = 0, ring_kib = 0,
-      attn_chunk = 0, ring_per_sm = 0, registers = 0;
+      attn_chunk = 0, ring_per_sm = 0, registers = 0, split_k_attention = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
@@ -674,6 +685,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--ring-per-sm")) ring_per_sm = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--registers")) registers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--attn-chunk")) attn_chunk = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--split-k-attention")) split_k_attention = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -693,7 +705,7 @@ int main(int argc, char** argv) {
               "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   const StepGemvs step{
       .persistent = persistent != 0, .registers = registers != 0, .bulk = bulk != 0, .ring_kib = ring_kib,
-      .per_sm = ring_per_sm, .attention_min_chunk = attn_chunk};
+      .per_sm = ring_per_sm, .attention_min_chunk = attn_chunk, .split_k_attention = split_k_attention != 0};
   std::vector<std::pair<const Shape*, double>> ran;  // shape, seconds per decode step
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;

@@ -155,12 +155,16 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int n_head = cfg.num_attention_heads, n_kv = cfg.num_key_value_heads, window = quirks.sliding_window;
   if (flash) {
+    // Positions are uploaded before the step and older cache rows written by earlier steps, so the kernel may
+    // read them before it waits for the q|k|v projection (attention.h).
     return cuda::attention_decode_batch_chunked(
         {.q = buf.q, .k_caches = reinterpret_cast<const void* const*>(k_ptrs(l)),
          .v_caches = reinterpret_cast<const void* const*>(v_ptrs(l)), .pos = buf.positions, .out = buf.attn,
          .workspace = buf.attn_workspace, .n_seqs = b, .max_ctx = opts.max_seq, .n_head = n_head, .n_head_kv = n_kv,
          .head_dim = static_cast<int>(hd), .window = window, .scale = scale, .stream = ctx.stream(),
-         .overlap = overlap},
+         .overlap = overlap,
+         .kernel = opts.split_k_attention ? cuda::DecodeKernel::kSplitK : cuda::DecodeKernel::kAuto,
+         .cluster_heads = opts.attention_cluster_heads},
         b <= kFusedNormRows ? opts.attention_min_chunk : 0);
   }
   for (int s = 0; s < b; ++s) {
@@ -377,6 +381,7 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   CudaModelOptions& o = impl_->opts;
   o.register_gemv = d.register_gemv, o.bulk_gemv = d.bulk_gemv, o.bulk_ring_kib = d.bulk_ring_kib;
   o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
+  o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
   o.persistent_decode = d.persistent_decode, o.decode_l2_ahead = d.decode_l2_ahead;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }

@@ -87,6 +87,11 @@ struct CudaModelOptions {
   bool bulk_gemv = false;
   int bulk_ring_kib = 0, bulk_per_sm = 0;
   int attention_min_chunk = 0;  // decode attention up to 4 sequences: keys per block at least (0: its default)
+  // Decode attention up to 4 sequences on the split-K kernel instead of the
+  // cluster kernel (attention.h, DecodeKernel), and the cluster kernel's
+  // query heads per block (0: the whole group, up to 4).
+  bool split_k_attention = false;
+  int attention_cluster_heads = 0;
   // A decode step of up to 4 sequences as one persistent kernel
   // (decode_persistent.h: every layer's stages and the LM head separated by
   // grid barriers, the weights streaming through each block's ring across
@@ -121,8 +126,8 @@ class CudaCausalLM {
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
-  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, persistent_decode,
-  // decode_l2_ahead; drops captured graphs.
+  // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
+  // attention_cluster_heads, persistent_decode, decode_l2_ahead; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
   // Whether a decode step of `batch` sequences runs as the persistent kernel (persistent_decode).
   bool runs_persistent_decode(int batch) const;

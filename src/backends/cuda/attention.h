@@ -133,9 +133,23 @@ Status attention_decode(const AttentionDecodeArgs& a);
 // a captured CUDA graph replays for any positions up to max_ctx. Sequence s
 // attends with query row s of q to rows 0 .. pos[s] of its cache.
 // Workspace: attention_decode_workspace_bytes(n_seqs, n_head, head_dim),
-// zeroed before the first call (the kernel counts its blocks there and
-// leaves the counts zero; attention_decode() does not touch them). One
-// kernel; `overlap`: a programmatic dependent launch (decode_ops.h).
+// zeroed before the first call (the split-K kernel counts its blocks there
+// and leaves the counts zero; attention_decode() does not touch them). One
+// kernel; `overlap`: a programmatic dependent launch (decode_ops.h). Under
+// `overlap` the cluster kernel reads pos and each cache's rows before pos[s]
+// before it waits for the previous kernel: that kernel may write q and row
+// pos[s], never those.
+//
+// Kernels: kCluster (sm_90+, head_dim 64 or 128, up to
+// kDecodeClusterMaxSeqs sequences and a context that fits its registers:
+// attention_decode_cluster_fits, decode_ops.h): one cluster of blocks per (sequence, kv
+// head), each block a share of the keys for cluster_heads query heads of
+// the group, merged through distributed shared memory; kSplitK: blocks per
+// (sequence, head, chunk of keys), the last merging through the workspace.
+// kAuto takes kCluster where it runs. A sequence's result depends on the
+// kernel (and its split), never on the other sequences of the batch.
+enum class DecodeKernel : uint8_t { kAuto, kSplitK, kCluster };
+inline constexpr int kDecodeClusterMaxSeqs = 4;
 struct AttentionDecodeBatchArgs {
   const void* q = nullptr;                // bf16 [n_seqs, n_head, head_dim]
   const void* const* k_caches = nullptr;  // device array of n_seqs device pointers, 16-byte aligned
@@ -149,6 +163,8 @@ struct AttentionDecodeBatchArgs {
   float scale = 1.0f;
   void* stream = nullptr;
   bool overlap = false;
+  DecodeKernel kernel = DecodeKernel::kAuto;
+  int cluster_heads = 0;  // kCluster: query heads per block, 1, 2 or 4 dividing the group (0: the most)
 };
 Status attention_decode_batch(const AttentionDecodeBatchArgs& a);
 

@@ -48,4 +48,26 @@ cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, 
   return launch_overlapped_smem(kernel, grid, block, 0, stream, overlap, std::forward<Args>(args)...);
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...) in clusters of cluster_x
+// blocks along x (at most 8: a portable cluster), as a programmatic
+// dependent launch when overlap.
+template <class... Params, class... Args>
+cudaError_t launch_overlapped_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x,
+                                      cudaStream_t stream, bool overlap, Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = cluster_x;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = overlap ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace lathe::cuda

@@ -186,6 +186,9 @@ Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
 // kernel's blocks, which fill their weight rings meanwhile (gemv_bulk.cu).
 struct AttentionDecodeBatchArgs;
 Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min_chunk);
+// Whether attention_decode_batch takes the cluster kernel for a (its
+// kernel field aside: what kAuto picks) on the current device.
+bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs& a);
 
 // Whether device supports `overlap` (compute capability 9.0 or later).
 bool supports_overlap(int device);

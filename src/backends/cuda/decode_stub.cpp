@@ -14,6 +14,7 @@ Status embedding_f32(CudaContext&, const EmbeddingF32Args&) { return no_cuda(); 
 Status residual_norm(CudaContext&, const ResidualNormArgs&) { return no_cuda(); }
 Status rope_append(CudaContext&, const RopeAppendArgs&) { return no_cuda(); }
 Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs&, int) { return no_cuda(); }
+bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs&) { return false; }
 bool supports_overlap(int) { return false; }
 
 }  // namespace lathe::cuda
