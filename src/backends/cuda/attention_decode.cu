@@ -280,8 +280,8 @@ __global__ void __launch_bounds__(kClusterThreads) decode_cluster_kernel(Cluster
     const int j = j_begin + i * kGroups + grp;
     kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
     if (i < n_pass && j < j_end && j < pos) {
-      kr[i] = *reinterpret_cast<const uint4*>(k_rows + j * stride);
-      vr[i] = *reinterpret_cast<const uint4*>(v_rows + j * stride);
+      kr[i] = __ldcg(reinterpret_cast<const uint4*>(k_rows + j * stride));  // L2, the point of coherence
+      vr[i] = __ldcg(reinterpret_cast<const uint4*>(v_rows + j * stride));
     }
   }
   wait_prior_grid();  // q and row pos come from the kernel before
