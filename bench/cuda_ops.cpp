@@ -6,7 +6,10 @@
 // data); RMSNorm+residual (fwd, bwd), SwiGLU (fwd, bwd), the trainer's
 // [gate | up] SwiGLU and q|k|v split / merge, RoPE, the embedding, dtype
 // conversion and multi-tensor AdamW in GB/s against the
-// memory-bandwidth floor (~4.3 TB/s). Attention has its own bench. Times are the best of several
+// memory-bandwidth floor (~4.3 TB/s). At the two training shapes (1B: 16384
+// tokens, 8B: 8192) the small kernels of a training step, each beside the
+// kernel it replaced: the attention backward's delta, the q|k|v split and
+// merge with the LoRA columns in the row, and one layer's LoRA part sums. Attention has its own bench. Times are the best of several
 // repetitions of a stream-synchronized batch of calls. Without a GPU it says
 // so and exits 0.
 // Usage: bench_cuda_ops [tokens, default 8192]
@@ -16,10 +19,13 @@
 #include <cstdlib>
 #include <functional>
 
+#include "backends/cuda/attention.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/generation_ops.h"
+#include "backends/cuda/lora_ops.h"
 #include "cuda_timing.h"
 #include "backends/cuda/train_fused.h"
+#include <vector>
 
 namespace {
 
@@ -141,6 +147,136 @@ void bench_train_fused(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
   report_bytes("qkv split + rope", s, bytes);
   s = time_calls(ctx, 20, [&] { return qkv_merge(ctx, qa); });
   report_bytes("qkv merge + rope⁻¹", s, bytes);
+}
+
+// A training shape: tokens per micro batch, the model's sizes, LoRA rank 32
+// on all seven projections.
+struct TrainShape {
+  const char* name;
+  int64_t tokens, hidden, inter, heads, kv, hd;
+};
+constexpr int64_t kRank = 32;
+const TrainShape kTrainShapes[] = {{"1B", 16384, 2048, 8192, 32, 8, 64}, {"8B", 8192, 4096, 14336, 32, 8, 128}};
+
+// The attention backward's delta (reads dO and O, writes 4 bytes a row)
+// and the q|k|v split / merge with the row's 3·4r LoRA columns beside it:
+// the kernels now and the ones they replaced.
+void bench_step_rows(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh) {
+  arena.reset();
+  const int64_t T = sh.tokens, qd = sh.heads * sh.hd, kvd = sh.kv * sh.hd, row = qd + 2 * kvd;
+  const int64_t ld_qkv = row + 3 * 4 * kRank, ld_attn = qd + 4 * kRank;
+  auto qkv = arena.alloc_n<bf16_bits>(T * ld_qkv, "qkv");
+  auto dense = arena.alloc_n<bf16_bits>(T * row, "q|k|v");
+  auto out = arena.alloc_n<bf16_bits>(T * ld_attn, "attention out");
+  auto ws = arena.alloc_n<float>(T * sh.heads, "delta");
+  auto cs = arena.alloc_n<float>(T * sh.hd / 2, "cos");
+  auto sn = arena.alloc_n<float>(T * sh.hd / 2, "sin");
+  if (!qkv.is_ok() || !dense.is_ok() || !out.is_ok() || !ws.is_ok() || !cs.is_ok() || !sn.is_ok()) return;
+  if (!fill_random_bf16(ctx, *qkv, T * ld_qkv, 1, 0.0f, 1.0f).is_ok() ||
+      !fill_random_bf16(ctx, *dense, T * row, 2, 0.0f, 1.0f).is_ok() ||
+      !fill_random_bf16(ctx, *out, T * ld_attn, 3, 0.0f, 1.0f).is_ok() ||
+      !fill_zero(ctx, *cs, size_t(T * sh.hd / 2) * 4).is_ok() || !fill_zero(ctx, *sn, size_t(T * sh.hd / 2) * 4).is_ok())
+    std::exit(1);
+  char name[64];
+  for (bool simple : {false, true}) {
+    AttentionVarlenBwdArgs a{.out = *out, .d_out = *dense, .workspace = *ws, .n_tokens = int(T), .n_head = int(sh.heads),
+                             .head_dim = int(sh.hd), .stream = ctx.stream(), .simple = simple, .ld_out = ld_attn};
+    const double s = time_calls(ctx, 20, [&] { return attention_varlen_backward_delta(a); });
+    std::snprintf(name, sizeof(name), "%s attn delta%s", sh.name, simple ? " (per row)" : "");
+    report_bytes(name, s, 4.0 * double(T * qd) + 4.0 * double(T * sh.heads));
+  }
+  for (bool earlier : {false, true}) {
+    QkvSplitArgs qa{.qkv = *qkv, .q = *dense, .k = *dense + T * qd, .v = *dense + T * (qd + kvd), .cos = *cs,
+                    .sin = *sn, .n_tokens = T, .n_head = sh.heads, .n_head_kv = sh.kv, .head_dim = sh.hd,
+                    .ld_qkv = ld_qkv, .thread_per_8_pairs = earlier};
+    const double bytes = 4.0 * double(T * row) + 4.0 * double(T * sh.hd);
+    double s = time_calls(ctx, 20, [&] { return qkv_split(ctx, qa); });
+    std::snprintf(name, sizeof(name), "%s qkv split%s", sh.name, earlier ? " (8 pairs)" : "");
+    report_bytes(name, s, bytes);
+    s = time_calls(ctx, 20, [&] { return qkv_merge(ctx, qa); });
+    std::snprintf(name, sizeof(name), "%s qkv merge%s", sh.name, earlier ? " (8 pairs)" : "");
+    report_bytes(name, s, bytes);
+  }
+}
+
+// One layer's LoRA part sums as the trainer makes them (cuda_model_pass.cpp,
+// no dropout): per group the forward's u, then dB per member, du, dA per
+// member; each inner list one lora_sum_parts_many call (16 a layer), timed
+// beside one launch per member on the one-thread-per-value kernel (24, as
+// before). Bytes: the parts read, the gradient read and written, the split
+// written (4 bf16 a value). Host launch time counts here; in the step the
+// host runs ahead of the device.
+std::vector<std::vector<LoraPartsArgs>> layer_sums(const TrainShape& sh, float* part, float* grad, bf16_bits* split,
+                                                   double* bytes) {
+  const int64_t T = sh.tokens, r = kRank, qd = sh.heads * sh.hd, kvd = sh.kv * sh.hd;
+  struct G {
+    int64_t in;
+    std::vector<int64_t> outs;
+  };
+  const G groups[] = {{sh.hidden, {qd, kvd, kvd}}, {qd, {sh.hidden}}, {sh.hidden, {sh.inter, sh.inter}},
+                      {sh.inter, {sh.hidden}}};
+  std::vector<std::vector<LoraPartsArgs>> calls;
+  *bytes = 0;
+  auto add = [&](std::vector<LoraPartsArgs> jobs) {
+    for (const LoraPartsArgs& a : jobs) {
+      const double values = double(a.rows * a.n_groups * a.cols);
+      *bytes += values * (4.0 * double(a.n_parts) + (a.sum ? 8.0 : 0.0) + (a.split ? 8.0 : 0.0));
+    }
+    calls.push_back(std::move(jobs));
+  };
+  for (const G& g : groups) {
+    const int64_t nl = int64_t(g.outs.size()), lw = 4 * r * nl, left = nl > 1 ? 1 : 0, ldx = g.in + lw;
+    LoraPartsArgs u{.src = part, .rows = T, .cols = r, .n_parts = 3, .row_stride = lw, .group_stride = 4 * r,
+                    .part_stride = r, .scale = 1.0f, .split = split, .split_ld = ldx};
+    LoraPartsArgs rest = u;
+    rest.src = part + left * 4 * r, rest.n_groups = nl - left, rest.split = split + left * 4 * r + g.in;
+    add(left ? std::vector<LoraPartsArgs>{u, rest} : std::vector<LoraPartsArgs>{rest});
+    std::vector<LoraPartsArgs> db, da;
+    int64_t off = 0, goff = 0;
+    for (int64_t out : g.outs) {
+      db.push_back({.src = part + off, .rows = out, .cols = r, .n_parts = 2, .row_stride = 2 * r, .part_stride = r,
+                    .sum = grad + goff, .accumulate = true});
+      off += (out * 2 * r + 63) / 64 * 64, goff += out * r;
+    }
+    add(db);
+    add({{.src = part, .rows = T, .cols = r, .n_groups = nl, .n_parts = 3, .row_stride = lw, .group_stride = 4 * r,
+          .part_stride = r, .scale = 1.0f, .split = split, .split_ld = ldx}});
+    off = 0;
+    for (size_t k = 0; k < g.outs.size(); ++k) {
+      da.push_back({.src = part + off, .rows = r, .cols = g.in, .n_parts = 2, .row_stride = g.in,
+                    .part_stride = r * g.in, .sum = grad + goff, .accumulate = true});
+      off += (2 * r * g.in + 63) / 64 * 64, goff += r * g.in;
+    }
+    add(da);
+  }
+  return calls;
+}
+
+void bench_lora_sums(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh) {
+  arena.reset();
+  const int64_t T = sh.tokens, widest = std::max(sh.hidden, sh.inter) + 3 * 4 * kRank;
+  auto part = arena.alloc_n<float>(std::max(T * 12 * kRank, 6 * kRank * widest), "parts");
+  auto grad = arena.alloc_n<float>(8 * kRank * widest, "grads");
+  auto split = arena.alloc_n<bf16_bits>(T * widest, "x_ext");
+  if (!part.is_ok() || !grad.is_ok() || !split.is_ok()) return;
+  double bytes = 0;
+  const auto calls = layer_sums(sh, *part, *grad, *split, &bytes);
+  size_t n_jobs = 0;
+  for (const auto& c : calls) n_jobs += c.size();
+  char name[64];
+  const double batched = time_calls(ctx, 20, [&]() -> Status {
+    for (const auto& c : calls) LATHE_TRY(lora_sum_parts_many(ctx, c.data(), int(c.size())));
+    return Status::ok();
+  });
+  std::snprintf(name, sizeof(name), "%s LoRA sums x%zu", sh.name, calls.size());
+  report_bytes(name, batched, bytes);
+  const double each = time_calls(ctx, 20, [&]() -> Status {
+    for (const auto& c : calls)
+      for (const LoraPartsArgs& a : c) LATHE_TRY(lora_sum_parts_many(ctx, &a, 1, /*one_per_value=*/true));
+    return Status::ok();
+  });
+  std::snprintf(name, sizeof(name), "%s LoRA sums x%zu (old)", sh.name, n_jobs);
+  report_bytes(name, each, bytes);
 }
 
 // RoPE on q (32 heads) and the embedding lookup at the 8B shapes.
@@ -300,6 +436,10 @@ int main(int argc, char** argv) {
   bench_pointwise(*ctx, *arena, tokens);
   bench_train_fused(*ctx, *arena, tokens);
   bench_rope_embedding(*ctx, *arena, tokens);
+  for (const TrainShape& sh : kTrainShapes) {
+    bench_step_rows(*ctx, *arena, sh);
+    bench_lora_sums(*ctx, *arena, sh);
+  }
   bench_cross_entropy(*ctx, *arena, tokens);
   bench_cross_entropy_gemms(*ctx, *arena);
   bench_adamw(*ctx, *arena);

@@ -17,6 +17,7 @@
 // tokens, as many as the scratch (drop_tmp, drop_acc: 64 MiB each) holds
 // rows of the group's input, not the whole micro batch.
 #include <algorithm>
+#include <array>
 
 #include "backends/cuda/lora_ops.h"
 #include "train/cuda_model_impl.h"
@@ -69,26 +70,31 @@ Status CudaModelImpl::lora_u_dropout_products(const CGroup& G, const bf16p xe, i
 }
 
 // dA_k += [du_hi | du_lo]ᵀ·(mask_k∘x) / (1 − p), du's terms in dy_ext; the
-// product summed over the chunks of tokens in f32 (beta = 1 after the first).
+// product summed over the chunks of tokens in f32 (beta = 1 after the first),
+// each member's in its own block of x.lora_f32 (lora_part_floats apart),
+// then the members' sums in one launch.
 Status CudaModelImpl::lora_da_dropout(const CGroup& G, const bf16p xe, const bf16p dye, int64_t ld_dy, int64_t n) {
   const int64_t r = o.lora_r, step = chunk_rows(G);
   const bf16p xd = reinterpret_cast<bf16p>(x.drop_tmp);
   const float keep_scale = 1.0f / (1.0f - o.lora_dropout);
+  std::array<cuda::LoraPartsArgs, kCnumProj> sums;
+  int n_sums = 0;
+  float* part = x.lora_f32;
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
     for (int64_t r0 = 0; r0 < n; r0 += step) {
       const int64_t rows = std::min(step, n - r0);
       LATHE_TRY(cuda::lora_dropout_apply(ctx, {.x = xe + r0 * G.ldx + G.x_col, .ld_x = G.ldx, .out = xd,
                                                .rows = rows, .cols = G.in, .row0 = r0, .mask = mask_of(a)}));
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + r0 * ld_dy + G.out + a.slot * 4 * r + 2 * r, .b = xd, .c = x.lora_f32,
+      LATHE_TRY(cuda::gemm(ctx, {.a = dye + r0 * ld_dy + G.out + a.slot * 4 * r + 2 * r, .b = xd, .c = part,
                                  .m = 2 * r, .n = G.in, .k = rows, .trans_a = true, .c_dtype = DType::F32,
                                  .beta = r0 > 0 ? 1.0f : 0.0f, .lda = ld_dy}));
     }
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = r, .cols = G.in, .n_parts = 2,
-                                         .row_stride = G.in, .part_stride = r * G.in, .scale = keep_scale,
-                                         .sum = a.da, .accumulate = true}));
+    sums[size_t(n_sums++)] = {.src = part, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in,
+                              .part_stride = r * G.in, .scale = keep_scale, .sum = a.da, .accumulate = true};
+    part += lora_part_floats(2 * r * G.in);
   }
-  return Status::ok();
+  return cuda::lora_sum_parts_many(ctx, sums.data(), n_sums);
 }
 
 // dx (bf16, packed [n, in]) = dy·W + Σ_k mask_k ∘ (du_k·A_k) / (1 − p), per

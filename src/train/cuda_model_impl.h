@@ -72,6 +72,13 @@ inline const char* const kCudaPhaseNames[kPhNum] = {
     "base GEMM fwd", "base GEMM bwd", "LoRA (f32 branch)", "attention fwd", "attention bwd",
     "norms, RoPE, SwiGLU, casts", "LM head + CE", "clip + AdamW + LoRA copies", "batch upload"};
 
+// The f32 floats one member's dB or dA partial products take in the LoRA
+// scratch when a group's members are summed in one launch
+// (cuda_model_pass.cpp): each block starts a multiple of 64 floats (256
+// bytes) from the scratch's start, so every GEMM's output keeps the
+// alignment, and so the cuBLASLt plan and the bits, it has at the start.
+inline int64_t lora_part_floats(int64_t n) { return (n + 63) / 64 * 64; }
+
 // A forward GEMM of a group: output rows [row0, row0 + rows) over x_ext's
 // columns [k0, k0 + k).
 struct CSection {
@@ -259,6 +266,9 @@ struct CudaModelImpl {
   Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
   Status side_start();  // the LoRA side stream's context and events (with overlap_mode > 0)
   Status refresh_split();  // the 4-term copies from the masters (full SFT: the bf16 copies)
+  // The LoRA scratch (x.lora_f32) the batched dB / dA sums need: the
+  // largest group's members' partial products, each lora_part_floats.
+  int64_t lora_batch_floats() const;
   std::vector<cuda::CudaAdamWParam> adamw_params() const;  // every table entry
 
   // Full SFT (cuda_model_sft.cpp).

@@ -12,6 +12,7 @@
 // its recompute mode did not keep is recomputed by the same kernels on the
 // same inputs (bitwise the same values).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "backends/cuda/attention.h"
@@ -76,14 +77,14 @@ Status CudaModelImpl::lora_u_on(cuda::CudaContext& c, float* part, int64_t l, in
     LATHE_TRY(cuda::gemm(c, {.a = xe + G.x_col, .b = G.a4(), .c = part, .m = n, .n = G.lw, .k = G.in,
                              .trans_b = true, .c_dtype = DType::F32, .lda = G.ldx, .ldb = G.ldw}));
   const float scale = dropout() ? o.lora_scale * (1.0f / (1.0f - o.lora_dropout)) : o.lora_scale;
-  cuda::LoraPartsArgs parts{.src = part, .rows = n, .cols = r, .n_groups = 1, .n_parts = 3,
-                            .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r, .scale = scale,
-                            .split = xe, .split_ld = G.ldx};
-  if (left) LATHE_TRY(cuda::lora_sum_parts(c, parts));  // member 0, left of x
-  parts.src = part + left * 4 * r;
-  parts.n_groups = nl - left;
-  parts.split = xe + G.x_col + G.in;
-  return cuda::lora_sum_parts(c, parts);
+  cuda::LoraPartsArgs parts[2];
+  parts[0] = {.src = part, .rows = n, .cols = r, .n_groups = 1, .n_parts = 3, .row_stride = G.lw,
+              .group_stride = 4 * r, .part_stride = r, .scale = scale, .split = xe, .split_ld = G.ldx};
+  parts[1] = parts[0];  // the members right of x (after member 0 when it sits left of x)
+  parts[1].src = part + left * 4 * r;
+  parts[1].n_groups = nl - left;
+  parts[1].split = xe + G.x_col + G.in;
+  return cuda::lora_sum_parts_many(c, left ? parts : parts + 1, left ? 2 : 1);
 }
 
 Status CudaModelImpl::lora_u(int64_t l, int g, bf16p xe, int64_t n) { return lora_u_on(ctx, x.lora_f32, l, g, xe, n); }
@@ -108,35 +109,57 @@ Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t
   return Status::ok();
 }
 
-// dB = dyᵀ·[u_hi | u_lo] → [out, 2r] per member of G, summed into its f32
-// gradient (u carries s), on context c with `part` its scratch.
+int64_t CudaModelImpl::lora_batch_floats() const {
+  int64_t most = 0;
+  if (blocks.empty()) return 0;
+  for (const CGroup& G : blocks[0].g) {
+    int64_t db = 0, da = 0;
+    for (int k : G.loras) {
+      db += lora_part_floats(loras[size_t(k)].out * 2 * o.lora_r);
+      da += lora_part_floats(2 * o.lora_r * G.in);
+    }
+    most = std::max({most, db, da});
+  }
+  return most;
+}
+
+// dB = dyᵀ·[u_hi | u_lo] → [out, 2r] per member of G, each member's into
+// its own block of `part`, then summed into the members' f32 gradients in
+// one launch (u carries s), on context c with `part` its scratch.
 Status CudaModelImpl::lora_db(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p xe, const bf16p dye,
                               int64_t ld_dy, int64_t n) {
   const int64_t r = o.lora_r;
+  std::array<cuda::LoraPartsArgs, kCnumProj> sums;
+  int n_sums = 0;
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
     LATHE_TRY(cuda::gemm(c, {.a = dye + a.col, .b = xe + a.u_col + 2 * r, .c = part, .m = a.out, .n = 2 * r,
                              .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldx}));
-    LATHE_TRY(cuda::lora_sum_parts(c, {.src = part, .rows = a.out, .cols = r, .n_parts = 2, .row_stride = 2 * r,
-                                       .part_stride = r, .sum = a.db, .accumulate = true}));
+    sums[size_t(n_sums++)] = {.src = part, .rows = a.out, .cols = r, .n_parts = 2, .row_stride = 2 * r,
+                              .part_stride = r, .sum = a.db, .accumulate = true};
+    part += lora_part_floats(a.out * 2 * r);
   }
-  return Status::ok();
+  return cuda::lora_sum_parts_many(c, sums.data(), n_sums);
 }
 
 // dA = [du_hi | du_lo]ᵀ·x → [2r, in] per member of G (du from dy_ext's
-// columns), summed into its f32 gradient; on c with `part` its scratch.
+// columns), each into its own block of `part`, summed into the members' f32
+// gradients in one launch; on c with `part` its scratch.
 Status CudaModelImpl::lora_da(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p xe, const bf16p dye,
                               int64_t ld_dy, int64_t n) {
   const int64_t r = o.lora_r;
+  std::array<cuda::LoraPartsArgs, kCnumProj> sums;
+  int n_sums = 0;
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
     LATHE_TRY(cuda::gemm(c, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe + G.x_col, .c = part, .m = 2 * r,
                              .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
                              .ldb = G.ldx}));
-    LATHE_TRY(cuda::lora_sum_parts(c, {.src = part, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in,
-                                       .part_stride = r * G.in, .sum = a.da, .accumulate = true}));
+    sums[size_t(n_sums++)] = {.src = part, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in,
+                              .part_stride = r * G.in, .sum = a.da, .accumulate = true};
+    part += lora_part_floats(2 * r * G.in);
   }
-  return Status::ok();
+  return cuda::lora_sum_parts_many(c, sums.data(), n_sums);
 }
 
 // The backward of group_forward from dy_ext (dy in columns [0, out), rows

@@ -5,9 +5,16 @@
 // values in f32. Tolerances, as max|got − want| / max|want|: bf16 outputs
 // 8e-3 (one bf16 rounding, 2⁻⁹, after a few f32 ops); f32 outputs 1e-4 (f32
 // sums over at most a few thousand terms); bit-exact where the device only
-// moves or rounds the same value the host rounds.
+// moves or rounds the same value the host rounds, and between two kernels
+// that do the same arithmetic (the q|k|v warp-per-token kernel and the
+// earlier one). The attention backward's delta (rowsum(dO ⊙ O)) on both of
+// its kernels against double sums: they add in different orders, 1e-5.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "backends/cuda/attention.h"
+#include "backends/cuda/train_fused.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/reference/reference.h"
 
@@ -395,6 +402,90 @@ TEST(CudaEmbedding, GatherIsExactAndBackwardAddsRepeatedIds) {
                                 .d_table = dptr<float>(d_dt), .n = n, .vocab = vocab, .dim = dim});
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_LE(rel_error(download<float>(ctx, d_dt, vocab * dim), dt_ref), 1e-6);
+}
+
+// The q|k|v split and merge of the warp-per-token kernel against the one-
+// thread-per-8-pairs kernel it replaced: the same bits, with RoPE and
+// without, packed and strided rows, at the head_dims it takes (16 lanes
+// down to 1 lane per head).
+void check_qkv_kernels_agree(int64_t n_tokens, int64_t n_head, int64_t n_kv, int64_t hd, int64_t pad, bool rope) {
+  SCOPED_TRACE(::testing::Message() << n_tokens << " tokens, heads " << n_head << "/" << n_kv << ", head_dim " << hd
+                                    << ", pad " << pad << (rope ? ", rope" : ""));
+  CudaContext ctx = make_context();
+  const int64_t half = hd / 2, row = (n_head + 2 * n_kv) * hd, ld = pad ? row + pad : 0;
+  const int64_t nq = n_tokens * n_head * hd, nkv = n_tokens * n_kv * hd, nrow = n_tokens * (ld ? ld : row);
+  std::vector<float> ang = random_bf16(n_tokens * half, 7, 3.0f), c(ang.size()), s(ang.size());
+  for (size_t i = 0; i < ang.size(); ++i) c[i] = std::cos(ang[i]), s[i] = std::sin(ang[i]);
+  DeviceBuffer d_c = upload(ctx, c), d_s = upload(ctx, s);
+  std::vector<float> got[2][4];  // [kernel][qkv row after merge, q, k, v after split]
+  for (int k = 0; k < 2; ++k) {
+    DeviceBuffer d_row = upload_bf16(ctx, random_bf16(nrow, 8)), d_q = upload_bf16(ctx, random_bf16(nq, 9));
+    DeviceBuffer d_k = upload_bf16(ctx, random_bf16(nkv, 10)), d_v = upload_bf16(ctx, random_bf16(nkv, 11));
+    QkvSplitArgs a{.qkv = dptr<bf16_bits>(d_row), .q = dptr<bf16_bits>(d_q), .k = dptr<bf16_bits>(d_k),
+                   .v = dptr<bf16_bits>(d_v), .cos = rope ? dptr<float>(d_c) : nullptr,
+                   .sin = rope ? dptr<float>(d_s) : nullptr, .n_tokens = n_tokens, .n_head = n_head,
+                   .n_head_kv = n_kv, .head_dim = hd, .ld_qkv = ld, .thread_per_8_pairs = k == 1};
+    // Merge the random dense heads into the row, then split the row again.
+    Status st = qkv_merge(ctx, a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    got[k][0] = download_bf16(ctx, d_row, nrow);
+    st = qkv_split(ctx, a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    got[k][1] = download_bf16(ctx, d_q, nq);
+    got[k][2] = download_bf16(ctx, d_k, nkv);
+    got[k][3] = download_bf16(ctx, d_v, nkv);
+  }
+  for (int w = 0; w < 4; ++w) {
+    ASSERT_EQ(got[0][w].size(), got[1][w].size());
+    for (size_t i = 0; i < got[0][w].size(); ++i)
+      ASSERT_EQ(lathe::f32_to_bf16(got[0][w][i]), lathe::f32_to_bf16(got[1][w][i])) << "output " << w << " at " << i;
+  }
+}
+
+TEST(CudaQkv, WarpPerTokenKernelIsBitwiseTheEarlierOne) {
+  LATHE_SKIP_WITHOUT_GPU();
+  for (bool rope : {true, false}) {
+    check_qkv_kernels_agree(37, 32, 8, 64, 384, rope);  // the 1B shape, the LoRA columns beside the row
+    check_qkv_kernels_agree(11, 32, 8, 128, 0, rope);   // the 8B shape, packed
+    check_qkv_kernels_agree(5, 6, 3, 256, 8, rope);     // 16 lanes a head
+    check_qkv_kernels_agree(9, 3, 1, 16, 0, rope);      // one lane a head, 5 heads in a 32-head pass
+  }
+}
+
+// D = rowsum(dO ⊙ O) per (token, head) through both delta kernels against a
+// double sum; out's rows ld_out apart (an odd stride takes the per-row
+// kernel on the fast path too).
+void check_delta(int n_tokens, int n_head, int hd, int64_t ld_out) {
+  SCOPED_TRACE(::testing::Message() << n_tokens << " tokens, " << n_head << " heads, head_dim " << hd << ", ld_out "
+                                    << ld_out);
+  CudaContext ctx = make_context();
+  const int64_t ld = ld_out ? ld_out : int64_t(n_head) * hd, rows = int64_t(n_tokens) * n_head;
+  const std::vector<float> o = random_bf16(n_tokens * ld, 21), d_o = random_bf16(rows * hd, 22);
+  std::vector<float> want(size_t(rows), 0.0f);
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t h = 0; h < n_head; ++h) {
+      double acc = 0;
+      for (int64_t i = 0; i < hd; ++i) acc += double(d_o[size_t((t * n_head + h) * hd + i)]) * o[size_t(t * ld + h * hd + i)];
+      want[size_t(t * n_head + h)] = float(acc);
+    }
+  DeviceBuffer d_out = upload_bf16(ctx, o), d_dout = upload_bf16(ctx, d_o), ws = upload(ctx, std::vector<float>(rows));
+  for (bool simple : {false, true}) {
+    ASSERT_TRUE(fill_zero(ctx, ws.data(), size_t(rows) * 4).is_ok());
+    AttentionVarlenBwdArgs a{.out = d_out.data(), .d_out = d_dout.data(), .workspace = ws.data(),
+                             .n_tokens = n_tokens, .n_head = n_head, .head_dim = hd, .stream = ctx.stream(),
+                             .simple = simple, .ld_out = ld_out};
+    Status st = attention_varlen_backward_delta(a);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_LE(rel_error(download<float>(ctx, ws, rows), want), 1e-5) << (simple ? "simple" : "fast");
+  }
+}
+
+TEST(CudaAttentionDelta, BothKernelsMatchDoubleSums) {
+  LATHE_SKIP_WITHOUT_GPU();
+  check_delta(37, 32, 64, 0);
+  check_delta(13, 8, 128, 8 * 128 + 64);
+  check_delta(21, 5, 32, 0);
+  check_delta(9, 4, 64, 4 * 64 + 3);  // rows not 16-byte aligned: the per-row kernel
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "backends/cuda/lora_ops.h"
 #include "cuda/cuda_test_util.h"
@@ -228,6 +229,77 @@ TEST(LoraOps, GemmRowStridesAddressColumnBlocks) {
   EXPECT_FALSE(gemm(ctx, {.a = dptr<bf16_bits>(da), .b = dptr<bf16_bits>(db), .c = dc.data(), .m = m, .n = n,
                           .k = k, .c_dtype = DType::F32, .lda = k - 1})
                    .is_ok());
+}
+
+// Several sums in one call (lora_sum_parts_many: up to 8 a launch, 4
+// columns a thread where strides and pointers allow) are bitwise the sums
+// one call each, and those of the one-thread-per-value kernel: the
+// trainer's shapes (the forward's split into wider rows, dB and dA
+// accumulated into gradients with a scale), an odd shape that takes the
+// scalar kernel in the same call, and more jobs than one launch holds.
+TEST(LoraOps, SumPartsManyIsBitwiseOneAtATime) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = context();
+  struct Shape {
+    int64_t rows, cols, groups, parts;
+    bool split;
+  };
+  const std::vector<Shape> shapes = {{37, 8, 3, 3, true},  {40, 8, 1, 2, false}, {8, 96, 1, 2, false},
+                                     {29, 8, 2, 3, true},  {13, 5, 2, 3, true},  {24, 8, 1, 2, false},
+                                     {8, 64, 1, 2, false}, {6, 12, 1, 2, false}, {16, 8, 1, 2, false},
+                                     {8, 40, 1, 2, false}};
+  std::vector<int64_t> src_at, out_at, split_at;
+  int64_t n_src = 0, n_out = 0, n_split = 0;
+  for (const Shape& h : shapes) {
+    src_at.push_back(n_src), out_at.push_back(n_out), split_at.push_back(n_split);
+    n_src += (h.rows * h.groups * 4 * h.cols + 3) / 4 * 4;  // rows 4 parts wide (one unused)
+    n_out += (h.rows * h.groups * h.cols + 3) / 4 * 4;
+    n_split += h.split ? h.rows * (h.groups * 4 * h.cols + 8) : 0;
+  }
+  const std::vector<float> src = random_f32(n_src, 31), base = random_f32(n_out, 32);
+  DeviceBuffer dsrc = upload(ctx, src);
+  std::vector<float> sums[3];
+  std::vector<uint16_t> splits[3];
+  for (int way = 0; way < 3; ++way) {  // many, many on the scalar kernel, one call each
+    DeviceBuffer dsum = upload(ctx, base), dsplit = upload(ctx, std::vector<uint16_t>(size_t(n_split), 0x7f7f));
+    std::vector<LoraPartsArgs> jobs;
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      const Shape& h = shapes[j];
+      jobs.push_back({.src = dptr<float>(dsrc) + src_at[j], .rows = h.rows, .cols = h.cols, .n_groups = h.groups,
+                      .n_parts = h.parts, .row_stride = h.groups * 4 * h.cols, .group_stride = 4 * h.cols,
+                      .part_stride = h.cols, .scale = h.split ? 0.37f : 1.3f,
+                      .sum = h.split && j % 2 == 0 ? nullptr : dptr<float>(dsum) + out_at[j], .accumulate = j % 3 != 1,
+                      .split = h.split ? dptr<bf16_bits>(dsplit) + split_at[j] : nullptr,
+                      .split_ld = h.split ? h.groups * 4 * h.cols + 8 : 0});
+    }
+    if (way < 2) {
+      Status st = lora_sum_parts_many(ctx, jobs.data(), int(jobs.size()), way == 1);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+    } else {
+      for (const LoraPartsArgs& a : jobs) ASSERT_TRUE(lora_sum_parts(ctx, a).is_ok());
+    }
+    sums[way] = download<float>(ctx, dsum, n_out);
+    splits[way] = download<uint16_t>(ctx, dsplit, n_split);
+  }
+  for (int way = 1; way < 3; ++way) {
+    ASSERT_EQ(std::memcmp(sums[0].data(), sums[way].data(), sums[0].size() * 4), 0) << "sums, way " << way;
+    ASSERT_EQ(splits[0], splits[way]) << "splits, way " << way;
+  }
+  // And against a double sum: the parts summed, scaled, added where accumulating.
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    const Shape& h = shapes[j];
+    if (h.split && j % 2 == 0) continue;  // no sum
+    for (int64_t t = 0; t < h.rows; ++t)
+      for (int64_t g = 0; g < h.groups; ++g)
+        for (int64_t c = 0; c < h.cols; ++c) {
+          double v = 0;
+          for (int64_t p = 0; p < h.parts; ++p)
+            v += src[size_t(src_at[j] + t * h.groups * 4 * h.cols + g * 4 * h.cols + p * h.cols + c)];
+          const size_t i = size_t(out_at[j] + (t * h.groups + g) * h.cols + c);
+          v = v * (h.split ? 0.37 : 1.3) + (j % 3 != 1 ? base[i] : 0.0);
+          ASSERT_NEAR(sums[0][i], v, 1e-5 * (1 + std::abs(v))) << "job " << j << " at " << t << "," << g << "," << c;
+        }
+  }
 }
 
 }  // namespace

@@ -91,6 +91,11 @@ struct AttentionVarlenBwdArgs {
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim = 0,
                                                  AttnBwdKernels kernels = AttnBwdKernels::kAuto);
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);
+// The backward's first kernel alone (for benches and tests): D =
+// rowsum(d_out ⊙ out) per token and head into the workspace's first
+// n_tokens·n_head floats; reads only out, d_out, ld_out, the shape, simple
+// (the one-warp-per-row kernel) and stream.
+Status attention_varlen_backward_delta(const AttentionVarlenBwdArgs& a);
 
 // A check of the two tensor-core products the wgmma backward is built from,
 // on one pair of row-major bf16 [64, head_dim] matrices A and B (Hopper,

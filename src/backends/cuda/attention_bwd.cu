@@ -1,5 +1,6 @@
 // Flash-style attention backward on tensor cores, as three kernels:
-//   1. delta: D = rowsum(dO ⊙ O) per row and head (f32, in the workspace);
+//   1. delta: D = rowsum(dO ⊙ O) per row and head (f32, in the workspace;
+//      attention_delta.cu);
 //   2. dq: per block of 64 query rows, walk the visible keys, recompute
 //      P = exp(S − lse), dP = dO·Vᵀ, dS = P ⊙ (dP − D), accumulate dQ = dS·K;
 //   3. dkdv: per block of 64 keys of one KV head, loop over the query heads
@@ -55,6 +56,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "core/env.h"
 
@@ -107,23 +109,6 @@ template <int D, class Path>
 constexpr int bwd_min_blocks() {
   if (!Path::kAsync) return 1;
   return D == 128 ? 2 : D == 64 ? LATHE_ATTN_BWD_MIN_BLOCKS_64 : LATHE_ATTN_BWD_MIN_BLOCKS_32;
-}
-
-// One warp per (token, head); lanes stride over head_dim. turn: the fused
-// kernel's turn counters, one per row and head, zeroed here (or null).
-__global__ void delta_kernel(BwdParams p, int d, int* turn) {
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= int64_t(p.n_tokens) * p.n_head) return;
-  float s = 0.f;
-  const int64_t t = row / p.n_head, h = row % p.n_head;
-  const bf16* o = p.out + t * (p.ld_out ? p.ld_out : int64_t(p.n_head) * d) + h * d;
-  for (int i = threadIdx.x % 32; i < d; i += 32)
-    s += __bfloat162float(p.d_out[row * d + i]) * __bfloat162float(o[i]);
-  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (threadIdx.x % 32 == 0) {
-    p.delta[row] = s;
-    if (turn) turn[row] = 0;
-  }
 }
 
 // dq: S = Q·Kᵀ and dP = dO·Vᵀ for one K/V tile, dS in place of S, dQ += dS·K.
@@ -650,9 +635,7 @@ Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_s
 // wgmma ones; f.dq_acc set: the one-kernel backward.
 template <int D, class Path>
 Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows) {
-  const int rows = p.n_tokens * p.n_head;  // < 2^31, checked by the caller
-  delta_kernel<<<(rows + 3) / 4, 128, 0, st>>>(p, D, f.turn);
-  LATHE_TRY(cuda_check(cudaGetLastError(), "attention delta launch"));
+  LATHE_TRY(launch_delta(p, D, f.turn, std::is_same_v<Path, SimplePath>, st));  // attention_delta.cu
   if (f.dq_acc) return launch_fused<D>(p, f, n_docs, max_seqlen, st);
   if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;

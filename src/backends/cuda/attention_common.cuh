@@ -335,6 +335,12 @@ bool sm90_supported(int d);
 // Its dq and dkdv kernels, 64 or 128 rows (queries, keys) per thread block;
 // delta must already be in p.delta.
 Status launch_backward_sm90(const BwdParams& p, int d, int rows, int n_docs, int max_seqlen, cudaStream_t st);
+// The backward's first kernel (attention_delta.cu): p.delta = rowsum(dO ⊙ O)
+// per row and head at head_dim d, and turn[row] = 0 where turn is set (the
+// fused kernel's counters). simple: the one-warp-per-row kernel (the simple
+// path's); otherwise the 16-byte streaming one wherever out allows it.
+// n_tokens·n_head < 2^31 and d_out 16-byte aligned (the caller checks).
+Status launch_delta(const BwdParams& p, int d, int* turn, bool simple, cudaStream_t st);
 
 Status cuda_check(cudaError_t err, const char* what);
 

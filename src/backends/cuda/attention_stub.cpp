@@ -16,6 +16,7 @@ size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, i
   return 2 * section + rows * size_t(head_dim > 0 ? head_dim : 128) * sizeof(float);
 }
 Status attention_varlen_backward(const AttentionVarlenBwdArgs&) { return no_cuda(); }
+Status attention_varlen_backward_delta(const AttentionVarlenBwdArgs&) { return no_cuda(); }
 Status attention_wgmma_check(const AttentionWgmmaCheckArgs&) { return no_cuda(); }
 size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim) {
   if (n_tokens <= 0 || n_head <= 0 || head_dim <= 0) return 0;

@@ -69,6 +69,12 @@ struct LoraPartsArgs {
   int64_t split_ld = 0;  // split's row stride in elements; 0: n_groups·4·cols
 };
 Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a);
+// Several such sums, in as few launches as they allow (one for up to 8
+// whose strides and pointers are multiples of 4 floats): the same values as
+// one lora_sum_parts each, in order. No job's output may overlap another's
+// output or input. one_per_value: the one-thread-per-value kernel for all
+// (an A/B switch for benches and tests; the same bits).
+Status lora_sum_parts_many(CudaContext& ctx, const LoraPartsArgs* jobs, int n_jobs, bool one_per_value = false);
 
 // One adapter's dropout mask in one pass.
 struct LoraDropoutMask {

@@ -1,7 +1,9 @@
 // The fused-projection kernels of train_fused.h. The q|k|v split and merge
-// take one thread per (token, head, 8 rotation pairs) with 16-byte loads
-// and stores when head_dim is a multiple of 16 and the pointers are 16-byte
-// aligned (the trainer's case), else one per (token, head, pair); both
+// take one warp per token with 16-byte loads and stores when head_dim is a
+// multiple of 16 dividing 512 and the pointers are 16-byte aligned (the
+// trainer's case; QkvSplitArgs::thread_per_8_pairs: the earlier kernel,
+// one thread per (token, head, 8 rotation pairs)), else one thread per
+// (token, head, pair); all
 // rotate with vec8.cuh's rotate (the products rounded, no fused
 // multiply-add). SwiGLU on [gate | up] rows takes one thread per 8 features
 // (16-byte loads and stores; the trainer's sizes are multiples of 8), else
@@ -81,6 +83,55 @@ __global__ void qkv_kernel8(QkvSplitArgs a) {
   }
   dev::st8(dst, to + p, x1);
   dev::st8(dst, to + p + half, x2);
+}
+
+// One warp per token: head_dim / 16 neighbouring lanes share a head (8
+// pairs each, 16-byte loads and stores), the warp's 32 / (head_dim / 16)
+// heads side by side, stepping over the row's heads. A lane loads its cos
+// and sin once per token for every head it rotates (qkv_kernel8 reloaded
+// them per head: as many table bytes as data bytes through L1) and no
+// index needs a 64-bit division. The arithmetic is qkv_kernel8's: the same
+// bits.
+template <bool kMerge>
+__global__ void qkv_warp_kernel(QkvSplitArgs a) {
+  const int per = int(a.head_dim / 16), lane = int(threadIdx.x % 32);
+  const int heads_per_pass = 32 / per, j = lane / per;
+  const int64_t half = a.head_dim / 2, p = (lane % per) * 8;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t >= a.n_tokens || j >= heads_per_pass) return;
+  const int slots = int(a.n_head + 2 * a.n_head_kv), n_q = int(a.n_head), n_qk = int(a.n_head + a.n_head_kv);
+  const int64_t row = a.ld_qkv ? a.ld_qkv : slots * a.head_dim;
+  float c[8], s[8];
+  if (a.cos) {
+    dev::ld8(a.cos, t * half + p, c);
+    dev::ld8(a.sin, t * half + p, s);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s[e] = kMerge ? -s[e] : s[e];
+  }
+  for (int h = j; h < slots; h += heads_per_pass) {
+    bf16_bits* dense;
+    int64_t head, heads;
+    if (h < n_q) {
+      dense = a.q, head = h, heads = a.n_head;
+    } else if (h < n_qk) {
+      dense = a.k, head = h - n_q, heads = a.n_head_kv;
+    } else {
+      dense = a.v, head = h - n_qk, heads = a.n_head_kv;
+    }
+    const int64_t fused = t * row + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
+    const bf16_bits* src = kMerge ? dense : a.qkv;
+    bf16_bits* dst = kMerge ? a.qkv : dense;
+    const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
+    float x1[8], x2[8];
+    dev::ld8(src, from + p, x1);
+    dev::ld8(src, from + p + half, x2);
+    if (a.cos && h < n_qk) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dev::rotate(x1[e], x2[e], c[e], s[e], &x1[e], &x2[e]);
+    }
+    dev::st8(dst, to + p, x1);
+    dev::st8(dst, to + p + half, x2);
+  }
 }
 
 using dev::Bf16x8;
@@ -166,7 +217,10 @@ Status launch_qkv(CudaContext& ctx, const QkvSplitArgs& a, const char* what) {
   const int64_t n = a.n_tokens * (a.n_head + 2 * a.n_head_kv) * (a.head_dim / 2);
   if (n == 0) return Status::ok();
   if (a.head_dim % 16 == 0 && a.ld_qkv % 8 == 0 && aligned16(a.qkv, a.q, a.k, a.v, a.cos, a.sin)) {
-    qkv_kernel8<kMerge><<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+    if (!a.thread_per_8_pairs && 32 % (a.head_dim / 16) == 0)
+      qkv_warp_kernel<kMerge><<<blocks_for(a.n_tokens, kThreads / 32), kThreads, 0, stream_of(ctx)>>>(a);
+    else
+      qkv_kernel8<kMerge><<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
   } else {
     qkv_kernel<kMerge><<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
   }

@@ -28,6 +28,7 @@ struct QkvSplitArgs {
   const float* sin = nullptr;
   int64_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   int64_t ld_qkv = 0;  // qkv's row stride in elements; 0: packed
+  bool thread_per_8_pairs = false;  // the earlier vector kernel (A/B in benches and tests; the same bits)
 };
 Status qkv_split(CudaContext& ctx, const QkvSplitArgs& a);
 Status qkv_merge(CudaContext& ctx, const QkvSplitArgs& a);
