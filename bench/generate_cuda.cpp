@@ -24,8 +24,7 @@
 // --attn-chunk N the split-K decode attention with chunks of at least N
 // keys; --split-k-attention 1 the step on it (not the cluster kernel). Up
 // to 4 sequences each shape's row is followed by the A/B line: the same
-// model's decode as the persistent step (CudaModelOptions::
-// persistent_decode), with the split-K attention instead of the cluster
+// model's decode with the split-K attention instead of the cluster
 // kernel, the cluster kernel at 2 and 1 query heads per block, and on
 // kCudaDecodeRegisterShapes.
 // After each shape's row, unless --kernels 0, a table of the decode step's
@@ -48,7 +47,6 @@
 #include "backends/cuda/attention.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/decode_ops.h"
-#include "backends/cuda/decode_persistent.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/generation_ops.h"
 #include "models/cuda_causal_lm.h"
@@ -418,104 +416,6 @@ KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelC
   return KernelRow{"layer chained (" + label + chunk + ")", t, double(elems) * 2, 0};
 }
 
-// ---- The persistent step (decode_persistent.h) ------------------------------------
-
-// Its kernel over kPersistLayers layers of this shape (weights cycling
-// through the pool's copies; the caches and attention of the kernel table)
-// and a stand-in LM head of `hidden` rows.
-constexpr int kPersistLayers = 16;
-struct PersistentBench {
-  cu::DeviceBuffer list, barrier, trace;
-  std::vector<cu::GemvArgs> host;
-  cu::PersistentDecodeArgs args;
-  int grid = 0;
-  int64_t layer_bytes = 0;
-};
-
-bool make_persistent(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int ctx_len,
-                     bool overlap, PersistentBench& pb) {
-  const int dev = ctx.device(), hd = c.head_dim;
-  if (batch > 4 || !cu::decode_persistent_supported(dev, hd) ||
-      !ok(cu::decode_persistent_prepare(dev, hd, batch, 0), "persistent prepare"))
-    return false;
-  const LayerGemvs l = layer_gemvs(kb, c, batch, ctx_len, overlap, Grid{});
-  const int64_t k = c.hidden_size;
-  const int64_t elems = (l.qkv_rows + l.o_rows + l.gate_up_rows) * k + l.down_rows * c.intermediate_size;
-  const int copies = static_cast<int>(std::max<int64_t>(1, int64_t(kb.pool_bytes / 2) / elems));
-  const auto* pool = static_cast<const bf16_bits*>(kb.pool.data());
-  for (int i = 0; i < kPersistLayers; ++i) {
-    cu::GemvArgs qkv = l.qkv, o = l.o, gu = l.gate_up, down = l.down;
-    qkv.w = pool + int64_t(i % copies) * elems;
-    o.w = qkv.w + l.qkv_rows * k, gu.w = o.w + l.o_rows * k, down.w = gu.w + l.gate_up_rows * k;
-    pb.host.insert(pb.host.end(), {qkv, o, gu, down});
-  }
-  cu::GemvArgs head = l.lm_head;
-  head.n = c.hidden_size, head.w = pool;
-  pb.host.push_back(head);
-  pb.grid = cu::decode_persistent_grid(dev, hd, batch, 0);
-  const size_t list_bytes = pb.host.size() * sizeof(cu::GemvArgs);
-  const size_t trace_bytes = size_t(10 * kPersistLayers + 2) * pb.grid * sizeof(uint64_t);
-  auto list = cu::DeviceBuffer::alloc(dev, list_bytes);
-  auto barrier = cu::DeviceBuffer::alloc(dev, 256);
-  auto trace = cu::DeviceBuffer::alloc(dev, trace_bytes);
-  if (!ok(list.status(), "alloc") || !ok(barrier.status(), "alloc") || !ok(trace.status(), "alloc")) return false;
-  pb.list = std::move(*list), pb.barrier = std::move(*barrier), pb.trace = std::move(*trace);
-  pb.layer_bytes = elems * 2;
-  pb.args = {.gemvs = static_cast<const cu::GemvArgs*>(pb.list.data()), .n_layer = kPersistLayers, .rows = batch,
-             .attn_out = kb.attn, .workspace = static_cast<float*>(kb.workspace),
-             .barrier = static_cast<unsigned*>(pb.barrier.data()), .scale = 0.088f, .overlap = overlap};
-  return ok(cu::copy_to_device(ctx, pb.list.data(), pb.host.data(), list_bytes), "upload") &&
-         ok(cu::fill_zero(ctx, pb.barrier.data(), 256), "zero") && ok(ctx.synchronize(), "synchronize");
-}
-
-// Per layer: the launch over kPersistLayers layers, timed back to back, over kPersistLayers.
-KernelRow time_persistent(cu::CudaContext& ctx, PersistentBench& pb) {
-  const double t = time_graph(ctx, 4, [&](int) { return cu::decode_persistent(ctx, pb.args, pb.host.data()); });
-  return {"layer persistent (" + std::to_string(kPersistLayers) + " layers in one launch, per layer; " +
-              std::to_string(pb.grid) + " blocks)",
-          t / kPersistLayers, double(pb.layer_bytes), 0};
-}
-
-// One traced launch: per stage (averaged over the layers) the wall time from
-// the barrier before it to the barrier after it, and the blocks' longest
-// and mean work in it (the rest of the wall time: waiting at the barrier).
-void print_persistent_stages(cu::CudaContext& ctx, PersistentBench& pb) {
-  const int g = pb.grid, n_events = 10 * kPersistLayers + 2;
-  std::vector<uint64_t> ev(size_t(n_events) * g);
-  pb.args.trace = static_cast<uint64_t*>(pb.trace.data());
-  const bool ran = ok(cu::decode_persistent(ctx, pb.args, pb.host.data()), "traced launch") &&
-                   ok(cu::copy_to_host(ctx, ev.data(), pb.trace.data(), ev.size() * sizeof(uint64_t)), "download");
-  pb.args.trace = nullptr;
-  if (!ran) return;
-  auto at = [&](int e, int b) { return double(ev[size_t(e) * g + b]) * 1e-3; };  // us
-  auto latest = [&](int e) {
-    double m = 0;
-    for (int b = 0; b < g; ++b) m = std::max(m, at(e, b));
-    return m;
-  };
-  const char* names[5] = {"norm+qkv+rope", "attention", "o +residual", "norm+gate|up+swiglu", "down +residual"};
-  double wall[5] = {}, longest[5] = {}, mean[5] = {};
-  for (int s = 0; s < 5 * kPersistLayers; ++s) {
-    const int before = s == 0 ? n_events - 1 : 2 * s - 1;
-    wall[s % 5] += (latest(2 * s + 1) - latest(before)) / kPersistLayers;
-    double mx = 0, sum = 0;
-    for (int b = 0; b < g; ++b) {
-      const double w = at(2 * s, b) - at(before, b);
-      mx = std::max(mx, w), sum += w;
-    }
-    longest[s % 5] += mx / kPersistLayers, mean[s % 5] += sum / g / kPersistLayers;
-  }
-  std::printf("\npersistent step stages (one traced launch of %d layers, %d blocks; per layer, us): wall = barrier "
-              "to barrier; longest / mean = a block's work in it\n| stage | wall | longest | mean |\n|---|---|---|---|\n",
-              kPersistLayers, g);
-  double total = 0;
-  for (int i = 0; i < 5; ++i) {
-    std::printf("| %s | %.1f | %.1f | %.1f |\n", names[i], wall[i], longest[i], mean[i]);
-    total += wall[i];
-  }
-  std::printf("| layer | %.1f | | |\n| whole launch | %.1f | | |\n", total, latest(n_events - 2) - latest(n_events - 1));
-}
-
 // The decode step's kernels at this shape and batch, as decode_layer() calls them.
 void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const StepGemvs& step, double step_s) {
   const ModelConfig& c = s.cfg;
@@ -578,15 +478,6 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                                   return Grid{.shape = cu::kGemvBulkShape, .ring_kib = r.kib, .per_sm = r.per_sm};
                                 },
                                 r.chunk));
-  PersistentBench pb;
-  const bool persist = make_persistent(*ctx, kb, c, batch, mean_ctx, overlap, pb);
-  if (persist) {
-    rows.push_back(time_persistent(*ctx, pb));
-    pb.args.gemv_only = true;
-    rows.push_back(time_persistent(*ctx, pb));
-    rows.back().name += " (GEMV stages only: no attention, no barriers)";
-    pb.args.gemv_only = false;
-  }
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
               "x0: a block shape the step does not run there; layer rows: GB/s of the layer's GEMV weights)\n",
               s.name, batch);
@@ -601,7 +492,6 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   std::printf("these kernels add up to %.3f ms per step; the graph's step took %.3f ms (the rest: embedding, RoPE "
               "tables, argmax, gaps)\n",
               sum * 1e3, step_s * 1e3);
-  if (persist) print_persistent_stages(*ctx, pb);
   std::fflush(stdout);
 }
 
@@ -644,7 +534,6 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
       lathe::CudaModelOptions o;
     };
     const Case cases[] = {
-        {"persistent step", {.persistent_decode = true}},
         {"split-K attention (the step before the cluster kernel)", {.split_k_attention = true}},
         {"cluster attention, 2 q heads per block", {.attention_cluster_heads = 2}},
         {"cluster attention, 1 q head per block", {.attention_cluster_heads = 1}},
@@ -652,10 +541,6 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
     };
     for (const Case& c : cases) {
       m.set_decode_gemvs(c.o);
-      if (c.o.persistent_decode && !m.runs_persistent_decode(batch)) {
-        std::printf(" %s: not run here;", c.name);
-        continue;
-      }
       const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
       std::printf(" %s: %.1f (%.0f%%);", c.name, tps, 100.0 * tps / floor_tps);
     }

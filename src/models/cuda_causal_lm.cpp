@@ -19,15 +19,13 @@
 // buffers laid out [q | k | v] by part and the flash attention kernel. A
 // decode step (one token for each of sequences 0..B−1) runs the skinny GEMM
 // of decode_ops.h with the norm before it and its epilogue fused: per layer
-// norm+qkv (+bias)+RoPE+KV append, attention (split-K, the last block of
-// each head merging), o (+residual), norm+gate|up (+SwiGLU), down
+// norm+qkv (+bias)+RoPE+KV append, attention (up to 4 sequences the
+// cluster kernel, else split-K: attention.h), o (+residual), norm+gate|up (+SwiGLU), down
 // (+residual): 5 kernels (6 with a q/k norm, which takes RoPE and the
 // append into a kernel of its own); plus embedding, RoPE tables and final
 // norm+LM head: 5·n_layer + 3 kernels per step (83 for Llama-3.2-1B, 163
 // for Llama-3.1-8B; above 4 sequences the three norms are kernels of their
-// own), captured once per B as a CUDA graph. With persistent_decode the
-// layers and the LM head are one persistent kernel instead
-// (cuda_causal_lm_persistent.cpp). On sm_90+ every kernel of a
+// own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
@@ -242,7 +240,6 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
 Status CudaCausalLmImpl::decode_step(int b) {
-  if (persistent_step(b)) return decode_step_persistent(b);
   LATHE_TRY(cuda::embedding_f32(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = b, .vocab = vocab,
                                       .dim = hidden}));
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
@@ -283,7 +280,6 @@ Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
     LATHE_TRY(check_tokens(s, tokens.subspan(s, 1)).with_context("decode step, sequence " + std::to_string(s)));
   }
   LATHE_TRY(upload_step(tokens, [&](int64_t i) { return seq_len[i]; }));
-  if (persistent_step(b)) LATHE_TRY(prepare_persistent(b));  // outside any capture
   Status st = enqueue_step(b);
   if (!st.is_ok() && overlap) {
     // A driver that refuses programmatic dependent launches (or their capture):
@@ -382,7 +378,6 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.register_gemv = d.register_gemv, o.bulk_gemv = d.bulk_gemv, o.bulk_ring_kib = d.bulk_ring_kib;
   o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
   o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
-  o.persistent_decode = d.persistent_decode, o.decode_l2_ahead = d.decode_l2_ahead;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

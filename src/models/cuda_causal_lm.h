@@ -92,14 +92,6 @@ struct CudaModelOptions {
   // query heads per block (0: the whole group, up to 4).
   bool split_k_attention = false;
   int attention_cluster_heads = 0;
-  // A decode step of up to 4 sequences as one persistent kernel
-  // (decode_persistent.h: every layer's stages and the LM head separated by
-  // grid barriers, the weights streaming through each block's ring across
-  // them) where it runs: sm_90+, head_dim 64 or 128, no q/k norm, flash
-  // attention. Its ring takes bulk_ring_kib, its attention blocks at least
-  // attention_min_chunk keys, when set. Opt-in until measured.
-  bool persistent_decode = false;
-  int decode_l2_ahead = 0;  // persistent_decode: 32 KiB weight units per block pulled into L2 ahead of its ring
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -127,10 +119,8 @@ class CudaCausalLM {
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
   // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
-  // attention_cluster_heads, persistent_decode, decode_l2_ahead; drops captured graphs.
+  // attention_cluster_heads; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
-  // Whether a decode step of `batch` sequences runs as the persistent kernel (persistent_decode).
-  bool runs_persistent_decode(int batch) const;
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive
   // [rows, vocab] with rows = tokens.size() when all_logits (at most

@@ -13,7 +13,6 @@
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/decode_ops.h"
-#include "backends/cuda/decode_persistent.h"
 #include "backends/cuda/generation_ops.h"
 #include "models/cuda_causal_lm.h"
 #include "models/weight_loader.h"
@@ -65,10 +64,6 @@ struct StateBuffers {
   // cache at slot s, its v cache at S + s (the pointer arrays of
   // attention_decode_batch and rope_append, each 16-byte aligned).
   bf16_bits** cache_ptrs = nullptr;
-  // The persistent decode step (cuda_causal_lm_persistent.cpp): its stage
-  // list [4·n_layer + 1] and its grid barrier's two counters (zero).
-  cuda::GemvArgs* persist_gemvs = nullptr;
-  unsigned* persist_barrier = nullptr;
 };
 
 // One layout walked twice: without an arena it sizes the plan, with one it
@@ -121,7 +116,6 @@ class CudaCausalLmImpl {
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
   std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B
   std::vector<int32_t> host_step;       // staging [2·R]: tokens at 0, positions at R (buf.tokens' layout)
-  std::vector<cuda::GemvArgs> persist_host;  // buf.persist_gemvs' contents once uploaded (empty before)
 
   Status init(const ModelHeader& header, const CudaModelOptions& options);
   Status allocate();
@@ -151,10 +145,6 @@ class CudaCausalLmImpl {
   Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
   Status decode_step(int b);
-  // The persistent step (CudaModelOptions::persistent_decode) where it runs.
-  bool persistent_step(int b) const;
-  Status prepare_persistent(int b);  // uploads the stage list once, sizes the grid (never under a capture)
-  Status decode_step_persistent(int b);
   Status decode(std::span<const int32_t> tokens);
   Status enqueue_step(int b);  // eagerly, or as this b's graph (captured on its second step)
 };

@@ -138,8 +138,6 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.attn_workspace, c.take<char>(static_cast<int64_t>(std::max<size_t>(ws, 16)), "attention workspace"));
   LATHE_ASSIGN_OR_RETURN(buf.next_token, c.take<int32_t>(nb, "next tokens"));
   LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
-  LATHE_ASSIGN_OR_RETURN(buf.persist_gemvs, c.take<cuda::GemvArgs>(4 * int64_t(n_layer) + 1, "decode stage list"));
-  LATHE_ASSIGN_OR_RETURN(buf.persist_barrier, c.take<unsigned>(2, "decode grid barrier"));
   return Status::ok();
 }
 

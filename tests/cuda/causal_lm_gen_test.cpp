@@ -39,7 +39,6 @@
 #include <tuple>
 #include <vector>
 
-#include "backends/cuda/decode_persistent.h"
 #include "backends/cuda/device.h"
 #include "core/check.h"
 #include "io/hf_config.h"
@@ -504,33 +503,35 @@ TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
   check_batch_decode(dir.str(), prompt, /*simple=*/false, {.bulk_gemv = true});
 }
 
-// The decode step as one persistent kernel (CudaModelOptions::
-// persistent_decode; on sm_90+ it runs for these head dims, checked):
-// the CPU's logits within the same tolerance, free-running greedy tokens
-// the CPU's where its pick is decisive; graph replay and overlapped
-// launches bitwise the eager and ordinary runs; batched sequences (2 and
-// 4 x rows, a block per SM) bitwise their own logits alone (1 x row, two
-// blocks per SM: the same column runs per block and the same key splits).
-TEST_P(CudaGenFlash, PersistentDecodeMatchesCpu) {
+// Decode attention on the split-K kernel (CudaModelOptions::
+// split_k_attention; the default up to 4 sequences on sm_90 is the cluster
+// kernel, which the tests above run): the CPU's logits within the same
+// tolerance, greedy tokens the CPU's where its pick is decisive; graph
+// replay and overlapped launches bitwise the eager and ordinary runs;
+// batched sequences bitwise their own logits alone. The cluster kernel at
+// one query head per block the same way.
+TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_persistent");
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_attention");
   write_random_model(dir.str(), c.family, c.head_dim, c.window);
   auto cpu = load_cpu(dir.str());
   std::vector<int32_t> prompt;
   for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
-  auto on = load_gpu(dir.str(), {.max_seq = max_seq, .persistent_decode = true});
-  auto off = load_gpu(dir.str(), {.max_seq = max_seq, .overlap_launches = false, .persistent_decode = true});
-  if (cuda::decode_persistent_supported(0, c.head_dim)) {
-    EXPECT_TRUE(on->runs_persistent_decode(1)) << "the persistent step does not run here";
-  } else {
-    std::printf("  the persistent step does not run on this GPU: the ordinary step was checked\n");
+  for (const CudaModelOptions& o : {CudaModelOptions{.split_k_attention = true},
+                                    CudaModelOptions{.attention_cluster_heads = 1}}) {
+    SCOPED_TRACE(o.split_k_attention ? "split-K attention" : "cluster attention, one head per block");
+    CudaModelOptions on_opts = o, off_opts = o;
+    on_opts.max_seq = off_opts.max_seq = max_seq;
+    off_opts.overlap_launches = false;
+    auto on = load_gpu(dir.str(), on_opts);
+    auto off = load_gpu(dir.str(), off_opts);
+    check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
+    check_graph_replay(*on, prompt);
+    EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
+    check_batch_decode(dir.str(), prompt, /*simple=*/false, o);
   }
-  check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
-  check_graph_replay(*on, prompt);
-  EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
-  check_batch_decode(dir.str(), prompt, /*simple=*/false, {.persistent_decode = true});
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,

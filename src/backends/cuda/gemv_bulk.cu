@@ -41,7 +41,7 @@
 // Thread t sums chunks t, t + 256, ... of each row (k in order), the block
 // adds its warps in order: the sums do not depend on the number of x rows
 // nor on the grid or ring. The producer and consumer loops are
-// gemv_ring.cuh's, shared with the persistent decode kernel.
+// gemv_ring.cuh's.
 #include <algorithm>
 
 #include "backends/cuda/decode_launch.cuh"
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) gemv_bulk_kernel(GemvArgs a, 
     return;
   }
   wait_prior_grid();  // x comes from the previous kernel, and the epilogue may write what it reads
-  consume_units<B, E, false>(a, c_begin, c_end, ring, pos, s_sums);
+  consume_units<B, E>(a, c_begin, c_end, ring, pos, s_sums);
 }
 
 template <int B, GemvEpilogue E>

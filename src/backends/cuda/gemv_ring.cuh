@@ -1,8 +1,9 @@
 // The shared-memory weight ring of the skinny GEMM (gemv_bulk.cu) as device
-// pieces, so that the ring GEMV kernel and the persistent decode kernel
-// (decode_persistent.cu) run the same producer, the same consumer loop and
-// so the same f32 sums in the same order: a result of one is bitwise the
-// result of the other.
+// pieces: the producer warp and the consumer loop. (A persistent decode
+// kernel ran the same pieces for every stage of a step, grid barriers
+// between them: measured half the speed of the kernel-per-stage step on the
+// H200, with the GEMV stages alone, no barriers, streaming at about half
+// the standalone rate; removed.)
 //
 // The ring: S slots of one unit each (8 weight rows × 2048 k, 32 KiB), a
 // "full" mbarrier per slot (the bulk copies' byte count) and an "empty" one
@@ -75,10 +76,6 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
-}
-// bytes (a multiple of 16) from global src into L2, nothing waiting on them.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  LATHE_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -154,16 +151,8 @@ struct XRaw {
   uint4 v[B][2];  // bf16: v[b][0]; f32: two float4 as bits
   uint4 norm;
 };
-// kCoherent: x was written by other blocks of this kernel (a stage of the
-// persistent decode kernel), so it is read with an ordinary load (cached in
-// L1, which the barrier's acquire invalidates), never through the read-only
-// path, which is not kept coherent with writes during the kernel.
-template <bool kCoherent>
-__device__ __forceinline__ uint4 ld_x(const void* p) {
-  if constexpr (kCoherent) return __ldca(static_cast<const uint4*>(p));
-  else return __ldg(static_cast<const uint4*>(p));
-}
-template <int B, bool kCoherent>
+__device__ __forceinline__ uint4 ld_x(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+template <int B>
 __device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, XRaw<B>& x) {
   if (c >= a.k / 8) return;
 #pragma unroll
@@ -171,9 +160,9 @@ __device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, X
     if (b >= rows) break;
     if (a.x_f32) {
       const uint4* p = reinterpret_cast<const uint4*>(a.x_f32 + int64_t(b) * a.k + c * 8);
-      x.v[b][0] = ld_x<kCoherent>(p), x.v[b][1] = ld_x<kCoherent>(p + 1);
+      x.v[b][0] = ld_x(p), x.v[b][1] = ld_x(p + 1);
     } else {
-      x.v[b][0] = ld_x<kCoherent>(a.x + int64_t(b) * a.k + c * 8);
+      x.v[b][0] = ld_x(a.x + int64_t(b) * a.k + c * 8);
     }
   }
   if (a.norm_w) x.norm = __ldg(reinterpret_cast<const uint4*>(a.norm_w + c * 8));
@@ -201,31 +190,15 @@ __device__ __forceinline__ void use_x(const GemvArgs& a, const XRaw<B>& x, int b
 }
 
 // The producer warp: the units of a's columns [c_begin, c_end) (a lane per
-// weight row), each slot refilled once the consumers have emptied it. With
-// l2_ahead > 0, lanes 8..15 also pull units into L2 that far ahead of the
-// copies (the first l2_ahead at once), so that a ring refilled after the
-// consumers were away (a barrier, the attention) is refilled from L2.
+// weight row), each slot refilled once the consumers have emptied it.
 template <GemvEpilogue E>
-__device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
-                              int l2_ahead = 0) {
+__device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos) {
   const int lane = threadIdx.x & 31;
   const uint64_t policy = evict_first_policy();
   const int k_stages = k_stages_of(a);
   const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
-  UnitCursor<E> cur{c_begin}, ahead{c_begin};
-  auto prefetch = [&](const UnitCursor<E>& c) {
-    const int r = lane - kBulkRows;
-    if (r < 0 || r >= kBulkRows) return;
-    const int64_t k0 = int64_t(c.stage) * kStageK;
-    const int64_t row = tile_row<kBulkRows, E>(a, c.u0, min(c_end, c.u0 + UnitCursor<E>::kTileCols), r);
-    if (row >= 0) bulk_prefetch_l2(a.w + row * a.k + k0, static_cast<uint32_t>(min(int64_t(kStageK), a.k - k0) * 2));
-  };
-  for (int64_t u = 0; u < min(n_units, int64_t(l2_ahead)); ++u, ahead.next(k_stages)) prefetch(ahead);
+  UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u, cur.next(k_stages), pos.next(ring.n_slots)) {
-    if (l2_ahead > 0 && u + l2_ahead < n_units) {
-      prefetch(ahead);
-      ahead.next(k_stages);
-    }
     if (pos.units >= ring.n_slots) mbar_wait(ring.empty + 8 * pos.slot, pos.parity ^ 1);
     const int64_t k0 = int64_t(cur.stage) * kStageK;
     const uint32_t bytes = static_cast<uint32_t>(min(int64_t(kStageK), a.k - k0) * 2);
@@ -252,7 +225,7 @@ struct RingSums {
 // producer's order, each tile's sums and its epilogue. x (and what the
 // epilogue reads) may come from the previous kernel: under a programmatic
 // dependent launch the caller has waited for it.
-template <int B, GemvEpilogue E, bool kCoherent>
+template <int B, GemvEpilogue E>
 __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
                               RingSums<B>& s) {
   constexpr int R = kBulkRows, kW = kConsumerWarps;
@@ -263,7 +236,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
   if (n_units == 0) return;
   float acc[R][B], ss[B];
   XRaw<B> x_next;
-  load_x<B, kCoherent>(a, rows, threadIdx.x, x_next);
+  load_x<B>(a, rows, threadIdx.x, x_next);
   UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u) {
     if (cur.stage == 0) {
@@ -280,10 +253,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
     const bool have = int64_t(cur.stage) * kConsumers + threadIdx.x < a.k / 8;
     const XRaw<B> x = x_next;
     const int next_stage = cur.stage + 1 == k_stages ? 0 : cur.stage + 1;
-    // One stage of k (k <= kStageK): every unit takes the same x chunk, loaded once (the persistent kernel's
-    // loads may miss L1).
-    if (u + 1 < n_units && (!kCoherent || k_stages > 1))
-      load_x<B, kCoherent>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
+    if (u + 1 < n_units) load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
     if (have) {
