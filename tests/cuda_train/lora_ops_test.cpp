@@ -56,24 +56,28 @@ SplitCase split_case(CudaContext& ctx, int64_t r, int64_t in, int64_t out) {
   return c;
 }
 
+// Columns a multiple of 4 (4 a thread) and odd ones (one value a thread).
 TEST(LoraOps, SplitWeightsSumBackToTheMasters) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = context();
-  const SplitCase c = split_case(ctx, 4, 24, 40);
-  const int64_t na = c.r * c.in, nb = c.out * c.r;
-  auto check = [&](float v, float hi, float mid, float lo, float hi2, const char* what, int64_t i) {
-    EXPECT_EQ(hi, round_bf16(v)) << what << " " << i;
-    EXPECT_EQ(hi2, hi) << what << " " << i;
-    EXPECT_LE(std::abs(double(hi) + mid + lo - v), 1e-6 * std::abs(v)) << what << " " << i;
-  };
-  for (int64_t i = 0; i < na; ++i)
-    check(c.flat[size_t(i)], c.copies[size_t(i)], c.copies[size_t(na + i)], c.copies[size_t(2 * na + i)],
-          c.copies[size_t(3 * na + i)], "A", i);
-  for (int64_t o = 0; o < c.out; ++o)
-    for (int64_t k = 0; k < c.r; ++k) {
-      const float* row = c.copies.data() + 4 * na + o * 4 * c.r;
-      check(c.flat[size_t(na + o * c.r + k)], row[k], row[c.r + k], row[2 * c.r + k], row[3 * c.r + k], "B", o);
-    }
+  for (const int64_t in : {24, 23}) {
+    SCOPED_TRACE(::testing::Message() << "in " << in << ", r " << (in == 24 ? 4 : 3));
+    const SplitCase c = split_case(ctx, in == 24 ? 4 : 3, in, 40);
+    const int64_t na = c.r * c.in, nb = c.out * c.r;
+    auto check = [&](float v, float hi, float mid, float lo, float hi2, const char* what, int64_t i) {
+      EXPECT_EQ(hi, round_bf16(v)) << what << " " << i;
+      EXPECT_EQ(hi2, hi) << what << " " << i;
+      EXPECT_LE(std::abs(double(hi) + mid + lo - v), 1e-6 * std::abs(v)) << what << " " << i;
+    };
+    for (int64_t i = 0; i < na; ++i)
+      check(c.flat[size_t(i)], c.copies[size_t(i)], c.copies[size_t(na + i)], c.copies[size_t(2 * na + i)],
+            c.copies[size_t(3 * na + i)], "A", i);
+    for (int64_t o = 0; o < c.out; ++o)
+      for (int64_t k = 0; k < c.r; ++k) {
+        const float* row = c.copies.data() + 4 * na + o * 4 * c.r;
+        check(c.flat[size_t(na + o * c.r + k)], row[k], row[c.r + k], row[2 * c.r + k], row[3 * c.r + k], "B", o);
+      }
+  }
 }
 
 TEST(LoraOps, SumPartsAccumulatesAndSplits) {
