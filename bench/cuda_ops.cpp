@@ -200,8 +200,8 @@ void bench_step_rows(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh)
 }
 
 // One layer's LoRA part sums as the trainer makes them (cuda_model_pass.cpp,
-// no dropout): per group the forward's u, then dB per member, du, dA per
-// member; each inner list one lora_sum_parts_many call (16 a layer), timed
+// no dropout): per group the forward's u, du, then dB and dA of every
+// member; each inner list one lora_sum_parts_many call (12 a layer), timed
 // beside one launch per member on the one-thread-per-value kernel (24, as
 // before). Bytes: the parts read, the gradient read and written, the split
 // written (4 bf16 a value). Host launch time counts here; in the step the
@@ -238,16 +238,15 @@ std::vector<std::vector<LoraPartsArgs>> layer_sums(const TrainShape& sh, float* 
                     .sum = grad + goff, .accumulate = true});
       off += (out * 2 * r + 63) / 64 * 64, goff += out * r;
     }
-    add(db);
     add({{.src = part, .rows = T, .cols = r, .n_groups = nl, .n_parts = 3, .row_stride = lw, .group_stride = 4 * r,
           .part_stride = r, .scale = 1.0f, .split = split, .split_ld = ldx}});
-    off = 0;
     for (size_t k = 0; k < g.outs.size(); ++k) {
       da.push_back({.src = part + off, .rows = r, .cols = g.in, .n_parts = 2, .row_stride = g.in,
                     .part_stride = r * g.in, .sum = grad + goff, .accumulate = true});
       off += (2 * r * g.in + 63) / 64 * 64, goff += r * g.in;
     }
-    add(da);
+    db.insert(db.end(), da.begin(), da.end());
+    add(db);
   }
   return calls;
 }

@@ -215,7 +215,7 @@ void carve_layer_scratch(CudaModelImpl& m, SubCarver& c) {
   x.dv = x.act ? x.dk + T * kvd : nullptr;
   x.d_xn = x.act ? x.dv + T * kvd : nullptr;
   x.dh_bf = c.take<cuda::bf16_bits>(T * m.ld_dh_bf);
-  const int64_t lora_floats = std::max({T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r, m.lora_batch_floats()});
+  const int64_t lora_floats = std::max({T * 3 * 4 * r, std::max({H, F, qd}) * 2 * r, m.lora_batch_floats(T)});
   x.lora_f32 = c.take<float>(lora_floats);
   // The LoRA side stream's, as large: it runs only in the backward, between
   // recomputations (cuda_model_overlap.cpp), where tmp_h is dead; its own

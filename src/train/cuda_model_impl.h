@@ -79,6 +79,19 @@ inline const char* const kCudaPhaseNames[kPhNum] = {
 // alignment, and so the cuBLASLt plan and the bits, it has at the start.
 inline int64_t lora_part_floats(int64_t n) { return (n + 63) / 64 * 64; }
 
+// Part sums gathered for one lora_sum_parts_many call: a group's dB and dA
+// (at most two per projection).
+struct CPartSums {
+  std::array<cuda::LoraPartsArgs, 2 * kCnumProj> job;
+  int n = 0;
+  void add(const cuda::LoraPartsArgs& a) { job[size_t(n++)] = a; }
+  Status flush(cuda::CudaContext& c) {
+    const int count = n;
+    n = 0;
+    return cuda::lora_sum_parts_many(c, job.data(), count);
+  }
+};
+
 // A forward GEMM of a group: output rows [row0, row0 + rows) over x_ext's
 // columns [k0, k0 + k).
 struct CSection {
@@ -266,9 +279,10 @@ struct CudaModelImpl {
   Result<PassLoss> run(const MicroBatch& mb, float loss_scale, bool backward);
   Status side_start();  // the LoRA side stream's context and events (with overlap_mode > 0)
   Status refresh_split();  // the 4-term copies from the masters (full SFT: the bf16 copies)
-  // The LoRA scratch (x.lora_f32) the batched dB / dA sums need: the
-  // largest group's members' partial products, each lora_part_floats.
-  int64_t lora_batch_floats() const;
+  // The LoRA scratch (x.lora_f32, and the side stream's) a group's backward
+  // needs for `tokens` rows: du's parts (tokens × lw), then every member's
+  // dB and dA parts (lora_part_floats each), all live until one sum.
+  int64_t lora_batch_floats(int64_t tokens) const;
   std::vector<cuda::CudaAdamWParam> adamw_params() const;  // every table entry
 
   // Full SFT (cuda_model_sft.cpp).
@@ -301,10 +315,12 @@ struct CudaModelImpl {
   // lora_u for a backward that only the LoRA gradients read (on the side
   // stream when overlapping).
   Status lora_u_for_grads(int64_t l, int g, bf16p x_ext, int64_t n);
-  Status lora_db(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
-                 int64_t ld_dy, int64_t n);
-  Status lora_da(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
-                 int64_t ld_dy, int64_t n);
+  // dB's and dA's GEMMs into the members' blocks from `part` (left past
+  // the last); their sums are added to `sums` (the caller launches them).
+  Status lora_db(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
+                 int64_t ld_dy, int64_t n, CPartSums& sums);
+  Status lora_da(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
+                 int64_t ld_dy, int64_t n, CPartSums& sums);
   // With dropout (cuda_model_dropout.cpp): the members' x·A4ᵀ on their own
   // masked inputs into x.lora_f32; their dA; and dx = dy·W + Σ masked du·A.
   Status lora_u_dropout_products(const CGroup& G, const bf16p x_ext, int64_t n);

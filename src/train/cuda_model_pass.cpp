@@ -109,57 +109,50 @@ Status CudaModelImpl::group_forward(int64_t l, int g, bf16p xe, bf16p y, int64_t
   return Status::ok();
 }
 
-int64_t CudaModelImpl::lora_batch_floats() const {
+int64_t CudaModelImpl::lora_batch_floats(int64_t tokens) const {
   int64_t most = 0;
   if (blocks.empty()) return 0;
   for (const CGroup& G : blocks[0].g) {
-    int64_t db = 0, da = 0;
-    for (int k : G.loras) {
-      db += lora_part_floats(loras[size_t(k)].out * 2 * o.lora_r);
-      da += lora_part_floats(2 * o.lora_r * G.in);
-    }
-    most = std::max({most, db, da});
+    int64_t need = lora_part_floats(tokens * G.lw);
+    for (int k : G.loras)
+      need += lora_part_floats(loras[size_t(k)].out * 2 * o.lora_r) + lora_part_floats(2 * o.lora_r * G.in);
+    most = std::max(most, need);
   }
   return most;
 }
 
-// dB = dyᵀ·[u_hi | u_lo] → [out, 2r] per member of G, each member's into
-// its own block of `part`, then summed into the members' f32 gradients in
-// one launch (u carries s), on context c with `part` its scratch.
-Status CudaModelImpl::lora_db(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p xe, const bf16p dye,
-                              int64_t ld_dy, int64_t n) {
+// dB = dyᵀ·[u_hi | u_lo] → [out, 2r] per member of G (u carries s), each
+// member's into its own block from `part`, on context c; the sums into
+// the members' f32 gradients go to `sums`.
+Status CudaModelImpl::lora_db(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p xe, const bf16p dye,
+                              int64_t ld_dy, int64_t n, CPartSums& sums) {
   const int64_t r = o.lora_r;
-  std::array<cuda::LoraPartsArgs, kCnumProj> sums;
-  int n_sums = 0;
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
     LATHE_TRY(cuda::gemm(c, {.a = dye + a.col, .b = xe + a.u_col + 2 * r, .c = part, .m = a.out, .n = 2 * r,
                              .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldx}));
-    sums[size_t(n_sums++)] = {.src = part, .rows = a.out, .cols = r, .n_parts = 2, .row_stride = 2 * r,
-                              .part_stride = r, .sum = a.db, .accumulate = true};
+    sums.add({.src = part, .rows = a.out, .cols = r, .n_parts = 2, .row_stride = 2 * r, .part_stride = r,
+              .sum = a.db, .accumulate = true});
     part += lora_part_floats(a.out * 2 * r);
   }
-  return cuda::lora_sum_parts_many(c, sums.data(), n_sums);
+  return Status::ok();
 }
 
 // dA = [du_hi | du_lo]ᵀ·x → [2r, in] per member of G (du from dy_ext's
-// columns), each into its own block of `part`, summed into the members' f32
-// gradients in one launch; on c with `part` its scratch.
-Status CudaModelImpl::lora_da(cuda::CudaContext& c, float* part, const CGroup& G, const bf16p xe, const bf16p dye,
-                              int64_t ld_dy, int64_t n) {
+// columns), each into its own block from `part`, on c; the sums to `sums`.
+Status CudaModelImpl::lora_da(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p xe, const bf16p dye,
+                              int64_t ld_dy, int64_t n, CPartSums& sums) {
   const int64_t r = o.lora_r;
-  std::array<cuda::LoraPartsArgs, kCnumProj> sums;
-  int n_sums = 0;
   for (int k : G.loras) {
     const CLora& a = loras[size_t(k)];
     LATHE_TRY(cuda::gemm(c, {.a = dye + G.out + a.slot * 4 * r + 2 * r, .b = xe + G.x_col, .c = part, .m = 2 * r,
                              .n = G.in, .k = n, .trans_a = true, .c_dtype = DType::F32, .lda = ld_dy,
                              .ldb = G.ldx}));
-    sums[size_t(n_sums++)] = {.src = part, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in,
-                              .part_stride = r * G.in, .sum = a.da, .accumulate = true};
+    sums.add({.src = part, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in, .part_stride = r * G.in,
+              .sum = a.da, .accumulate = true});
     part += lora_part_floats(2 * r * G.in);
   }
-  return cuda::lora_sum_parts_many(c, sums.data(), n_sums);
+  return Status::ok();
 }
 
 // The backward of group_forward from dy_ext (dy in columns [0, out), rows
@@ -171,7 +164,8 @@ Status CudaModelImpl::lora_da(cuda::CudaContext& c, float* part, const CGroup& G
 // dy_ext·[W ; A4 planes] = dy·W + du·A, K = out + lw, ONE GEMM rounded once
 // (dx packed). dx may overlay x_ext: the LoRA gradients read it first. With
 // dropout, dA and dx take the masks (lora_da_dropout, lora_dx_dropout); dB
-// and du do not.
+// and du do not. The members' dB and dA sums are one launch per group
+// (their parts side by side in the scratch, after du's).
 //   With the side stream (cuda_model_overlap.cpp) dB and dA run there, on
 // its own scratch, while the main stream computes du and then dx (dB from
 // the start, dA once du is split). The same kernels on the same data: the
@@ -186,7 +180,11 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
     if (on_side) LATHE_TRY(side_fork());
-    LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n));
+    // dB's and dA's parts after du's (which the serial order writes into the
+    // same scratch), summed together in one launch once dA's are made.
+    CPartSums sums;
+    part += lora_part_floats(n * G.lw);
+    LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n, sums));
     for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
       LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,
@@ -196,12 +194,14 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
     LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
                                          .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
                                          .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy}));
-    if (dropout()) {  // dA from the masked x; dx with the masked du·A
+    if (dropout()) {  // dB's sums first (dA's parts start over at the scratch); dx with the masked du·A
+      LATHE_TRY(sums.flush(c));
       LATHE_TRY(lora_da_dropout(G, xe, dye, ld_dy, n));
       return lora_dx_dropout(G, dye, ld_dy, dx, n);
     }
     if (on_side) LATHE_TRY(side_fork());  // du is split
-    LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n));
+    LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n, sums));
+    LATHE_TRY(sums.flush(c));
   }
   LATHE_TRY(side_before_dx(on_side, dx_overlays(dx, G.in, xe, G.ldx, dye, ld_dy, n)));
   LATHE_TRY(phase(kPhGemmBwd));
