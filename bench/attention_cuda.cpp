@@ -6,7 +6,8 @@
 // scores) beside the ~810 TFLOP/s bf16 GEMM peak; each for the fast kernels
 // and the simple ones they are checked against, and forward and backward in
 // their Hopper (wgmma) builds where the device runs them (head_dim 64, 128),
-// and the one-kernel ("fused") backward.
+// the warp-specialized Hopper forward in each of its shapes, and the
+// one-kernel ("fused") backward.
 // Decode: one token against a KV cache of n_ctx rows, in GB/s of K and V
 // read (the floor is the device's copy bandwidth). Inputs are random bf16; timings are the median of runs
 // after a warm-up, synchronizing the stream around each.
@@ -125,6 +126,20 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
                   rows == 64 ? "wgmma 64" : "wgmma 128", t_fwd * 1e3, fwd_rate, 100.0 * fwd_rate / kPeakTflops,
                   kPeakTflops);
       time_backward(false, cuda::AttnBwdKernels::kWgmma, rows);
+    }
+    // The warp-specialized forward: query rows per block × keys per tile.
+    const int shapes[4][2] = {{128, 64}, {128, 128}, {192, 64}, {192, 128}};
+    for (const auto& shape : shapes) {
+      if (shape[0] == 192 && d != 64) continue;
+      cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
+                                     cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle()};
+      f.kernels = cuda::AttnFwdKernels::kWs, f.ws_rows = shape[0], f.ws_keys = shape[1];
+      const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+      const double fwd_rate = fwd_tflop / t_fwd;
+      char name[16];
+      std::snprintf(name, sizeof(name), "ws %dx%d", shape[0], shape[1]);
+      std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)\n", d, name, t_fwd * 1e3, fwd_rate,
+                  100.0 * fwd_rate / kPeakTflops, kPeakTflops);
     }
   }
 }

@@ -29,6 +29,8 @@ std::string cpu_gemm() { return get("LATHE_CPU_GEMM"); }
 
 std::string attn_bwd_kernels() { return get("LATHE_ATTN_BWD"); }
 
+std::string attn_fwd_kernels() { return get("LATHE_ATTN_FWD"); }
+
 Result<int64_t> attn_bwd_streams() { return get_int("LATHE_ATTN_BWD_STREAMS", 2, 1, 2); }
 
 int64_t cuda_ce_chunk_rows() {

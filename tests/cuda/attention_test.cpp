@@ -7,8 +7,9 @@
 // out 1e-2 (bf16 output and bf16 probabilities in P·V), lse 1e-3 (fp32
 // throughout), gradients 2e-2 (P and dS rounded to bf16 before their
 // products). Forward and backward each run both kernels (fast and simple);
-// the backward's fast kernels also in their Hopper (wgmma) build where the
-// device runs it, and the one-kernel (fused) backward, whose run-to-run bits
+// the fast kernels also in their Hopper builds where the device runs them
+// (the forward's wgmma and warp-specialized kernels, the latter for prefill
+// too; the backward's wgmma kernels), and the one-kernel (fused) backward, whose run-to-run bits
 // are checked too. A strided output is checked bitwise against the packed one.
 // Without a GPU the kernel tests skip themselves.
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/attention.h"
@@ -112,10 +114,44 @@ int max_len(const VarlenCase& c) {
   return m;
 }
 
+// The forward kernels: the simple one; mma.sync with 16 or 32 rows per
+// warp; wgmma with 64 or 128 rows per block; the warp-specialized one with
+// (rows per block, keys per tile): Hopper, head_dim 64 and 128, 192 rows
+// at 64 only.
+struct FwdKind {
+  const char* name;
+  bool simple = false;
+  int warp_rows = 0, wgmma_rows = 0, ws_rows = 0, ws_keys = 0;
+};
+const FwdKind kFwdKinds[] = {
+    {"simple", true},           {"mma w16", false, 16},          {"mma w32", false, 32},
+    {"wgmma 64", false, 0, 64}, {"wgmma 128", false, 0, 128},    {"ws 128x64", false, 0, 0, 128, 64},
+    {"ws 128x128", false, 0, 0, 128, 128}, {"ws 192x64", false, 0, 0, 192, 64}, {"ws 192x128", false, 0, 0, 192, 128},
+};
+bool fwd_runs(const FwdKind& k, int head_dim) {
+  if (k.ws_rows == 192 && head_dim != 64) return false;
+  return (k.wgmma_rows == 0 && k.ws_rows == 0) || wgmma_runs(head_dim);
+}
+void set_kind(cuda::AttentionVarlenFwdArgs& a, const FwdKind& k) {
+  a.simple = k.simple, a.warp_rows = k.warp_rows, a.wgmma = k.wgmma_rows != 0, a.wgmma_rows = k.wgmma_rows;
+  a.kernels = k.ws_rows != 0 ? cuda::AttnFwdKernels::kWs : cuda::AttnFwdKernels::kAuto;
+  a.ws_rows = k.ws_rows, a.ws_keys = k.ws_keys;
+}
+
+// Forward-only cases for the kernels with larger tiles: documents longer
+// than 192 rows and 128 keys, odd lengths, grouped heads, windows.
+const VarlenCase kFwdCases[] = {
+    {{300, 5, 257}, 8, 2, 64, 0},    // three documents across several 192-row blocks
+    {{400, 129}, 4, 2, 128, 100},    // window inside a 128-key tile
+    {{385, 2, 191}, 6, 3, 64, 130},  // window longer than a tile, tile edges ± 1
+};
+
 TEST(CudaAttention, VarlenForwardMatchesReference) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 500;
-  for (const VarlenCase& c : kVarlenCases) {
+  std::vector<VarlenCase> cases(std::begin(kVarlenCases), std::end(kVarlenCases));
+  cases.insert(cases.end(), std::begin(kFwdCases), std::end(kFwdCases));
+  for (const VarlenCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "docs=" << c.lengths.size() << " heads=" << c.n_head << "/" << c.n_head_kv
                                       << " d=" << c.head_dim << " window=" << c.window);
     VarlenData d = make_varlen(c, seed += 3);
@@ -125,18 +161,16 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
     AttentionVarlenArgs r{.q = d.q.host, .k = d.k.host, .v = d.v.host, .out = want, .lse = want_lse,
                           .cu_seqlens = d.cu_host, .window = c.window, .scale = scale};
     ref::attention_varlen_forward(r);
-    // 0: the simple kernel; 64, 128: the wgmma one with that many rows per block
-    for (int warp_rows : {0, 16, 32, 64, 128}) {
-      if (warp_rows >= 64 && !wgmma_runs(c.head_dim)) continue;
-      SCOPED_TRACE(::testing::Message() << (warp_rows == 0 ? "simple kernel" : "pipelined kernel, warp rows ")
-                                        << warp_rows);
+    for (const FwdKind& kind : kFwdKinds) {
+      if (!fwd_runs(kind, c.head_dim)) continue;
+      SCOPED_TRACE(kind.name);
       cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
       cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
       cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                      static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
                                      int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                     c.window, scale, nullptr, warp_rows == 0, warp_rows >= 64 ? 0 : warp_rows,
-                                     warp_rows >= 64, warp_rows >= 64 ? warp_rows : 0};
+                                     c.window, scale, nullptr};
+      set_kind(a, kind);
       Status st = cuda::attention_varlen_forward(a);
       ASSERT_TRUE(st.is_ok()) << st.message();
       EXPECT_LE(testing::rel_error(download(out, DType::BF16, {d.n, c.n_head, c.head_dim}), want), 1e-2);
@@ -146,35 +180,38 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
 }
 
 // At training length, where the double reference would be slow, the
-// pipelined kernels (16 and 32 rows per warp, and the wgmma one where it
-// runs) must agree with the simple one: the same arithmetic (the wgmma
-// kernel sums its fp32 products in another order), so at most a rare bf16
+// pipelined kernels (16 and 32 rows per warp, and the Hopper ones where they
+// run) must agree with the simple one: the same arithmetic (the Hopper
+// kernels sum their fp32 products in another order, and with 128-key tiles
+// rescale the running sums at other points), so at most a rare bf16
 // rounding flip (or an fp32 ulp of lse) apart.
 TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
   SKIP_WITHOUT_GPU();
-  const VarlenCase c{{1500, 700, 1}, 8, 2, 128, 0};
-  VarlenData d = make_varlen(c, 4242);
-  Tensor outs[5], lses[5];
-  const int warp_rows[5] = {0, 16, 32, 64, 128};  // 0: the simple kernel; 64, 128: the wgmma one
-  const int n_kinds = wgmma_runs(c.head_dim) ? 5 : 3;
-  for (int i = 0; i < n_kinds; ++i) {
-    cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
-    cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
-    cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
-                                   static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()), 3,
-                                   max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim, 0,
-                                   1.0f / std::sqrt(128.0f), nullptr, warp_rows[i] == 0,
-                                   warp_rows[i] >= 64 ? 0 : warp_rows[i], warp_rows[i] >= 64,
-                                   warp_rows[i] >= 64 ? warp_rows[i] : 0};
-    Status st = cuda::attention_varlen_forward(a);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    outs[i] = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
-    lses[i] = download(lse, DType::F32, {d.n, c.n_head});
-  }
-  for (int i = 1; i < n_kinds; ++i) {
-    SCOPED_TRACE(::testing::Message() << "warp rows " << warp_rows[i]);
-    EXPECT_LE(testing::rel_error(outs[i], outs[0]), 5e-3);
-    EXPECT_LE(testing::rel_error(lses[i], lses[0]), 1e-5);
+  for (const VarlenCase& c : {VarlenCase{{1500, 700, 1}, 8, 2, 128, 0}, VarlenCase{{1100, 1029}, 8, 2, 64, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "d=" << c.head_dim);
+    VarlenData d = make_varlen(c, 4242 + uint32_t(c.head_dim));
+    Tensor out0, lse0;
+    for (const FwdKind& kind : kFwdKinds) {  // the simple kernel first
+      if (!fwd_runs(kind, c.head_dim)) continue;
+      SCOPED_TRACE(kind.name);
+      cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
+      cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
+      cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
+                                     static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
+                                     int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
+                                     0, 1.0f / std::sqrt(float(c.head_dim)), nullptr};
+      set_kind(a, kind);
+      Status st = cuda::attention_varlen_forward(a);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      Tensor got = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
+      Tensor got_lse = download(lse, DType::F32, {d.n, c.n_head});
+      if (kind.simple) {
+        out0 = std::move(got), lse0 = std::move(got_lse);
+        continue;
+      }
+      EXPECT_LE(testing::rel_error(got, out0), 5e-3);
+      EXPECT_LE(testing::rel_error(got_lse, lse0), 1e-5);
+    }
   }
 }
 
@@ -337,9 +374,9 @@ TEST(CudaAttention, StridedOutputIsThePackedOne) {
     const int64_t row = int64_t(c.n_head) * c.head_dim, ld = row + 136;
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     const auto* cu = static_cast<const int32_t*>(d.cu.data());
-    for (int warp_rows : {0, 16, 32, 64, 128}) {
-      if (warp_rows >= 64 && !wgmma_runs(c.head_dim)) continue;
-      SCOPED_TRACE(::testing::Message() << "warp rows " << warp_rows);
+    for (const FwdKind& kind : kFwdKinds) {
+      if (!fwd_runs(kind, c.head_dim)) continue;
+      SCOPED_TRACE(kind.name);
       cuda::DeviceBuffer packed = device_zeros(size_t(d.n * row * 2));
       std::vector<uint16_t> pad(size_t(d.n * ld), f32_to_bf16(5.0f));
       cuda::DeviceBuffer wide = device_zeros(pad.size() * 2);
@@ -349,9 +386,8 @@ TEST(CudaAttention, StridedOutputIsThePackedOne) {
                                      .out = packed.data(), .lse = static_cast<float*>(lse1.data()), .cu_seqlens = cu,
                                      .n_docs = int(c.lengths.size()), .max_seqlen = max_len(c), .n_tokens = int(d.n),
                                      .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = c.head_dim,
-                                     .window = c.window, .scale = scale, .simple = warp_rows == 0,
-                                     .warp_rows = warp_rows >= 64 ? 0 : warp_rows, .wgmma = warp_rows >= 64,
-                                     .wgmma_rows = warp_rows >= 64 ? warp_rows : 0};
+                                     .window = c.window, .scale = scale};
+      set_kind(f, kind);
       ASSERT_TRUE(cuda::attention_varlen_forward(f).is_ok());
       f.out = wide.data(), f.lse = static_cast<float*>(lse2.data()), f.ld_out = ld;
       ASSERT_TRUE(cuda::attention_varlen_forward(f).is_ok());
@@ -460,6 +496,7 @@ const DecodeCase kDecodeCases[] = {
     {1, 1000, 4, 1, 128, 100},  // window shorter than the context
     {5, 130, 4, 2, 64, 0},    // prefill through the tensor-core kernel
     {70, 10, 8, 2, 128, 33},  // prefill longer than a tile, with a window
+    {300, 77, 4, 2, 64, 0},   // prefill over several 128-key tiles and 192-row blocks
     {1, 200, 4, 4, 32, 0},    // head_dim 32: one token, two splits
     {12, 90, 4, 4, 32, 0},    // head_dim 32 prefill
 };
@@ -474,25 +511,27 @@ TEST(CudaAttention, DecodeMatchesReference) {
     Bf16Input q = upload({c.n, c.n_head, c.head_dim}, seed++);
     Bf16Input k = upload({n_ctx, c.n_head_kv, c.head_dim}, seed++);
     Bf16Input v = upload({n_ctx, c.n_head_kv, c.head_dim}, seed++);
-    cuda::DeviceBuffer out = device_zeros(size_t(c.n * c.n_head * c.head_dim * 2));
-    cuda::DeviceBuffer lse = device_zeros(size_t(c.n * c.n_head * 4));
-    cuda::DeviceBuffer ws = device_zeros(cuda::attention_decode_workspace_bytes(c.n, c.n_head, c.head_dim));
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    cuda::AttentionDecodeArgs a{q.dev.data(), k.dev.data(), v.dev.data(), out.data(), static_cast<float*>(lse.data()),
-                                ws.data(), c.n, int(n_ctx), c.n_head, c.n_head_kv, c.head_dim, c.pos0, c.window,
-                                scale, nullptr};
-    Status st = cuda::attention_decode(a);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    Tensor got = download(out, DType::BF16, {c.n, c.n_head, c.head_dim});
-    Tensor got_lse = download(lse, DType::F32, {c.n, c.n_head});
-
     Tensor want = Tensor::zeros(DType::F32, {c.n, c.n_head, c.head_dim});
     Tensor want_lse = Tensor::zeros(DType::F32, {c.n, c.n_head});
     AttentionArgs r{.q = q.host, .k = k.host, .v = v.host, .out = want, .lse = want_lse, .pos0 = c.pos0,
                     .window = c.window, .scale = scale};
     ref::attention_forward(r);
-    EXPECT_LE(testing::rel_error(got, want), 1e-2);
-    EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
+    // Prefill also through the warp-specialized kernel where it runs.
+    for (auto kernels : {cuda::AttnFwdKernels::kAuto, cuda::AttnFwdKernels::kWs}) {
+      if (kernels == cuda::AttnFwdKernels::kWs && (c.n == 1 || !wgmma_runs(c.head_dim))) continue;
+      SCOPED_TRACE(kernels == cuda::AttnFwdKernels::kWs ? "warp-specialized prefill" : "default kernels");
+      cuda::DeviceBuffer out = device_zeros(size_t(c.n * c.n_head * c.head_dim * 2));
+      cuda::DeviceBuffer lse = device_zeros(size_t(c.n * c.n_head * 4));
+      cuda::DeviceBuffer ws = device_zeros(cuda::attention_decode_workspace_bytes(c.n, c.n_head, c.head_dim));
+      cuda::AttentionDecodeArgs a{q.dev.data(), k.dev.data(), v.dev.data(), out.data(),
+                                  static_cast<float*>(lse.data()), ws.data(), c.n, int(n_ctx), c.n_head, c.n_head_kv,
+                                  c.head_dim, c.pos0, c.window, scale, nullptr, kernels};
+      Status st = cuda::attention_decode(a);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      EXPECT_LE(testing::rel_error(download(out, DType::BF16, {c.n, c.n_head, c.head_dim}), want), 1e-2);
+      EXPECT_LE(testing::rel_error(download(lse, DType::F32, {c.n, c.n_head}), want_lse), 1e-3);
+    }
   }
 }
 
@@ -563,6 +602,19 @@ TEST(CudaAttention, RejectsUncompiledHeadDimAndBadGroups) {
   EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
   f.n_head_kv = 2, f.warp_rows = 24;
   EXPECT_FALSE(cuda::attention_varlen_forward(f).is_ok());
+  // The warp-specialized kernel's shapes: 192 rows only at head_dim 64, 64 or 128 keys.
+  f.warp_rows = 0, f.head_dim = 128, f.ws_rows = 192;
+  Status st = cuda::attention_varlen_forward(f);
+  EXPECT_FALSE(st.is_ok());
+#ifdef LATHE_HAVE_CUDA
+  EXPECT_NE(st.message().find("ws_rows 192"), std::string::npos) << st.message();
+#endif
+  f.ws_rows = 0, f.ws_keys = 96;
+  st = cuda::attention_varlen_forward(f);
+  EXPECT_FALSE(st.is_ok());
+#ifdef LATHE_HAVE_CUDA
+  EXPECT_NE(st.message().find("ws_keys 96"), std::string::npos) << st.message();
+#endif
   cuda::AttentionDecodeArgs d;
   d.n_tokens = 1, d.n_ctx = 4, d.pos0 = 4, d.n_head = 2, d.n_head_kv = 1, d.head_dim = 64;
   EXPECT_FALSE(cuda::attention_decode(d).is_ok());  // pos0 + n_tokens > n_ctx

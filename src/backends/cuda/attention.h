@@ -20,6 +20,17 @@
 
 namespace lathe::cuda {
 
+// Which forward kernel runs where the call leaves it open (simple false,
+// warp_rows 0, wgmma false).
+enum class AttnFwdKernels {
+  kAuto,   // what LATHE_ATTN_FWD names (mma | wgmma | ws; env.h), else the compiled default: the
+           // warp-specialized kernel where it runs when built with LATHE_ATTN_FWD_WS_AUTO=1, else mma.sync.
+           // wgmma and ws fall back to mma.sync where they do not run (another device, head_dim 32)
+  kMma,    // the mma.sync kernel (warp_rows rows per warp)
+  kWgmma,  // the Hopper kernel of one or two warpgroups (wgmma_rows); refused where it does not run
+  kWs,     // the warp-specialized Hopper kernel (ws_rows, ws_keys); refused where it does not run
+};
+
 // Training forward over packed documents: document d holds token rows
 // [cu_seqlens[d], cu_seqlens[d + 1]) of q, k, v, out and lse. out's rows may
 // be ld_out elements apart (the first n_head·head_dim columns of a wider
@@ -42,6 +53,12 @@ struct AttentionVarlenFwdArgs {
   bool wgmma = false;   // the Hopper (wgmma) kernel instead: head_dim 64 or 128 on compute capability 9.x
   int wgmma_rows = 0;   // its query rows per thread block (64 or 128); 0: the compiled default
   int64_t ld_out = 0;   // out's row stride in elements; 0: n_head·head_dim
+  AttnFwdKernels kernels = AttnFwdKernels::kAuto;  // ignored when simple, warp_rows or wgmma is set
+  // The warp-specialized kernel (head_dim 64 or 128 on compute capability 9.x): query rows per thread
+  // block, 128 (two consumer warpgroups) or 192 (three; head_dim 64 only), and keys per K/V tile, 64 or
+  // 128; 0: the compiled defaults.
+  int ws_rows = 0;
+  int ws_keys = 0;
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 
@@ -129,6 +146,7 @@ struct AttentionDecodeArgs {
   int window = 0;
   float scale = 1.0f;
   void* stream = nullptr;
+  AttnFwdKernels prefill_kernels = AttnFwdKernels::kAuto;  // the forward kernel of several tokens
 };
 size_t attention_decode_workspace_bytes(int n_tokens, int n_head, int head_dim);
 Status attention_decode(const AttentionDecodeArgs& a);

@@ -14,9 +14,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/attention.h"
 #include "core/status.h"
 
 namespace lathe::cuda::attn {
@@ -298,8 +300,123 @@ struct FwdParams {
   bool wgmma = false;    // the Hopper kernel (sm90_supported(head_dim) must hold)
   int wgmma_rows = 0;    // its query rows per block: 64, 128; 0: the compiled default
   int64_t ld_out = 0;    // out's row stride in elements; 0: n_head·head_dim
+  int n_tokens = 0;      // rows of q, k, v with cu set (the warp-specialized kernel's tensor maps need them)
+  int ws_rows = 0;       // the warp-specialized kernel's query rows per block: 128, 192; 0: its default
+  int ws_keys = 0;       // its keys per K/V tile: 64, 128; 0: its default
+  AttnFwdKernels kernels = AttnFwdKernels::kAuto;  // when simple, warp_rows and wgmma leave it open
 };
+// Picks the kernel (simple, the fields, kernels, LATHE_ATTN_FWD, the
+// compiled default) and launches it.
 Status launch_flash_forward(const FwdParams& p, void* stream);
+// The warp-specialized Hopper kernel (attention_fwd_sm90.cu); the caller
+// checked sm90_supported(p.head_dim).
+Status launch_forward_ws(const FwdParams& p, void* stream);
+
+// Pieces of the forward kernels (attention_fwd.cu, attention_fwd_sm90.cu).
+// The score half of the online softmax of one 16-row tile s (NT n tiles of
+// 8 keys, C fragments) against the running (m, l): mask, new max, P in
+// place of S, l rescaled and grown; alpha is the factor the caller scales
+// its output rows by (rescale_rows). m is kept in scaled log2 units, so
+// P = exp2(S·scale·log2e − m) is one FMA and one exp2 per score. `masked`
+// false: every key of the tile is visible to every row (the caller
+// checked), so the test is skipped. kMask: the test always (kMaskAlways),
+// never (kMaskNever) or as `masked` says (kMaskFlag, the default; the
+// compiler predicates the test, so its instructions issue either way).
+enum MaskMode { kMaskFlag, kMaskAlways, kMaskNever };
+template <int NT, MaskMode kMask = kMaskFlag>
+__device__ __forceinline__ void softmax_scores(float (*s)[4], float m[2], float l[2], float alpha[2], bool masked,
+                                               int kt, int pos_a, int pos_b, int n_k, int window, float sl2) {
+  const int c = threadIdx.x % 4;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (kMask == kMaskAlways || (kMask == kMaskFlag && masked)) {
+        const int j = kt + n * 8 + 2 * c + (e & 1);
+        if (!visible(j, e < 2 ? pos_a : pos_b, n_k, window)) s[n][e] = -INFINITY;
+      }
+      mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+    }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(m[r], quad_max(mx[r]) * sl2);
+    base[r] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[r] = fast_exp2(m[r] - base[r]);  // 0 when m was -inf
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = fast_exp2(fmaf(s[n][e], sl2, -base[e / 2]));
+      l[e / 2] += s[n][e];
+    }
+}
+
+// Output rows (C fragments of D/8 column tiles) times alpha of their row.
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (*o)[4], const float alpha[2]) {
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn) {
+    o[dn][0] *= alpha[0];
+    o[dn][1] *= alpha[0];
+    o[dn][2] *= alpha[1];
+    o[dn][3] *= alpha[1];
+  }
+}
+
+// The whole online softmax of a 64-key tile: the scores, then the output.
+template <int D>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], float m[2], float l[2], bool masked,
+                                               int kt, int pos_a, int pos_b, int n_k, int window, float sl2) {
+  float alpha[2];
+  softmax_scores<8>(s, m, l, alpha, masked, kt, pos_a, pos_b, n_k, window, sl2);
+  rescale_rows<D>(o, alpha);
+}
+
+// Writes a warp's 16 finished rows (row_a: this thread's upper row, row_b =
+// row_a + 8): out = o / l in bf16 and lse = (m + log2 l)·ln 2.
+template <int D>
+__device__ __forceinline__ void store_rows(const FwdParams& p, const float (*o)[4], const float m[2],
+                                           const float l[2], int64_t q_base, int row_a, int row_b, int n_q, int h) {
+  const int c = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    const float sum = quad_sum(l[r]);
+    if (row >= n_q) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int64_t ld = p.ld_out ? p.ld_out : int64_t(p.n_head) * D;
+    bf16* dst = p.out + (q_base + row) * ld + h * D + 2 * c;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn)
+      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
+          __floats2bfloat162_rn(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+    if (p.lse && c == 0) p.lse[(q_base + row) * p.n_head + h] = sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+  }
+}
+
+// The sequence a block works on: its rows of q (and keys of k, v) start at
+// q_base (k_base); n_q query rows, n_k keys.
+struct BlockSeq {
+  int64_t q_base = 0, k_base = 0;
+  int n_q = 0, n_k = 0;
+};
+// `doc`: the document's index (ignored without cu_seqlens).
+__device__ __forceinline__ BlockSeq block_seq(const FwdParams& p, int doc) {
+  BlockSeq b{0, 0, p.n_q, p.q_pos0 + p.n_q};
+  if (p.cu) {
+    b.q_base = b.k_base = p.cu[doc];
+    b.n_q = b.n_k = p.cu[doc + 1] - p.cu[doc];
+  }
+  return b;
+}
+// The mma.sync and wgmma kernels take the document from blockIdx.z.
+__device__ __forceinline__ BlockSeq block_seq(const FwdParams& p) { return block_seq(p, blockIdx.z); }
+
 
 // Backward arguments shared by the mma.sync kernels (attention_bwd.cu) and
 // the Hopper ones (attention_bwd_sm90.cu); delta = rowsum(dO ⊙ O).

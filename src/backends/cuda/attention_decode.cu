@@ -518,6 +518,7 @@ Status attention_decode(const AttentionDecodeArgs& a) {
     attn::FwdParams p{static_cast<const bf16*>(a.q), static_cast<const bf16*>(a.k_cache),
                       static_cast<const bf16*>(a.v_cache), static_cast<bf16*>(a.out), a.lse, nullptr, 1, a.n_tokens,
                       a.n_tokens, a.pos0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale};
+    p.kernels = a.prefill_kernels;
     return attn::launch_flash_forward(p, a.stream);
   }
   if (!a.workspace) return invalid_argument(kName, "workspace must be set (attention_decode_workspace_bytes)");

@@ -12,12 +12,17 @@
 // a third kernel does the two products with warpgroup instructions
 // (attention_sm90.cuh; AttentionVarlenFwdArgs::wgmma), one warpgroup per 64
 // rows, one or two warpgroups per block, its accumulators in the layout the
-// softmax below expects.
+// softmax of attention_common.cuh expects; a fourth, warp-specialized
+// (TMA producer, wgmma consumers), lives in attention_fwd_sm90.cu. Which
+// one runs: launch_flash_forward below.
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_sm90.cuh"
 
 #include <cmath>
+#include <string>
+
+#include "core/env.h"
 
 // Compile-time switches, to bisect the fast kernel on the device: skip the
 // mask on tiles wholly below the diagonal (1), and the thread blocks per SM
@@ -33,6 +38,11 @@
 // phase did not move (12.2 against 12.3 ms at 1B), so it stays off.
 #ifndef LATHE_ATTN_FWD_SM90_AUTO
 #define LATHE_ATTN_FWD_SM90_AUTO 0
+#endif
+// The warp-specialized Hopper kernel (attention_fwd_sm90.cu) as the default
+// where it runs (1); LATHE_ATTN_FWD=mma|wgmma|ws overrides at run time.
+#ifndef LATHE_ATTN_FWD_WS_AUTO
+#define LATHE_ATTN_FWD_WS_AUTO 0
 #endif
 #ifndef LATHE_ATTN_FWD_SM90_ROWS  // query rows per block of the wgmma kernel by default: 64 or 128
 #define LATHE_ATTN_FWD_SM90_ROWS 64
@@ -59,51 +69,6 @@ Status cuda_check(cudaError_t err, const char* what) {
 }
 
 namespace {
-
-// The online softmax of one 16-row score tile s (8 n tiles of 8 keys, C
-// fragments) against the running (m, l, o): mask, new max, rescale, P in
-// place of S. m is kept in scaled log2 units, so P = exp2(S·scale·log2e − m)
-// is one FMA and one exp2 per score. `masked` false: every key of the tile
-// is visible to every row (the caller checked), so the test is skipped.
-template <int D>
-__device__ __forceinline__ void online_softmax(float (*s)[4], float (*o)[4], float m[2], float l[2], bool masked,
-                                               int kt, int pos_a, int pos_b, int n_k, int window, float sl2) {
-  const int c = threadIdx.x % 4;
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (masked) {
-        const int j = kt + n * 8 + 2 * c + (e & 1);
-        if (!visible(j, e < 2 ? pos_a : pos_b, n_k, window)) s[n][e] = -INFINITY;
-      }
-      mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-    }
-  float alpha[2], base[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], quad_max(mx[r]) * sl2);
-    base[r] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[r] = fast_exp2(m[r] - base[r]);  // 0 when m was -inf
-    m[r] = m_new;
-    l[r] *= alpha[r];
-  }
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[n][e] = fast_exp2(fmaf(s[n][e], sl2, -base[e / 2]));
-      l[e / 2] += s[n][e];
-    }
-#pragma unroll
-  for (int dn = 0; dn < D / 8; ++dn) {
-    o[dn][0] *= alpha[0];
-    o[dn][1] *= alpha[0];
-    o[dn][2] *= alpha[1];
-    o[dn][3] *= alpha[1];
-  }
-}
 
 // One K/V tile of 64 keys starting at key kt for a warp's 16 rows: S = Q·Kᵀ
 // (Q fragments in registers), the online softmax, O += P·V.
@@ -190,43 +155,6 @@ constexpr int min_blocks() {
 template <int D>
 constexpr int min_blocks_wide() {
   return D == 128 ? 2 : D == 64 ? 2 : 3;
-}
-
-// Writes a warp's 16 finished rows (row_a: this thread's upper row, row_b =
-// row_a + 8): out = o / l in bf16 and lse = (m + log2 l)·ln 2.
-template <int D>
-__device__ __forceinline__ void store_rows(const FwdParams& p, const float (*o)[4], const float m[2],
-                                           const float l[2], int64_t q_base, int row_a, int row_b, int n_q, int h) {
-  const int c = threadIdx.x % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row_a : row_b;
-    const float sum = quad_sum(l[r]);
-    if (row >= n_q) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int64_t ld = p.ld_out ? p.ld_out : int64_t(p.n_head) * D;
-    bf16* dst = p.out + (q_base + row) * ld + h * D + 2 * c;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn)
-      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-          __floats2bfloat162_rn(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
-    if (p.lse && c == 0) p.lse[(q_base + row) * p.n_head + h] = sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
-  }
-}
-
-// The sequence a block works on: its rows of q (and keys of k, v) start at
-// q_base (k_base); n_q query rows, n_k keys.
-struct BlockSeq {
-  int64_t q_base = 0, k_base = 0;
-  int n_q = 0, n_k = 0;
-};
-__device__ __forceinline__ BlockSeq block_seq(const FwdParams& p) {
-  BlockSeq b{0, 0, p.n_q, p.q_pos0 + p.n_q};
-  if (p.cu) {
-    b.q_base = b.k_base = p.cu[blockIdx.z];
-    b.n_q = b.n_k = p.cu[blockIdx.z + 1] - p.cu[blockIdx.z];
-  }
-  return b;
 }
 
 // kPipelined: K/V tiles double-buffered through cp.async, the next tile in
@@ -466,16 +394,37 @@ Status launch_wide(const FwdParams& p, void* stream) {
 
 }  // namespace
 
+// The kernel for head_dim d when simple is not set: the fields, else
+// kernels, else LATHE_ATTN_FWD (read once; wgmma and ws only where they
+// run), else the compiled default.
+Result<AttnFwdKernels> resolve_kernels(const FwdParams& p, int d) {
+  if (p.wgmma) return AttnFwdKernels::kWgmma;
+  if (p.warp_rows != 0) return AttnFwdKernels::kMma;
+  if (p.kernels != AttnFwdKernels::kAuto) return p.kernels;
+  static const std::string named = env::attn_fwd_kernels();
+  if (named == "mma") return AttnFwdKernels::kMma;
+  if (named == "wgmma" || named == "ws") {
+    if (!sm90_supported(d)) return AttnFwdKernels::kMma;
+    return named == "ws" ? AttnFwdKernels::kWs : AttnFwdKernels::kWgmma;
+  }
+  if (!named.empty()) return invalid_argument("LATHE_ATTN_FWD='", named, "' (mma, wgmma or ws)");
+  if (LATHE_ATTN_FWD_WS_AUTO && sm90_supported(d)) return AttnFwdKernels::kWs;
+  if (LATHE_ATTN_FWD_SM90_AUTO && d == 64 && p.cu && sm90_supported(d)) return AttnFwdKernels::kWgmma;
+  return AttnFwdKernels::kMma;
+}
+
 Status launch_flash_forward(const FwdParams& p, void* stream) {
   if (p.max_q <= 0) return Status::ok();
   const int warp_rows = p.warp_rows != 0 ? p.warp_rows : LATHE_ATTN_FWD_WARP_ROWS;
-  return with_head_dim(p.head_dim, [&](auto d) {
+  return with_head_dim(p.head_dim, [&](auto d) -> Status {
     constexpr int D = decltype(d)::value;
     if (p.simple) return launch<D, false>(p, stream);
-    const bool automatic = LATHE_ATTN_FWD_SM90_AUTO && D == 64 && p.cu && p.warp_rows == 0 && sm90_supported(D);
-    if (p.wgmma || automatic) {
+    LATHE_ASSIGN_OR_RETURN(const AttnFwdKernels kernels, resolve_kernels(p, D));
+    if (kernels == AttnFwdKernels::kWgmma || kernels == AttnFwdKernels::kWs) {
       if (!sm90_supported(D))
-        return unsupported("attention forward: the wgmma kernel needs a Hopper device and head_dim 64 or 128");
+        return unsupported("attention forward: the ", kernels == AttnFwdKernels::kWs ? "warp-specialized" : "wgmma",
+                           " kernel needs a Hopper device and head_dim 64 or 128 (head_dim ", D, ")");
+      if (kernels == AttnFwdKernels::kWs) return launch_forward_ws(p, stream);
       const int rows = p.wgmma_rows != 0 ? p.wgmma_rows : LATHE_ATTN_FWD_SM90_ROWS;
       return rows == 128 ? launch_sm90<D, 2>(p, stream) : launch_sm90<D, 1>(p, stream);
     }
@@ -502,6 +451,10 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
     return invalid_argument("attention_varlen_forward: warp_rows ", a.warp_rows, " (0, 16 or 32)");
   if (a.wgmma_rows != 0 && a.wgmma_rows != 64 && a.wgmma_rows != 128)
     return invalid_argument("attention_varlen_forward: wgmma_rows ", a.wgmma_rows, " (0, 64 or 128)");
+  if (a.ws_rows != 0 && a.ws_rows != 128 && !(a.ws_rows == 192 && a.head_dim == 64))
+    return invalid_argument("attention_varlen_forward: ws_rows ", a.ws_rows, " (0, 128, or 192 at head_dim 64)");
+  if (a.ws_keys != 0 && a.ws_keys != 64 && a.ws_keys != 128)
+    return invalid_argument("attention_varlen_forward: ws_keys ", a.ws_keys, " (0, 64 or 128)");
   if (a.n_tokens == 0 || a.n_docs == 0) return Status::ok();
   if (a.max_seqlen == 0)
     return invalid_argument("attention_varlen_forward: max_seqlen is 0 with ", a.n_tokens, " tokens");
@@ -515,7 +468,7 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
                     a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple,
-                    a.warp_rows, a.wgmma, a.wgmma_rows, a.ld_out};
+                    a.warp_rows, a.wgmma, a.wgmma_rows, a.ld_out, a.n_tokens, a.ws_rows, a.ws_keys, a.kernels};
   return attn::launch_flash_forward(p, a.stream);
 }
 
