@@ -127,20 +127,23 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
                   kPeakTflops);
       time_backward(false, cuda::AttnBwdKernels::kWgmma, rows);
     }
-    // The warp-specialized forward: query rows per block × keys per tile.
+    // The warp-specialized forward: query rows per block × keys per tile, a
+    // block per tile or (p) one per SM taking tiles in turn.
     const int shapes[4][2] = {{128, 64}, {128, 128}, {192, 64}, {192, 128}};
-    for (const auto& shape : shapes) {
-      if (shape[0] == 192 && d != 64) continue;
-      cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
-                                     cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle()};
-      f.kernels = cuda::AttnFwdKernels::kWs, f.ws_rows = shape[0], f.ws_keys = shape[1];
-      const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
-      const double fwd_rate = fwd_tflop / t_fwd;
-      char name[16];
-      std::snprintf(name, sizeof(name), "ws %dx%d", shape[0], shape[1]);
-      std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)\n", d, name, t_fwd * 1e3, fwd_rate,
-                  100.0 * fwd_rate / kPeakTflops, kPeakTflops);
-    }
+    for (int persistent : {0, 1})
+      for (const auto& shape : shapes) {
+        if (shape[0] == 192 && d != 64) continue;
+        cuda::AttentionVarlenFwdArgs f{q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
+                                       cu_ptr, docs, kSeq, n, kHeads, kKvHeads, d, 0, scale, s.handle()};
+        f.kernels = cuda::AttnFwdKernels::kWs, f.ws_rows = shape[0], f.ws_keys = shape[1];
+        f.ws_persistent = persistent;
+        const double t_fwd = time_it(s, [&] { return cuda::attention_varlen_forward(f); });
+        const double fwd_rate = fwd_tflop / t_fwd;
+        char name[24];
+        std::snprintf(name, sizeof(name), "ws %dx%d%s", shape[0], shape[1], persistent ? "p" : "");
+        std::printf("  d=%-3d %-9s forward %7.3f ms %6.1f TFLOP/s (%4.1f%% of %.0f)\n", d, name, t_fwd * 1e3,
+                    fwd_rate, 100.0 * fwd_rate / kPeakTflops, kPeakTflops);
+      }
   }
 }
 

@@ -43,10 +43,11 @@ std::string cpu_gemm();
 // Default: empty, the compiled default. Another value: the backward fails
 // naming the variable.
 std::string attn_bwd_kernels();
-// LATHE_ATTN_FWD: mma | wgmma | ws — the GPU attention forward's kernel
-// (training and prefill) where the caller leaves the choice open
-// (cuda::AttnFwdKernels::kAuto); wgmma and ws where they run (Hopper,
-// head_dim 64 and 128), mma elsewhere. Default: empty, the compiled
+// LATHE_ATTN_FWD: mma | wgmma | ws | ws-persistent — the GPU attention
+// forward's kernel (training and prefill) where the caller leaves the
+// choice open (cuda::AttnFwdKernels::kAuto); the Hopper ones where they run
+// (head_dim 64 and 128), mma elsewhere; ws-persistent: the warp-specialized
+// one with a block per SM. Default: empty, the compiled
 // default. Another value: the forward fails naming the variable.
 std::string attn_fwd_kernels();
 // LATHE_ATTN_BWD_STREAMS: 2 (default) runs the GPU attention backward's dq

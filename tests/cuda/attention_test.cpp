@@ -116,17 +116,26 @@ int max_len(const VarlenCase& c) {
 
 // The forward kernels: the simple one; mma.sync with 16 or 32 rows per
 // warp; wgmma with 64 or 128 rows per block; the warp-specialized one with
-// (rows per block, keys per tile): Hopper, head_dim 64 and 128, 192 rows
-// at 64 only.
+// (rows per block, keys per tile), a block per query tile or (persistent)
+// one per SM taking tiles in turn: Hopper, head_dim 64 and 128, 192 rows at
+// 64 only.
 struct FwdKind {
   const char* name;
   bool simple = false;
-  int warp_rows = 0, wgmma_rows = 0, ws_rows = 0, ws_keys = 0;
+  int warp_rows = 0, wgmma_rows = 0, ws_rows = 0, ws_keys = 0, ws_persistent = 0;
 };
 const FwdKind kFwdKinds[] = {
-    {"simple", true},           {"mma w16", false, 16},          {"mma w32", false, 32},
-    {"wgmma 64", false, 0, 64}, {"wgmma 128", false, 0, 128},    {"ws 128x64", false, 0, 0, 128, 64},
-    {"ws 128x128", false, 0, 0, 128, 128}, {"ws 192x64", false, 0, 0, 192, 64}, {"ws 192x128", false, 0, 0, 192, 128},
+    {"simple", true},
+    {"mma w16", false, 16},
+    {"mma w32", false, 32},
+    {"wgmma 64", false, 0, 64},
+    {"wgmma 128", false, 0, 128},
+    {"ws 128x64", false, 0, 0, 128, 64},
+    {"ws 128x128", false, 0, 0, 128, 128},
+    {"ws 192x64", false, 0, 0, 192, 64},
+    {"ws 192x128", false, 0, 0, 192, 128},
+    {"ws 128x128 persistent", false, 0, 0, 128, 128, 1},
+    {"ws 192x64 persistent", false, 0, 0, 192, 64, 1},
 };
 bool fwd_runs(const FwdKind& k, int head_dim) {
   if (k.ws_rows == 192 && head_dim != 64) return false;
@@ -135,7 +144,7 @@ bool fwd_runs(const FwdKind& k, int head_dim) {
 void set_kind(cuda::AttentionVarlenFwdArgs& a, const FwdKind& k) {
   a.simple = k.simple, a.warp_rows = k.warp_rows, a.wgmma = k.wgmma_rows != 0, a.wgmma_rows = k.wgmma_rows;
   a.kernels = k.ws_rows != 0 ? cuda::AttnFwdKernels::kWs : cuda::AttnFwdKernels::kAuto;
-  a.ws_rows = k.ws_rows, a.ws_keys = k.ws_keys;
+  a.ws_rows = k.ws_rows, a.ws_keys = k.ws_keys, a.ws_persistent = k.ws_persistent;
 }
 
 // Forward-only cases for the kernels with larger tiles: documents longer

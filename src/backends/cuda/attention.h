@@ -23,7 +23,7 @@ namespace lathe::cuda {
 // Which forward kernel runs where the call leaves it open (simple false,
 // warp_rows 0, wgmma false).
 enum class AttnFwdKernels {
-  kAuto,   // what LATHE_ATTN_FWD names (mma | wgmma | ws; env.h), else the compiled default: the
+  kAuto,   // what LATHE_ATTN_FWD names (mma | wgmma | ws | ws-persistent; env.h), else the compiled default: the
            // warp-specialized kernel where it runs when built with LATHE_ATTN_FWD_WS_AUTO=1, else mma.sync.
            // wgmma and ws fall back to mma.sync where they do not run (another device, head_dim 32)
   kMma,    // the mma.sync kernel (warp_rows rows per warp)
@@ -59,6 +59,9 @@ struct AttentionVarlenFwdArgs {
   // 128; 0: the compiled defaults.
   int ws_rows = 0;
   int ws_keys = 0;
+  // Its grid: one block per SM, each taking query tiles in turn (1), or a block per tile (0); -1: the
+  // compiled default.
+  int ws_persistent = -1;
 };
 Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 

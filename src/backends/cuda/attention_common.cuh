@@ -304,6 +304,7 @@ struct FwdParams {
   int ws_rows = 0;       // the warp-specialized kernel's query rows per block: 128, 192; 0: its default
   int ws_keys = 0;       // its keys per K/V tile: 64, 128; 0: its default
   AttnFwdKernels kernels = AttnFwdKernels::kAuto;  // when simple, warp_rows and wgmma leave it open
+  int ws_persistent = -1;  // the warp-specialized kernel's grid: one block per SM (1), per item (0), the default (-1)
 };
 // Picks the kernel (simple, the fields, kernels, LATHE_ATTN_FWD, the
 // compiled default) and launches it.

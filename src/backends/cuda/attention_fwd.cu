@@ -397,24 +397,27 @@ Status launch_wide(const FwdParams& p, void* stream) {
 // The kernel for head_dim d when simple is not set: the fields, else
 // kernels, else LATHE_ATTN_FWD (read once; wgmma and ws only where they
 // run), else the compiled default.
-Result<AttnFwdKernels> resolve_kernels(const FwdParams& p, int d) {
+// "ws-persistent" sets p.ws_persistent where the call left it open.
+Result<AttnFwdKernels> resolve_kernels(FwdParams& p, int d) {
   if (p.wgmma) return AttnFwdKernels::kWgmma;
   if (p.warp_rows != 0) return AttnFwdKernels::kMma;
   if (p.kernels != AttnFwdKernels::kAuto) return p.kernels;
   static const std::string named = env::attn_fwd_kernels();
   if (named == "mma") return AttnFwdKernels::kMma;
-  if (named == "wgmma" || named == "ws") {
+  if (named == "wgmma" || named == "ws" || named == "ws-persistent") {
     if (!sm90_supported(d)) return AttnFwdKernels::kMma;
-    return named == "ws" ? AttnFwdKernels::kWs : AttnFwdKernels::kWgmma;
+    if (named == "ws-persistent" && p.ws_persistent < 0) p.ws_persistent = 1;
+    return named == "wgmma" ? AttnFwdKernels::kWgmma : AttnFwdKernels::kWs;
   }
-  if (!named.empty()) return invalid_argument("LATHE_ATTN_FWD='", named, "' (mma, wgmma or ws)");
+  if (!named.empty()) return invalid_argument("LATHE_ATTN_FWD='", named, "' (mma, wgmma, ws or ws-persistent)");
   if (LATHE_ATTN_FWD_WS_AUTO && sm90_supported(d)) return AttnFwdKernels::kWs;
   if (LATHE_ATTN_FWD_SM90_AUTO && d == 64 && p.cu && sm90_supported(d)) return AttnFwdKernels::kWgmma;
   return AttnFwdKernels::kMma;
 }
 
-Status launch_flash_forward(const FwdParams& p, void* stream) {
-  if (p.max_q <= 0) return Status::ok();
+Status launch_flash_forward(const FwdParams& given, void* stream) {
+  if (given.max_q <= 0) return Status::ok();
+  FwdParams p = given;
   const int warp_rows = p.warp_rows != 0 ? p.warp_rows : LATHE_ATTN_FWD_WARP_ROWS;
   return with_head_dim(p.head_dim, [&](auto d) -> Status {
     constexpr int D = decltype(d)::value;
@@ -468,7 +471,8 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a) {
   attn::FwdParams p{static_cast<const attn::bf16*>(a.q), static_cast<const attn::bf16*>(a.k),
                     static_cast<const attn::bf16*>(a.v), static_cast<attn::bf16*>(a.out), a.lse, a.cu_seqlens,
                     a.n_docs, a.max_seqlen, 0, 0, a.n_head, a.n_head_kv, a.head_dim, a.window, a.scale, a.simple,
-                    a.warp_rows, a.wgmma, a.wgmma_rows, a.ld_out, a.n_tokens, a.ws_rows, a.ws_keys, a.kernels};
+                    a.warp_rows, a.wgmma, a.wgmma_rows, a.ld_out, a.n_tokens, a.ws_rows, a.ws_keys, a.kernels,
+                    a.ws_persistent};
   return attn::launch_flash_forward(p, a.stream);
 }
 

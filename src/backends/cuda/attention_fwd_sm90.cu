@@ -20,10 +20,15 @@
 // panel of KN (or 64, for Q) rows per 64 columns: what TMA's 128-byte
 // swizzle writes. Rows past the end of the tensors arrive as zeros (the
 // tensor maps end there; with a KV cache at the last written row); rows of
-// the next document are masked like keys past the diagonal. The grid is
-// (head, document, query tile) with the last tiles (the most keys) first,
-// so the short ones fill the tail.
+// the next document are masked like keys past the diagonal. The work items
+// (a query tile of one head of one document) are ordered with the last
+// tiles (the most keys) first, so the short ones fill the tail; a block
+// takes one, or (persistent) one block per SM takes every gridDim-th in
+// turn, loading the next while it finishes the last.
 #include <cuda.h>  // CUtensorMap; the encoder is fetched from the driver at run time
+
+#include <algorithm>
+#include <cstdint>
 
 #include "backends/cuda/attention.h"
 #include "backends/cuda/attention_common.cuh"
@@ -37,10 +42,14 @@
 #define LATHE_ATTN_FWD_WS_ROWS_64 192
 #endif
 #ifndef LATHE_ATTN_FWD_WS_KEYS_64
-#define LATHE_ATTN_FWD_WS_KEYS_64 128
+#define LATHE_ATTN_FWD_WS_KEYS_64 64
 #endif
 #ifndef LATHE_ATTN_FWD_WS_KEYS_128
 #define LATHE_ATTN_FWD_WS_KEYS_128 128
+#endif
+// One block per SM taking the work items in turn (1), or a block per item.
+#ifndef LATHE_ATTN_FWD_WS_PERSISTENT
+#define LATHE_ATTN_FWD_WS_PERSISTENT 0
 #endif
 
 // Named, not anonymous: the sm_80 pass uses little of it and would warn.
@@ -53,7 +62,7 @@ struct WsMaps {
 
 // Shared memory of one block: NC Q tiles, two K stages, two V stages, then
 // the barriers (q_full per consumer; k_full, v_full, k_empty, v_empty per
-// stage), all from a 1024-byte aligned base.
+// stage; q_empty), all from a 1024-byte aligned base.
 template <int D, int NC, int KN>
 struct WsLayout {
   static constexpr int kStages = 2;
@@ -64,10 +73,10 @@ struct WsLayout {
   static constexpr int kK = NC * kQBytes;
   static constexpr int kV = kK + kStages * kKvBytes;
   static constexpr int kBars = kV + kStages * kKvBytes;
-  static constexpr int kSmem = kBars + (NC + 4 * kStages) * 8 + 1024;  // + room to align the base
-  // Barrier indices.
+  static constexpr int kSmem = kBars + (NC + 4 * kStages + 1) * 8 + 1024;  // + room to align the base
+  // Barrier indices: the full ones (the producer's arrivals), then the empty ones.
   static constexpr int kQFull = 0, kKFull = NC, kVFull = NC + kStages, kKEmpty = NC + 2 * kStages,
-                       kVEmpty = NC + 3 * kStages;
+                       kVEmpty = NC + 3 * kStages, kQEmpty = NC + 4 * kStages, kBarriers = kQEmpty + 1;
   // Registers per thread after the split: the producer's and the consumers'.
   static constexpr int kProducerRegs = NC == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = NC == 2 ? 240 : 160;
@@ -146,21 +155,46 @@ __device__ __forceinline__ void pin_operand(uint32_t (&a)[N][4]) {
 }
 #endif  // LATHE_SM90A_DEVICE
 
-// What a block works on: its sequence, head, first query row and the key
-// tiles (n_tiles of KN keys from k_first) its rows see together.
+// One work item of a block (a query tile of one head of one document): its
+// sequence, head, first query row and the key tiles (n_tiles of KN keys
+// from k_first) its rows see together; g0 counts the K/V tiles of the
+// block's earlier items, n_done those items.
 struct WsBlock {
   BlockSeq seq;
-  int h, hk, i0, k_first, n_tiles;
+  int h, hk, i0, k_first, n_tiles, g0, n_done;
 };
 
-// The ring's barriers: tile j of a stream (K or V) lives in stage j % 2 and
-// is that stage's fill j / 2, whose parity the waits name.
+// Work item w of the grid-wide list, the query tiles with the most keys
+// first (then document, then head); false when the tile lies past its
+// document's end.
+template <int kRows, int KN>
+__device__ __forceinline__ bool ws_item(const FwdParams& p, int w, WsBlock& b) {
+  const int docs = p.cu ? p.n_docs : 1, tiles = (p.max_q + kRows - 1) / kRows;
+  const int tile = w / (docs * p.n_head), doc = w / p.n_head % docs;
+  b.h = w % p.n_head;
+  b.hk = b.h / (p.n_head / p.n_head_kv);
+  b.seq = block_seq(p, doc);
+  b.i0 = (tiles - 1 - tile) * kRows;
+  if (b.i0 >= b.seq.n_q) return false;
+  const int last_row = min(b.i0 + kRows, b.seq.n_q) - 1;
+  const int k_last = min(b.seq.n_k - 1, last_row + p.q_pos0);
+  b.k_first = p.window > 0 ? max(0, b.i0 + p.q_pos0 - p.window + 1) : 0;
+  b.n_tiles = (k_last - b.k_first) / KN + 1;
+  return true;
+}
+
+// The ring's barriers: K/V tile g of the block (g0 + j: tile j of the
+// current item) lives in stage g % 2 and is that stage's fill g / 2, whose
+// parity the waits name.
 template <typename L>
 struct WsBars {
   uint32_t base;  // shared address of barrier 0
-  __device__ __forceinline__ uint32_t at(int kind, int j) const { return base + 8 * (kind + j % L::kStages); }
+  int g0;         // the block's K/V tiles before the current item
+  __device__ __forceinline__ uint32_t at(int kind, int j) const {
+    return base + 8 * (kind + (g0 + j) % L::kStages);
+  }
   __device__ __forceinline__ void wait_full(int kind, int j) const {
-    ring::mbar_wait(at(kind, j), (j / L::kStages) & 1);
+    ring::mbar_wait(at(kind, j), ((g0 + j) / L::kStages) & 1);
   }
   // One arrival per consumer warp (the caller's wgmma reading the tile completed).
   __device__ __forceinline__ void release(int kind, int j) const {
@@ -169,12 +203,14 @@ struct WsBars {
 };
 
 #if LATHE_SM90A_DEVICE
-// The producer thread: Q tiles, then K(j), V(j) for every tile, each into
-// its stage once the consumers gave back the tile two before it.
+// The producer thread, for one item: Q tiles once the consumers are done
+// with the last item's, then K(j), V(j) for every tile, each into its stage
+// once the consumers gave back the tile two before it.
 template <int D, int NC, int KN>
 __device__ __forceinline__ void ws_produce(const WsMaps& maps, uint32_t smem, const WsBlock& b) {
   using L = WsLayout<D, NC, KN>;
-  const WsBars<L> bars{smem + L::kBars};
+  const WsBars<L> bars{smem + L::kBars, b.g0};
+  if (b.n_done > 0) ring::mbar_wait(bars.base + 8 * L::kQEmpty, (b.n_done - 1) & 1);
   for (int c = 0; c < NC; ++c) {
     const uint32_t bar = bars.base + 8 * (L::kQFull + c);
     ring::mbar_expect(bar, L::kQBytes);
@@ -185,13 +221,14 @@ __device__ __forceinline__ void ws_produce(const WsMaps& maps, uint32_t smem, co
   }
   for (int j = 0; j < b.n_tiles; ++j) {
     const int row = int(b.seq.k_base) + b.k_first + j * KN;
-    const uint32_t stage = (j % L::kStages) * L::kKvBytes;
-    if (j >= L::kStages) ring::mbar_wait(bars.at(L::kKEmpty, j), ((j / L::kStages) & 1) ^ 1);
+    const int g = b.g0 + j;
+    const uint32_t stage = (g % L::kStages) * L::kKvBytes;
+    if (g >= L::kStages) ring::mbar_wait(bars.at(L::kKEmpty, j), ((g / L::kStages) & 1) ^ 1);
     ring::mbar_expect(bars.at(L::kKFull, j), L::kKvBytes);
 #pragma unroll
     for (int pn = 0; pn < D / 64; ++pn)
       tma_load(smem + L::kK + stage + pn * KN * 128, &maps.k, pn * 64, b.hk, row, bars.at(L::kKFull, j));
-    if (j >= L::kStages) ring::mbar_wait(bars.at(L::kVEmpty, j), ((j / L::kStages) & 1) ^ 1);
+    if (g >= L::kStages) ring::mbar_wait(bars.at(L::kVEmpty, j), ((g / L::kStages) & 1) ^ 1);
     ring::mbar_expect(bars.at(L::kVFull, j), L::kKvBytes);
 #pragma unroll
     for (int pn = 0; pn < D / 64; ++pn)
@@ -199,14 +236,15 @@ __device__ __forceinline__ void ws_produce(const WsMaps& maps, uint32_t smem, co
   }
 }
 
-// Consumer warpgroup c: rows i0 + 64c .. of the block. Tiles its rows do not
-// see are taken and given back at once (every consumer warp arrives on
-// every empty barrier, in tile order).
+// Consumer warpgroup c, for one item: rows i0 + 64c .. of it. Tiles its
+// rows do not see are taken and given back at once (every consumer warp
+// arrives on every empty barrier, in tile order); Q is given back once the
+// last scores are in.
 template <int D, int NC, int KN>
 __device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned char* smem, const WsBlock& b, int c) {
   using L = WsLayout<D, NC, KN>;
   constexpr int kNt = KN / 8;  // 8-key column tiles of S
-  const WsBars<L> bars{ring::smem_addr(smem) + L::kBars};
+  const WsBars<L> bars{ring::smem_addr(smem) + L::kBars, b.g0};
   const int t = threadIdx.x % attn::kThreads;
   const int w0 = b.i0 + c * kBlockRows, pos0 = w0 + p.q_pos0;
   const int row_a = w0 + t / 32 * 16 + t % 32 / 4, row_b = row_a + 8;
@@ -225,7 +263,8 @@ __device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned ch
     bars.release(L::kVEmpty, j);
   };
   // Q first, also where no row is used: no copy may still be landing when the block exits.
-  ring::mbar_wait(bars.base + 8 * (L::kQFull + c), 0);
+  ring::mbar_wait(bars.base + 8 * (L::kQFull + c), b.n_done & 1);
+  if (t_begin > t_end && threadIdx.x % 32 == 0) ring::mbar_arrive(bars.base + 8 * L::kQEmpty);
   for (int j = 0; j < t_begin; ++j) pass(j);
 
   float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -288,6 +327,7 @@ __device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned ch
     }
     sm90::wg_wait<0>();
     sm90::pin(o);
+    if (threadIdx.x % 32 == 0) ring::mbar_arrive(bars.base + 8 * L::kQEmpty);  // every product with Q is done
     if (t_end - 1 >= t_begin) bars.release(L::kVEmpty, t_end - 1);
     rescale_rows<D>(o4, alpha);
     scores_to_operand<KN>(pa, s4);
@@ -307,37 +347,46 @@ __device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned ch
 }
 #endif  // LATHE_SM90A_DEVICE
 
-template <int D, int NC, int KN>
+// A block takes the items blockIdx.x, blockIdx.x + gridDim.x, ...: one each
+// when the grid covers them all, several in turn when it is one block per
+// SM (persistent: the producer then loads an item while the consumers
+// finish and store the one before).
+template <int D, int NC, int KN, bool kPersistent>
 __global__ void __launch_bounds__(WsLayout<D, NC, KN>::kThreads, 1)
-    flash_forward_ws_kernel(const __grid_constant__ WsMaps maps, const FwdParams p) {
+    flash_forward_ws_kernel(const __grid_constant__ WsMaps maps, const FwdParams p, int n_items) {
 #if LATHE_SM90A_DEVICE
   using L = WsLayout<D, NC, KN>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = sm90::aligned_smem(smem_raw);
-  WsBlock b;
-  b.seq = block_seq(p, blockIdx.y);
-  b.i0 = (gridDim.z - 1 - blockIdx.z) * L::kRows;
-  if (b.i0 >= b.seq.n_q) return;
-  b.h = blockIdx.x;
-  b.hk = b.h / (p.n_head / p.n_head_kv);
-  const int last_row = min(b.i0 + L::kRows, b.seq.n_q) - 1;
-  const int k_last = min(b.seq.n_k - 1, last_row + p.q_pos0);
-  b.k_first = p.window > 0 ? max(0, b.i0 + p.q_pos0 - p.window + 1) : 0;
-  b.n_tiles = (k_last - b.k_first) / KN + 1;
   const uint32_t bars = ring::smem_addr(smem) + L::kBars;
   if (threadIdx.x == 0) {
     for (int i = 0; i < L::kKEmpty; ++i) ring::mbar_init(bars + 8 * i, 1);  // the full barriers: the producer
-    for (int i = L::kKEmpty; i < L::kVEmpty + L::kStages; ++i) ring::mbar_init(bars + 8 * i, NC * 4);  // warps
+    for (int i = L::kKEmpty; i < L::kBarriers; ++i) ring::mbar_init(bars + 8 * i, NC * 4);  // the consumer warps
     ring::fence_barrier_init();
   }
   __syncthreads();
+  // Separate loops: ptxas gives each side its register budget only when
+  // no code after the split is shared.
+  WsBlock b;
+  b.g0 = 0, b.n_done = 0;
   if (threadIdx.x < attn::kThreads) {
     regs_release<L::kProducerRegs>();
-    if (threadIdx.x == 0) ws_produce<D, NC, KN>(maps, ring::smem_addr(smem), b);
+    if (threadIdx.x != 0) return;
+    for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+      if (!ws_item<L::kRows, KN>(p, w, b)) continue;
+      ws_produce<D, NC, KN>(maps, ring::smem_addr(smem), b);
+      if constexpr (!kPersistent) break;  // (g0 and n_done stay 0: fewer registers)
+      b.g0 += b.n_tiles, ++b.n_done;
+    }
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  ws_consume<D, NC, KN>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+    if (!ws_item<L::kRows, KN>(p, w, b)) continue;
+    ws_consume<D, NC, KN>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+    if constexpr (!kPersistent) break;
+    b.g0 += b.n_tiles, ++b.n_done;
+  }
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
@@ -393,14 +442,23 @@ Status launch_ws(const FwdParams& p, cudaStream_t stream) {
   LATHE_TRY(encode_map<D>(encode, &maps.q, p.q, p.n_head, q_rows, kBlockRows, "q"));
   LATHE_TRY(encode_map<D>(encode, &maps.k, p.k, p.n_head_kv, kv_rows, KN, "k"));
   LATHE_TRY(encode_map<D>(encode, &maps.v, p.v, p.n_head_kv, kv_rows, KN, "v"));
-  const int tiles = (p.max_q + L::kRows - 1) / L::kRows, docs = p.cu ? p.n_docs : 1;
-  if (tiles > 65535 || docs > 65535)
-    return invalid_argument("attention forward (warp-specialized): ", tiles, " query tiles of ", docs,
-                            " documents exceed the grid (65535 each)");
-  auto* kernel = flash_forward_ws_kernel<D, NC, KN>;
+  const int64_t tiles = (p.max_q + L::kRows - 1) / L::kRows, docs = p.cu ? p.n_docs : 1;
+  const int64_t n_items = tiles * docs * p.n_head;
+  if (n_items > INT32_MAX)
+    return invalid_argument("attention forward (warp-specialized): ", n_items, " query tiles exceed 2^31");
+  int64_t grid = n_items;
+  const bool persistent = p.ws_persistent > 0 || (p.ws_persistent < 0 && LATHE_ATTN_FWD_WS_PERSISTENT);
+  if (persistent) {
+    int dev = 0, sms = 0;
+    LATHE_TRY(cuda_check(cudaGetDevice(&dev), "cudaGetDevice"));
+    LATHE_TRY(cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                         "cudaDeviceGetAttribute(multiprocessors)"));
+    grid = std::min<int64_t>(n_items, sms);
+  }
+  auto* kernel = persistent ? flash_forward_ws_kernel<D, NC, KN, true> : flash_forward_ws_kernel<D, NC, KN, false>;
   LATHE_TRY(cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
                        "cudaFuncSetAttribute(flash_forward_ws)"));
-  kernel<<<dim3(p.n_head, docs, tiles), L::kThreads, L::kSmem, stream>>>(maps, p);
+  kernel<<<unsigned(grid), L::kThreads, L::kSmem, stream>>>(maps, p, int(n_items));
   return cuda_check(cudaGetLastError(), "flash_forward_ws launch");
 }
 
