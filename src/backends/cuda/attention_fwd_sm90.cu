@@ -78,8 +78,8 @@ struct WsLayout {
   static constexpr int kQFull = 0, kKFull = NC, kVFull = NC + kStages, kKEmpty = NC + 2 * kStages,
                        kVEmpty = NC + 3 * kStages, kQEmpty = NC + 4 * kStages, kBarriers = kQEmpty + 1;
   // Registers per thread after the split: the producer's and the consumers'.
-  static constexpr int kProducerRegs = NC == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = NC == 2 ? 240 : 160;
+  static constexpr int kProducerRegs = NC == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = NC == 2 ? 232 : 160;  // (NC + 1)·launch registers in all
   static_assert(KN == 64 || KN == 128);
   static_assert(NC == 2 || NC == 3);
   static_assert(kSmem <= 227 * 1024);
@@ -104,6 +104,33 @@ __device__ __forceinline__ void regs_release() {
 template <int N>
 __device__ __forceinline__ void regs_claim() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ring::mbar_wait with a bound: a phase that has not completed after
+// kWaitLimitNs is a broken protocol, and the kernel traps (the launch
+// fails with an error) instead of hanging the device.
+constexpr uint64_t kWaitLimitNs = 4'000'000'000ull;
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void mbar_wait_slow(uint32_t bar, uint32_t parity) {
+  const uint64_t t0 = now_ns();
+  while (!mbar_try(bar, parity))
+    if (now_ns() - t0 > kWaitLimitNs) __trap();
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (!mbar_try(bar, parity)) mbar_wait_slow(bar, parity);
 }
 
 // d[64×128] = A[64×16]·B[16×128] (+ d when accumulate), both K-major
@@ -153,7 +180,6 @@ __device__ __forceinline__ void pin_operand(uint32_t (&a)[N][4]) {
 #pragma unroll
   for (int i = 0; i < 4 * N; ++i) asm volatile("" : "+r"(a[i / 4][i % 4])::"memory");
 }
-#endif  // LATHE_SM90A_DEVICE
 
 // One work item of a block (a query tile of one head of one document): its
 // sequence, head, first query row and the key tiles (n_tiles of KN keys
@@ -194,7 +220,7 @@ struct WsBars {
     return base + 8 * (kind + (g0 + j) % L::kStages);
   }
   __device__ __forceinline__ void wait_full(int kind, int j) const {
-    ring::mbar_wait(at(kind, j), ((g0 + j) / L::kStages) & 1);
+    mbar_wait(at(kind, j), ((g0 + j) / L::kStages) & 1);
   }
   // One arrival per consumer warp (the caller's wgmma reading the tile completed).
   __device__ __forceinline__ void release(int kind, int j) const {
@@ -202,7 +228,6 @@ struct WsBars {
   }
 };
 
-#if LATHE_SM90A_DEVICE
 // The producer thread, for one item: Q tiles once the consumers are done
 // with the last item's, then K(j), V(j) for every tile, each into its stage
 // once the consumers gave back the tile two before it.
@@ -210,7 +235,7 @@ template <int D, int NC, int KN>
 __device__ __forceinline__ void ws_produce(const WsMaps& maps, uint32_t smem, const WsBlock& b) {
   using L = WsLayout<D, NC, KN>;
   const WsBars<L> bars{smem + L::kBars, b.g0};
-  if (b.n_done > 0) ring::mbar_wait(bars.base + 8 * L::kQEmpty, (b.n_done - 1) & 1);
+  if (b.n_done > 0) mbar_wait(bars.base + 8 * L::kQEmpty, (b.n_done - 1) & 1);
   for (int c = 0; c < NC; ++c) {
     const uint32_t bar = bars.base + 8 * (L::kQFull + c);
     ring::mbar_expect(bar, L::kQBytes);
@@ -223,12 +248,12 @@ __device__ __forceinline__ void ws_produce(const WsMaps& maps, uint32_t smem, co
     const int row = int(b.seq.k_base) + b.k_first + j * KN;
     const int g = b.g0 + j;
     const uint32_t stage = (g % L::kStages) * L::kKvBytes;
-    if (g >= L::kStages) ring::mbar_wait(bars.at(L::kKEmpty, j), ((g / L::kStages) & 1) ^ 1);
+    if (g >= L::kStages) mbar_wait(bars.at(L::kKEmpty, j), ((g / L::kStages) & 1) ^ 1);
     ring::mbar_expect(bars.at(L::kKFull, j), L::kKvBytes);
 #pragma unroll
     for (int pn = 0; pn < D / 64; ++pn)
       tma_load(smem + L::kK + stage + pn * KN * 128, &maps.k, pn * 64, b.hk, row, bars.at(L::kKFull, j));
-    if (g >= L::kStages) ring::mbar_wait(bars.at(L::kVEmpty, j), ((g / L::kStages) & 1) ^ 1);
+    if (g >= L::kStages) mbar_wait(bars.at(L::kVEmpty, j), ((g / L::kStages) & 1) ^ 1);
     ring::mbar_expect(bars.at(L::kVFull, j), L::kKvBytes);
 #pragma unroll
     for (int pn = 0; pn < D / 64; ++pn)
@@ -263,7 +288,7 @@ __device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned ch
     bars.release(L::kVEmpty, j);
   };
   // Q first, also where no row is used: no copy may still be landing when the block exits.
-  ring::mbar_wait(bars.base + 8 * (L::kQFull + c), b.n_done & 1);
+  mbar_wait(bars.base + 8 * (L::kQFull + c), b.n_done & 1);
   if (t_begin > t_end && threadIdx.x % 32 == 0) ring::mbar_arrive(bars.base + 8 * L::kQEmpty);
   for (int j = 0; j < t_begin; ++j) pass(j);
 
