@@ -4,8 +4,8 @@
 // those of ops/attention.h — causal, grouped-query (head h reads KV head
 // h / (n_head / n_head_kv)), optional sliding window, softmax in fp32 — with
 // bf16 tensors on the device and fp32 log-sum-exp. The [seq × seq] score
-// matrix is never stored: each block of 128 (or 64) query rows walks its
-// visible keys 64 at a time with a running max and sum.
+// matrix is never stored: each block of 64 to 192 query rows walks its
+// visible keys 64 (or 128) at a time with a running max and sum.
 //
 // Arguments are raw device pointers plus sizes (the kernels borrow, never
 // allocate); `stream` is a cudaStream_t (nullptr: the legacy stream). Only
@@ -24,8 +24,9 @@ namespace lathe::cuda {
 // warp_rows 0, wgmma false).
 enum class AttnFwdKernels {
   kAuto,   // what LATHE_ATTN_FWD names (mma | wgmma | ws | ws-persistent; env.h), else the compiled default: the
-           // warp-specialized kernel where it runs when built with LATHE_ATTN_FWD_WS_AUTO=1, else mma.sync.
-           // wgmma and ws fall back to mma.sync where they do not run (another device, head_dim 32)
+           // warp-specialized kernel where it runs (Hopper, head_dim 64 and 128; LATHE_ATTN_FWD_WS_AUTO=0 builds
+           // without), else mma.sync. The Hopper ones fall back to mma.sync where they do not run (another
+           // device, head_dim 32)
   kMma,    // the mma.sync kernel (warp_rows rows per warp)
   kWgmma,  // the Hopper kernel of one or two warpgroups (wgmma_rows); refused where it does not run
   kWs,     // the warp-specialized Hopper kernel (ws_rows, ws_keys); refused where it does not run

@@ -40,9 +40,13 @@
 #define LATHE_ATTN_FWD_SM90_AUTO 0
 #endif
 // The warp-specialized Hopper kernel (attention_fwd_sm90.cu) as the default
-// where it runs (1); LATHE_ATTN_FWD=mma|wgmma|ws overrides at run time.
+// where it runs (1); LATHE_ATTN_FWD=mma|wgmma|ws overrides at run time. On
+// the H200 (8 × 2048 causal) it does 404 TFLOP/s at head_dim 128 against
+// the mma.sync kernel's 218, 290 against 179 at 64; in the training step
+// the attention forward drops from 14.8 to 9.7 ms (1B) and 27.0 to 14.4 ms
+// (8B).
 #ifndef LATHE_ATTN_FWD_WS_AUTO
-#define LATHE_ATTN_FWD_WS_AUTO 0
+#define LATHE_ATTN_FWD_WS_AUTO 1
 #endif
 #ifndef LATHE_ATTN_FWD_SM90_ROWS  // query rows per block of the wgmma kernel by default: 64 or 128
 #define LATHE_ATTN_FWD_SM90_ROWS 64
