@@ -206,35 +206,6 @@ __device__ __forceinline__ int64_t slot_row(const GemvArgs& a, int r) {
   return tile_row<R, E>(a, int64_t(blockIdx.x) * tile_columns<R, E>(), gemv_columns(a), r);
 }
 
-// What the epilogue of slot r of tile (u0, u_end), x row b, reads besides
-// the sums (the residual; the RoPE tables, the position and the cache's
-// address; a bias) pulled into L1 while the tile's weights stream: loaded
-// only at the tile's end, each was an L2 round trip after the last unit.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-template <int R, GemvEpilogue E>
-__device__ __forceinline__ void prefetch_epilogue(const GemvArgs& a, int64_t u0, int64_t u_end, int r, int b) {
-  const int64_t j = tile_row<R, E>(a, u0, u_end, r);
-  if (j < 0) return;
-  if (a.bias) prefetch_l1(a.bias + j);
-  if constexpr (E == GemvEpilogue::kAddF32) {
-    prefetch_l1(static_cast<const float*>(a.out) + int64_t(b) * a.n + j);
-  } else if constexpr (E == GemvEpilogue::kRopeAppend) {
-    const GemvRope& rp = a.rope;
-    const int half = rp.head_dim / 2, head = static_cast<int>(j / rp.head_dim), p = static_cast<int>(j % rp.head_dim);
-    if (r >= R / 2 || p >= half) return;
-    if (head < rp.n_head + rp.n_head_kv) {
-      prefetch_l1(rp.cos + int64_t(b) * half + p);
-      prefetch_l1(rp.sin + int64_t(b) * half + p);
-    }
-    if (head >= rp.n_head) {
-      prefetch_l1(rp.pos + b);
-      prefetch_l1(head < rp.n_head + rp.n_head_kv ? rp.k_caches + b : rp.v_caches + b);
-    }
-  }
-}
-
 // The epilogue of slot r of tile (u0, u_end) for x row b, given the tile's summed slots.
 template <int R, GemvEpilogue E, class Total>
 __device__ __forceinline__ void finish_tile_slot(const GemvArgs& a, int64_t u0, int64_t u_end, int r, int b,

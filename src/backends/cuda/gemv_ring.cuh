@@ -246,9 +246,6 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r][b] = 0.0f;
       }
-      // The threads of this tile's epilogue (below) pull what it will read into L1 now.
-      if (threadIdx.x < R * B && int(threadIdx.x) % B < rows)
-        prefetch_epilogue<R, E>(a, cur.u0, min(c_end, cur.u0 + kTileCols), threadIdx.x / B, threadIdx.x % B);
     }
     const bool have = int64_t(cur.stage) * kConsumers + threadIdx.x < a.k / 8;
     const XRaw<B> x = x_next;
