@@ -25,7 +25,8 @@
 // keys; --split-k-attention 1 the step on it (not the cluster kernel). Up
 // to 4 sequences each shape's row is followed by the A/B line: the same
 // model's decode with the split-K attention instead of the cluster
-// kernel, the cluster kernel at 2 and 1 query heads per block, and on
+// kernel, the cluster kernel at 4, 2 and 1 query heads per block, every
+// GEMV on the ring of 96 and of 64 KiB (two blocks per SM), and on
 // kCudaDecodeRegisterShapes.
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
@@ -448,11 +449,12 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   for (int chunk : {0, 64, 128})
     attention_row(chunk ? "split-K, chunks >= " + std::to_string(chunk) + " keys" : "split-K", chunk,
                   cu::DecodeKernel::kSplitK, 0, step_split_k && chunk == step.attention_min_chunk);
+  const int default_heads = c.head_dim == 64 ? 1 : 2;  // attention_decode.cu's cluster_heads()
   if (cluster)
     for (int heads : {4, 2, 1})
       if ((c.num_attention_heads / c.num_key_value_heads) % heads == 0)
         attention_row("cluster, " + std::to_string(heads) + " q heads per block", 0, cu::DecodeKernel::kCluster, heads,
-                      heads == 4 && !step_split_k);
+                      heads == default_heads && !step_split_k);
   // Whole layers: the kCudaDecodeShapes and kCudaDecodeRegisterShapes grids, then every GEMV on the ring.
   const bool small = batch <= 4;
   for (const auto* table : {&lathe::cuda_decode_shapes(batch), &lathe::kCudaDecodeRegisterShapes}) {
@@ -535,8 +537,11 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
     };
     const Case cases[] = {
         {"split-K attention (the step before the cluster kernel)", {.split_k_attention = true}},
+        {"cluster attention, 4 q heads per block", {.attention_cluster_heads = 4}},
         {"cluster attention, 2 q heads per block", {.attention_cluster_heads = 2}},
         {"cluster attention, 1 q head per block", {.attention_cluster_heads = 1}},
+        {"ring 96 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 2}},
+        {"ring 64 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2}},
         {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
     };
     for (const Case& c : cases) {

@@ -132,13 +132,14 @@ TEST(CudaAttentionDecode, ClusterAndSplitKMatchReference) {
   SKIP_WITHOUT_GPU();
   if (!cluster_runs()) GTEST_SKIP() << "the cluster kernel runs on sm_90+";
   const ClusterCase cases[] = {
-      {8, 2, 64, 0, 0, {0, 77, 700, 5}},       // group 4, a block per group; one key to two splits' worth
-      {8, 2, 128, 0, 2, {1, 300, 639, 95}},    // two heads per block
-      {8, 2, 128, 50, 0, {0, 77, 700, 5}},     // window shorter than most contexts
+      {8, 2, 64, 0, 4, {0, 77, 700, 5}},       // group 4, a block per group; one key to two splits' worth
+      {8, 2, 128, 0, 4, {1, 300, 639, 95}},    // four heads per block
+      {8, 2, 128, 50, 0, {0, 77, 700, 5}},     // window shorter than most contexts; the default two heads
       {8, 8, 64, 0, 0, {2047, 1024, 13, 0}},   // group 1; two rounds of registers
-      {16, 2, 64, 0, 0, {400, 3}},             // group 8: two blocks of 4 heads
+      {16, 2, 64, 0, 4, {400, 3}},             // group 8: two blocks of 4 heads
       {6, 2, 128, 0, 0, {1535, 200}},          // group 3: a head per block; two rounds
-      {8, 2, 64, 0, 1, {640, 641, 642, 643}},  // one head per block
+      {8, 2, 64, 0, 0, {640, 641, 642, 643}},  // the default: one head per block
+      {8, 2, 64, 0, 2, {640, 1, 642, 100}},    // two heads per block
   };
   uint32_t seed = 2100;
   for (const ClusterCase& c : cases) {

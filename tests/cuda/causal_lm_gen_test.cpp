@@ -509,7 +509,7 @@ TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
 // tolerance, greedy tokens the CPU's where its pick is decisive; graph
 // replay and overlapped launches bitwise the eager and ordinary runs;
 // batched sequences bitwise their own logits alone. The cluster kernel at
-// one query head per block the same way.
+// four query heads per block (the default takes 1 or 2) the same way.
 TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
@@ -520,8 +520,8 @@ TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
   for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
   for (const CudaModelOptions& o : {CudaModelOptions{.split_k_attention = true},
-                                    CudaModelOptions{.attention_cluster_heads = 1}}) {
-    SCOPED_TRACE(o.split_k_attention ? "split-K attention" : "cluster attention, one head per block");
+                                    CudaModelOptions{.attention_cluster_heads = 4}}) {
+    SCOPED_TRACE(o.split_k_attention ? "split-K attention" : "cluster attention, four heads per block");
     CudaModelOptions on_opts = o, off_opts = o;
     on_opts.max_seq = off_opts.max_seq = max_seq;
     off_opts.overlap_launches = false;

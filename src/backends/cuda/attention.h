@@ -191,7 +191,7 @@ struct AttentionDecodeBatchArgs {
   void* stream = nullptr;
   bool overlap = false;
   DecodeKernel kernel = DecodeKernel::kAuto;
-  int cluster_heads = 0;  // kCluster: query heads per block, 1, 2 or 4 dividing the group (0: the most)
+  int cluster_heads = 0;  // kCluster: query heads per block, 1, 2 or 4 dividing the group (0: 1 at head_dim 64, else 2)
 };
 Status attention_decode_batch(const AttentionDecodeBatchArgs& a);
 

@@ -441,10 +441,18 @@ int cluster_splits(int len) {
   return n;
 }
 
-// Query heads per block: the most of 4, 2, 1 that divide the group (want: at most that).
-int cluster_heads(int group, int want) {
+// Query heads per block: the most of 4, 2, 1 that divide the group, at
+// most `want` (0: kDefaultHeads for the head_dim). Measured on the H200
+// (16:19; Llama shapes, group 4, 640 keys, per call / whole step):
+// head_dim 64, 4 heads 4.5 us / 1,131 tok/s, 2 heads 3.8 / 1,164, 1 head
+// 3.9 / 1,173; head_dim 128, 4 heads 254.8 tok/s, 2 heads 254.5, 1 head
+// 246.2 (split-K: 7.2 us, 1,088 and 248.8 tok/s). Fewer heads per block:
+// twice the blocks, each with half the registers (72 at head_dim 64 and
+// one head: such a block fits beside two ring GEMV blocks on an SM).
+int cluster_heads(int group, int want, int head_dim) {
+  if (want <= 0) want = head_dim == 64 ? 1 : 2;
   for (int h : {4, 2, 1})
-    if (group % h == 0 && (want <= 0 || h <= want)) return h;
+    if (group % h == 0 && h <= want) return h;
   return 1;
 }
 
@@ -575,7 +583,7 @@ Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min
     int device = 0;
     LATHE_TRY(attn::cuda_check(cudaGetDevice(&device), "attention_decode_batch: device"));
     if (cluster_fits(a, device)) {
-      const int group = a.n_head / a.n_head_kv, heads = attn::cluster_heads(group, a.cluster_heads);
+      const int group = a.n_head / a.n_head_kv, heads = attn::cluster_heads(group, a.cluster_heads, a.head_dim);
       if (a.cluster_heads < 0 || (a.cluster_heads > 0 && heads != a.cluster_heads))
         return invalid_argument(kName, "cluster_heads ", a.cluster_heads, " must be 1, 2 or 4 and divide the group of ",
                                 group, " heads");
