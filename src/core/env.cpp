@@ -47,6 +47,8 @@ int64_t cuda_ce_kept_kib() {
 
 Result<int64_t> cuda_lora_overlap() { return get_int("LATHE_CUDA_LORA_OVERLAP", 2, 0, 2); }
 
+std::string cuda_lora_sums() { return get("LATHE_CUDA_LORA_SUMS"); }
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

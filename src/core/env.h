@@ -77,6 +77,12 @@ int64_t cuda_ce_kept_kib();
 // bitwise the same in every mode. Default: 2. Another value: an
 // invalid-argument Status naming the variable.
 Result<int64_t> cuda_lora_overlap();
+// LATHE_CUDA_LORA_SUMS: joined | separate — the GPU LoRA trainer's backward
+// sums a group's dB and dA partial products in one launch after dA's GEMMs
+// (joined), or dB's right after its GEMMs and dA's after theirs (separate;
+// an A/B switch). The same bits either way. Default: empty, joined.
+// Another value: the trainer fails naming the variable.
+std::string cuda_lora_sums();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

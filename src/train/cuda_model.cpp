@@ -454,6 +454,10 @@ Result<size_t> plan(CudaModelImpl& m) {
   if (overlap > 2) return invalid_argument("cuda trainer: lora_overlap ", overlap, " (expected 0, 1 or 2)");
   const bool lora = !m.o.full_sft && m.o.lora_dropout == 0.0f;  // dropout's path stays on one stream
   m.overlap_mode = lora ? int(overlap) : 0;
+  const std::string sums = env::cuda_lora_sums();
+  if (!sums.empty() && sums != "joined" && sums != "separate")
+    return invalid_argument("cuda trainer: LATHE_CUDA_LORA_SUMS='", sums, "' (joined or separate)");
+  m.separate_lora_sums = sums == "separate";
   lay_out(m);
   size_t total = 0;
   auto size_arena = [&]() -> Status {

@@ -250,6 +250,9 @@ struct CudaModelImpl {
   // CudaTrainOptions::lora_overlap resolved (0 with dropout or full SFT).
   int overlap_mode = 0;
   CLoraSide side;
+  // LATHE_CUDA_LORA_SUMS=separate: a group's dB sums right after dB's GEMMs,
+  // not joined with dA's (cuda_model_pass.cpp; the same bits).
+  bool separate_lora_sums = false;
   // The side stream runs this pass's LoRA gradients (not with dropout).
   bool overlap() const { return side.ctx.has_value() && !dropout(); }
   std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on

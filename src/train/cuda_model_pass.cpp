@@ -165,7 +165,8 @@ Status CudaModelImpl::lora_da(cuda::CudaContext& c, float*& part, const CGroup& 
 // (dx packed). dx may overlay x_ext: the LoRA gradients read it first. With
 // dropout, dA and dx take the masks (lora_da_dropout, lora_dx_dropout); dB
 // and du do not. The members' dB and dA sums are one launch per group
-// (their parts side by side in the scratch, after du's).
+// (their parts side by side in the scratch, after du's; two launches with
+// LATHE_CUDA_LORA_SUMS=separate).
 //   With the side stream (cuda_model_overlap.cpp) dB and dA run there, on
 // its own scratch, while the main stream computes du and then dx (dB from
 // the start, dA once du is split). The same kernels on the same data: the
@@ -185,6 +186,7 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
     CPartSums sums;
     part += lora_part_floats(n * G.lw);
     LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n, sums));
+    if (separate_lora_sums) LATHE_TRY(sums.flush(c));
     for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
       const CLora& a = loras[size_t(k)];
       LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,

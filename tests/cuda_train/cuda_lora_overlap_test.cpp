@@ -9,7 +9,9 @@
 // shared inputs it reads; selective's silu(gate)·up is overlaid by down's
 // dx), so each runs. The shape is small but not tiny (a thousand tokens,
 // GEMMs of tens of microseconds) so that side work missing a wait would
-// race for real. Without a GPU only the plan and the switch's parsing run.
+// race for real. LATHE_CUDA_LORA_SUMS=separate (dB's sums launched apart
+// from dA's) must give the same bits too. Without a GPU only the plan and
+// the switches' parsing run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -111,6 +113,28 @@ void expect_same_trace(const Trace& off, const Trace& on) {
   }
 }
 
+// Sets an environment variable for a scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (saved_) {
+      ::setenv(name_, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
 void run_modes(const CudaModelShape& shape, CudaRecompute mode, int64_t keep_layers, const char* what, int r = 16) {
   SCOPED_TRACE(what);
   const std::vector<MicroBatch> mbs = {batch(shape.vocab, 1024, 1), batch(shape.vocab, 777, 2)};
@@ -125,6 +149,13 @@ void run_modes(const CudaModelShape& shape, CudaRecompute mode, int64_t keep_lay
   for (int overlap : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << "LATHE_CUDA_LORA_OVERLAP " << overlap);
     auto on = make(shape, options(mode, overlap, keep_layers, r));
+    ASSERT_TRUE(on);
+    expect_same_trace(serial, train(*on, mbs, 3));
+  }
+  {  // dB's sums launched apart from dA's (the A/B switch), on the side stream
+    SCOPED_TRACE("LATHE_CUDA_LORA_SUMS=separate");
+    ScopedEnv separate("LATHE_CUDA_LORA_SUMS", "separate");
+    auto on = make(shape, options(mode, 2, keep_layers, r));
     ASSERT_TRUE(on);
     expect_same_trace(serial, train(*on, mbs, 3));
   }
@@ -204,6 +235,11 @@ TEST(CudaLoraOverlap, PlansTheSideScratchAndRefusesBadSwitches) {
   EXPECT_NE(from_env.status().message().find("LATHE_CUDA_LORA_OVERLAP"), std::string::npos)
       << from_env.status().message();
   EXPECT_EQ(env_on, on);
+  ScopedEnv sums("LATHE_CUDA_LORA_SUMS", "apart");
+  auto bad_sums = CudaTrainableModel::plan_arena(shape, options(CudaRecompute::kNone, 1));
+  ASSERT_FALSE(bad_sums.is_ok());
+  EXPECT_NE(bad_sums.status().message().find("LATHE_CUDA_LORA_SUMS"), std::string::npos)
+      << bad_sums.status().message();
 }
 
 }  // namespace

@@ -17,15 +17,16 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Thread i: token t, head slot h of n_head + 2·n_head_kv (q heads, k heads,
-// v heads), pair p of hd / 2. Elements p and p + half of that head.
+// Where head slot h (of n_head + 2·n_head_kv: q heads, k heads, v heads)
+// of token t moves: from its place in the fused row (rows `row` apart) to
+// its dense tensor (split), or back (merge).
+struct QkvMove {
+  const bf16_bits* src;
+  bf16_bits* dst;
+  int64_t from, to;
+};
 template <bool kMerge>
-__global__ void qkv_kernel(QkvSplitArgs a) {
-  const int64_t half = a.head_dim / 2, slots = a.n_head + 2 * a.n_head_kv;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.n_tokens * slots * half) return;
-  const int64_t p = i % half, th = i / half, t = th / slots, h = th % slots;
-  const int64_t row = a.ld_qkv ? a.ld_qkv : slots * a.head_dim;
+__device__ __forceinline__ QkvMove qkv_move(const QkvSplitArgs& a, int64_t t, int64_t h, int64_t row) {
   bf16_bits* dense;
   int64_t head, heads;
   if (h < a.n_head) {
@@ -35,19 +36,42 @@ __global__ void qkv_kernel(QkvSplitArgs a) {
   } else {
     dense = a.v, head = h - a.n_head - a.n_head_kv, heads = a.n_head_kv;
   }
-  const bool rotate = a.cos && h < a.n_head + a.n_head_kv;
   const int64_t fused = t * row + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
-  bf16_bits* src = kMerge ? dense : a.qkv;
-  bf16_bits* dst = kMerge ? a.qkv : dense;
-  const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
-  float x1 = dev::ld(src, from + p), x2 = dev::ld(src, from + p + half);
-  if (rotate) {
+  return kMerge ? QkvMove{dense, a.qkv, plain, fused} : QkvMove{a.qkv, dense, fused, plain};
+}
+
+// Thread i: token t, head slot h, pair p of hd / 2. Elements p and p + half
+// of that head.
+template <bool kMerge>
+__global__ void qkv_kernel(QkvSplitArgs a) {
+  const int64_t half = a.head_dim / 2, slots = a.n_head + 2 * a.n_head_kv;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * slots * half) return;
+  const int64_t p = i % half, th = i / half, t = th / slots, h = th % slots;
+  const QkvMove m = qkv_move<kMerge>(a, t, h, a.ld_qkv ? a.ld_qkv : slots * a.head_dim);
+  float x1 = dev::ld(m.src, m.from + p), x2 = dev::ld(m.src, m.from + p + half);
+  if (a.cos && h < a.n_head + a.n_head_kv) {
     const float c = a.cos[t * half + p];
     const float s = kMerge ? -a.sin[t * half + p] : a.sin[t * half + p];
     dev::rotate(x1, x2, c, s, &x1, &x2);
   }
-  dev::st(dst, to + p, x1);
-  dev::st(dst, to + p + half, x2);
+  dev::st(m.dst, m.to + p, x1);
+  dev::st(m.dst, m.to + p + half, x2);
+}
+
+// Pairs p..p + 7 of head slot h of token t, rotated by c, s when rotate.
+template <bool kMerge>
+__device__ __forceinline__ void qkv_move8(const QkvMove& m, int64_t p, int64_t half, bool rotate,
+                                          const float (&c)[8], const float (&s)[8]) {
+  float x1[8], x2[8];
+  dev::ld8(m.src, m.from + p, x1);
+  dev::ld8(m.src, m.from + p + half, x2);
+  if (rotate) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dev::rotate(x1[e], x2[e], c[e], kMerge ? -s[e] : s[e], &x1[e], &x2[e]);
+  }
+  dev::st8(m.dst, m.to + p, x1);
+  dev::st8(m.dst, m.to + p + half, x2);
 }
 
 // As qkv_kernel with thread i owning pairs p..p + 7 of its head.
@@ -57,32 +81,14 @@ __global__ void qkv_kernel8(QkvSplitArgs a) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= a.n_tokens * slots * per) return;
   const int64_t p = i % per * 8, th = i / per, t = th / slots, h = th % slots;
-  bf16_bits* dense;
-  int64_t head, heads;
-  if (h < a.n_head) {
-    dense = a.q, head = h, heads = a.n_head;
-  } else if (h < a.n_head + a.n_head_kv) {
-    dense = a.k, head = h - a.n_head, heads = a.n_head_kv;
-  } else {
-    dense = a.v, head = h - a.n_head - a.n_head_kv, heads = a.n_head_kv;
-  }
-  const int64_t row = a.ld_qkv ? a.ld_qkv : slots * a.head_dim;
-  const int64_t fused = t * row + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
-  const bf16_bits* src = kMerge ? dense : a.qkv;
-  bf16_bits* dst = kMerge ? a.qkv : dense;
-  const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
-  float x1[8], x2[8];
-  dev::ld8(src, from + p, x1);
-  dev::ld8(src, from + p + half, x2);
-  if (a.cos && h < a.n_head + a.n_head_kv) {
-    float c[8], s[8];
+  const QkvMove m = qkv_move<kMerge>(a, t, h, a.ld_qkv ? a.ld_qkv : slots * a.head_dim);
+  const bool rotate = a.cos && h < a.n_head + a.n_head_kv;
+  float c[8], s[8];
+  if (rotate) {
     dev::ld8(a.cos, t * half + p, c);
     dev::ld8(a.sin, t * half + p, s);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) dev::rotate(x1[e], x2[e], c[e], kMerge ? -s[e] : s[e], &x1[e], &x2[e]);
   }
-  dev::st8(dst, to + p, x1);
-  dev::st8(dst, to + p + half, x2);
+  qkv_move8<kMerge>(m, p, half, rotate, c, s);
 }
 
 // One warp per token: head_dim / 16 neighbouring lanes share a head (8
@@ -99,39 +105,15 @@ __global__ void qkv_warp_kernel(QkvSplitArgs a) {
   const int64_t half = a.head_dim / 2, p = (lane % per) * 8;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= a.n_tokens || j >= heads_per_pass) return;
-  const int slots = int(a.n_head + 2 * a.n_head_kv), n_q = int(a.n_head), n_qk = int(a.n_head + a.n_head_kv);
+  const int slots = int(a.n_head + 2 * a.n_head_kv), n_qk = int(a.n_head + a.n_head_kv);
   const int64_t row = a.ld_qkv ? a.ld_qkv : slots * a.head_dim;
   float c[8], s[8];
   if (a.cos) {
     dev::ld8(a.cos, t * half + p, c);
     dev::ld8(a.sin, t * half + p, s);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s[e] = kMerge ? -s[e] : s[e];
   }
-  for (int h = j; h < slots; h += heads_per_pass) {
-    bf16_bits* dense;
-    int64_t head, heads;
-    if (h < n_q) {
-      dense = a.q, head = h, heads = a.n_head;
-    } else if (h < n_qk) {
-      dense = a.k, head = h - n_q, heads = a.n_head_kv;
-    } else {
-      dense = a.v, head = h - n_qk, heads = a.n_head_kv;
-    }
-    const int64_t fused = t * row + h * a.head_dim, plain = (t * heads + head) * a.head_dim;
-    const bf16_bits* src = kMerge ? dense : a.qkv;
-    bf16_bits* dst = kMerge ? a.qkv : dense;
-    const int64_t from = kMerge ? plain : fused, to = kMerge ? fused : plain;
-    float x1[8], x2[8];
-    dev::ld8(src, from + p, x1);
-    dev::ld8(src, from + p + half, x2);
-    if (a.cos && h < n_qk) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dev::rotate(x1[e], x2[e], c[e], s[e], &x1[e], &x2[e]);
-    }
-    dev::st8(dst, to + p, x1);
-    dev::st8(dst, to + p + half, x2);
-  }
+  for (int h = j; h < slots; h += heads_per_pass)
+    qkv_move8<kMerge>(qkv_move<kMerge>(a, t, h, row), p, half, a.cos && h < n_qk, c, s);
 }
 
 using dev::Bf16x8;
