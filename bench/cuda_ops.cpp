@@ -9,7 +9,8 @@
 // memory-bandwidth floor (~4.3 TB/s). At the two training shapes (1B: 16384
 // tokens, 8B: 8192) the small kernels of a training step, each beside the
 // kernel it replaced: the attention backward's delta, the q|k|v split and
-// merge with the LoRA columns in the row, and one layer's LoRA part sums. Attention has its own bench. Times are the best of several
+// merge with the LoRA columns in the row, one layer's LoRA part sums, and
+// the 4-term copies of all the model's LoRA factors. Attention has its own bench. Times are the best of several
 // repetitions of a stream-synchronized batch of calls. Without a GPU it says
 // so and exits 0.
 // Usage: bench_cuda_ops [tokens, default 8192]
@@ -153,10 +154,11 @@ void bench_train_fused(CudaContext& ctx, DeviceArena& arena, int64_t tokens) {
 // on all seven projections.
 struct TrainShape {
   const char* name;
-  int64_t tokens, hidden, inter, heads, kv, hd;
+  int64_t tokens, hidden, inter, heads, kv, hd, n_layer;
 };
 constexpr int64_t kRank = 32;
-const TrainShape kTrainShapes[] = {{"1B", 16384, 2048, 8192, 32, 8, 64}, {"8B", 8192, 4096, 14336, 32, 8, 128}};
+const TrainShape kTrainShapes[] = {{"1B", 16384, 2048, 8192, 32, 8, 64, 16},
+                                   {"8B", 8192, 4096, 14336, 32, 8, 128, 32}};
 
 // The attention backward's delta (reads dO and O, writes 4 bytes a row)
 // and the q|k|v split / merge with the row's 3·4r LoRA columns beside it:
@@ -276,6 +278,38 @@ void bench_lora_sums(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh)
   });
   std::snprintf(name, sizeof(name), "%s LoRA sums x%zu (old)", sh.name, n_jobs);
   report_bytes(name, each, bytes);
+}
+
+// The 4-term bf16 copies of every LoRA factor of the model (A [r, in] as
+// planes, B [out, r] by row), rewritten after each optimizer step in one
+// launch: reads 4 bytes, writes 8 per parameter.
+void bench_lora_split(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh) {
+  arena.reset();
+  const int64_t r = kRank, qd = sh.heads * sh.hd, kvd = sh.kv * sh.hd;
+  const int64_t outs[] = {qd, kvd, kvd, sh.hidden, sh.inter, sh.inter, sh.hidden};
+  const int64_t ins[] = {sh.hidden, sh.hidden, sh.hidden, qd, sh.hidden, sh.hidden, sh.inter};
+  std::vector<LoraSplitFactor> table;
+  int64_t src = 0, dst = 0, most = 0;
+  for (int64_t l = 0; l < sh.n_layer; ++l)
+    for (int j = 0; j < 7; ++j) {
+      table.push_back({.src = src, .dst = dst, .rows = r, .cols = ins[j], .by_row = 0});
+      table.push_back({.src = src + r * ins[j], .dst = dst + 4 * r * ins[j], .rows = outs[j], .cols = r, .by_row = 1});
+      src += r * (ins[j] + outs[j]), dst += 4 * r * (ins[j] + outs[j]);
+      most = std::max({most, r * ins[j], r * outs[j]});
+    }
+  auto masters = arena.alloc_n<float>(src, "masters");
+  auto copies = arena.alloc_n<bf16_bits>(dst, "copies");
+  auto dtable = arena.alloc_n<LoraSplitFactor>(int64_t(table.size()), "factor table");
+  if (!masters.is_ok() || !copies.is_ok() || !dtable.is_ok()) return;
+  if (!fill_zero(ctx, *masters, size_t(src) * 4).is_ok() ||
+      !copy_to_device(ctx, *dtable, table.data(), table.size() * sizeof(LoraSplitFactor)).is_ok())
+    std::exit(1);
+  const LoraSplitWeightsArgs a{.factors = *dtable, .n_factors = int(table.size()), .max_numel = most,
+                               .src = *masters, .dst = *copies};
+  const double s = time_calls(ctx, 20, [&] { return lora_split_weights(ctx, a); });
+  char name[64];
+  std::snprintf(name, sizeof(name), "%s LoRA split copies", sh.name);
+  report_bytes(name, s, 12.0 * double(src));
 }
 
 // RoPE on q (32 heads) and the embedding lookup at the 8B shapes.
@@ -438,6 +472,7 @@ int main(int argc, char** argv) {
   for (const TrainShape& sh : kTrainShapes) {
     bench_step_rows(*ctx, *arena, sh);
     bench_lora_sums(*ctx, *arena, sh);
+    bench_lora_split(*ctx, *arena, sh);
   }
   bench_cross_entropy(*ctx, *arena, tokens);
   bench_cross_entropy_gemms(*ctx, *arena);
