@@ -263,18 +263,100 @@ __device__ __forceinline__ void ws_produce(const WsMaps& maps, uint32_t smem, co
   }
 }
 
-// Consumer warpgroup c, for one item: rows i0 + 64c .. of it. Tiles its
-// rows do not see are taken and given back at once (every consumer warp
-// arrives on every empty barrier, in tile order); Q is given back once the
-// last scores are in.
+// The tiles t_begin .. t_end of one item for consumer warpgroup c (Q has
+// landed): S(j) = Q·K(j)ᵀ, the online softmax, O += P·V, the products of
+// tile j and P·V of j − 1 in flight together; o, m, l start empty. Gives
+// each K and V tile back once read, and Q after the last scores.
 template <int D, int NC, int KN>
-__device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned char* smem, const WsBlock& b, int c) {
+__device__ __forceinline__ void ws_attend(const FwdParams& p, const unsigned char* smem, const WsBlock& b, int c,
+                                          int t_begin, int t_end, int row_a, float (&o)[D / 2], float (&m)[2],
+                                          float (&l)[2]) {
   using L = WsLayout<D, NC, KN>;
   constexpr int kNt = KN / 8;  // 8-key column tiles of S
   const WsBars<L> bars{ring::smem_addr(smem) + L::kBars, b.g0};
+  const int pos0 = b.i0 + c * kBlockRows + p.q_pos0, n_k = b.seq.n_k;  // pos0: the warpgroup's first row
+  const unsigned char* sQ = smem + c * L::kQBytes;
+  const unsigned char* sK = smem + L::kK;
+  const unsigned char* sV = smem + L::kV;
+  const float sl2 = p.scale * kLog2e;
+  const int pos_a = row_a + p.q_pos0, pos_b = row_a + 8 + p.q_pos0;
+  auto* o4 = reinterpret_cast<float(*)[4]>(o);
+  float s[KN / 2], alpha[2];
+  uint32_t pa[KN / 16][4];
+#pragma unroll
+  for (int i = 0; i < KN / 2; ++i) s[i] = 0.f;
+  auto* s4 = reinterpret_cast<float(*)[4]>(s);
+  auto softmax = [&](int j) {  // the mask only on tiles that need it: a branch, not predicated tests
+    const int kt = b.k_first + j * KN;
+    if (p.window > 0 || kt + KN - 1 > pos0) {
+      softmax_scores<kNt, kMaskAlways>(s4, m, l, alpha, true, kt, pos_a, pos_b, n_k, p.window, sl2);
+    } else {
+      softmax_scores<kNt, kMaskNever>(s4, m, l, alpha, false, kt, pos_a, pos_b, n_k, p.window, sl2);
+    }
+  };
+
+  // The first tile: its scores alone.
+  int j = t_begin;
+  bars.wait_full(L::kKFull, j);
+  sm90::wg_fence();
+  issue_scores<D, KN>(s, sQ, sK + bars.stage(j));
+  sm90::wg_commit();
+  sm90::wg_wait<0>();
+  sm90::pin(s);
+  bars.release(L::kKEmpty, j);
+  softmax(j);
+  // Then the scores of j with P·V of j − 1 behind them; the softmax of j
+  // runs while P·V(j − 1) is in flight, and the wait for it opens the next
+  // iteration (a wait in the same basic block as the softmax is scheduled
+  // above it by ptxas, which serializes the two).
+  for (++j; j <= t_end; ++j) {
+    sm90::wg_wait<0>();  // P·V(j − 2)
+    sm90::pin(o);
+    if (j - 2 >= t_begin) bars.release(L::kVEmpty, j - 2);
+    rescale_rows<D>(o4, alpha);
+    scores_to_operand<KN>(pa, s4);
+    bars.wait_full(L::kKFull, j);
+    bars.wait_full(L::kVFull, j - 1);
+    pin_operand(pa);
+    sm90::pin(o);
+    sm90::wg_fence();
+    issue_scores<D, KN>(s, sQ, sK + bars.stage(j));
+    sm90::wg_commit();
+    issue_pv<D, KN>(o, pa, sV + bars.stage(j - 1));
+    sm90::wg_commit();
+    sm90::wg_wait<1>();  // the scores
+    sm90::pin(s);
+    bars.release(L::kKEmpty, j);
+    softmax(j);
+  }
+  sm90::wg_wait<0>();
+  sm90::pin(o);
+  if (threadIdx.x % 32 == 0) ring::mbar_arrive(bars.base + 8 * L::kQEmpty);  // every product with Q is done
+  if (t_end - 1 >= t_begin) bars.release(L::kVEmpty, t_end - 1);
+  rescale_rows<D>(o4, alpha);
+  scores_to_operand<KN>(pa, s4);
+  // The last tile's P·V.
+  bars.wait_full(L::kVFull, t_end);
+  pin_operand(pa);
+  sm90::pin(o);
+  sm90::wg_fence();
+  issue_pv<D, KN>(o, pa, sV + bars.stage(t_end));
+  sm90::wg_commit();
+  sm90::wg_wait<0>();
+  sm90::pin(o);
+  bars.release(L::kVEmpty, t_end);
+}
+
+// Consumer warpgroup c, for one item: rows i0 + 64c .. of it. Tiles its
+// rows do not see are taken and given back at once (every consumer warp
+// arrives on every empty barrier, in tile order), then the rows are stored.
+template <int D, int NC, int KN>
+__device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned char* smem, const WsBlock& b, int c) {
+  using L = WsLayout<D, NC, KN>;
+  const WsBars<L> bars{ring::smem_addr(smem) + L::kBars, b.g0};
   const int t = threadIdx.x % attn::kThreads;
   const int w0 = b.i0 + c * kBlockRows, pos0 = w0 + p.q_pos0;
-  const int row_a = w0 + t / 32 * 16 + t % 32 / 4, row_b = row_a + 8;
+  const int row_a = w0 + t / 32 * 16 + t % 32 / 4;
   const int n_q = b.seq.n_q, n_k = b.seq.n_k;
   int t_begin = b.n_tiles, t_end = b.n_tiles - 1;  // the tiles these rows see
   if (w0 < n_q) {
@@ -293,84 +375,12 @@ __device__ __forceinline__ void ws_consume(const FwdParams& p, const unsigned ch
   mbar_wait(bars.base + 8 * (L::kQFull + c), b.n_done & 1);
   if (t_begin > t_end && threadIdx.x % 32 == 0) ring::mbar_arrive(bars.base + 8 * L::kQEmpty);
   for (int j = 0; j < t_begin; ++j) pass(j);
-
   float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  auto* o4 = reinterpret_cast<float(*)[4]>(o);
-  if (t_begin <= t_end) {
-    const unsigned char* sQ = smem + c * L::kQBytes;
-    const unsigned char* sK = smem + L::kK;
-    const unsigned char* sV = smem + L::kV;
-    const float sl2 = p.scale * kLog2e;
-    const int pos_a = row_a + p.q_pos0, pos_b = row_b + p.q_pos0;
-    float s[KN / 2], alpha[2];
-    uint32_t pa[KN / 16][4];
-#pragma unroll
-    for (int i = 0; i < KN / 2; ++i) s[i] = 0.f;
-    auto* s4 = reinterpret_cast<float(*)[4]>(s);
-    auto softmax = [&](int j) {  // the mask only on tiles that need it: a branch, not predicated tests
-      const int kt = b.k_first + j * KN;
-      if (p.window > 0 || kt + KN - 1 > pos0) {
-        softmax_scores<kNt, kMaskAlways>(s4, m, l, alpha, true, kt, pos_a, pos_b, n_k, p.window, sl2);
-      } else {
-        softmax_scores<kNt, kMaskNever>(s4, m, l, alpha, false, kt, pos_a, pos_b, n_k, p.window, sl2);
-      }
-    };
-
-    // The first tile: its scores alone.
-    int j = t_begin;
-    bars.wait_full(L::kKFull, j);
-    sm90::wg_fence();
-    issue_scores<D, KN>(s, sQ, sK + bars.stage(j));
-    sm90::wg_commit();
-    sm90::wg_wait<0>();
-    sm90::pin(s);
-    bars.release(L::kKEmpty, j);
-    softmax(j);
-    // Then the scores of j with P·V of j − 1 behind them; the softmax of j
-    // runs while P·V(j − 1) is in flight, and the wait for it opens the next
-    // iteration (a wait in the same basic block as the softmax is scheduled
-    // above it by ptxas, which serializes the two).
-    for (++j; j <= t_end; ++j) {
-      sm90::wg_wait<0>();  // P·V(j − 2)
-      sm90::pin(o);
-      if (j - 2 >= t_begin) bars.release(L::kVEmpty, j - 2);
-      rescale_rows<D>(o4, alpha);
-      scores_to_operand<KN>(pa, s4);
-      bars.wait_full(L::kKFull, j);
-      bars.wait_full(L::kVFull, j - 1);
-      pin_operand(pa);
-      sm90::pin(o);
-      sm90::wg_fence();
-      issue_scores<D, KN>(s, sQ, sK + bars.stage(j));
-      sm90::wg_commit();
-      issue_pv<D, KN>(o, pa, sV + bars.stage(j - 1));
-      sm90::wg_commit();
-      sm90::wg_wait<1>();  // the scores
-      sm90::pin(s);
-      bars.release(L::kKEmpty, j);
-      softmax(j);
-    }
-    sm90::wg_wait<0>();
-    sm90::pin(o);
-    if (threadIdx.x % 32 == 0) ring::mbar_arrive(bars.base + 8 * L::kQEmpty);  // every product with Q is done
-    if (t_end - 1 >= t_begin) bars.release(L::kVEmpty, t_end - 1);
-    rescale_rows<D>(o4, alpha);
-    scores_to_operand<KN>(pa, s4);
-    // The last tile's P·V.
-    bars.wait_full(L::kVFull, t_end);
-    pin_operand(pa);
-    sm90::pin(o);
-    sm90::wg_fence();
-    issue_pv<D, KN>(o, pa, sV + bars.stage(t_end));
-    sm90::wg_commit();
-    sm90::wg_wait<0>();
-    sm90::pin(o);
-    bars.release(L::kVEmpty, t_end);
-  }
+  if (t_begin <= t_end) ws_attend<D, NC, KN>(p, smem, b, c, t_begin, t_end, row_a, o, m, l);
   for (int j = t_end + 1; j < b.n_tiles; ++j) pass(j);
-  store_rows<D>(p, o4, m, l, b.seq.q_base, row_a, row_b, n_q, b.h);
+  store_rows<D>(p, reinterpret_cast<const float(*)[4]>(o), m, l, b.seq.q_base, row_a, row_a + 8, n_q, b.h);
 }
 #endif  // LATHE_SM90A_DEVICE
 
