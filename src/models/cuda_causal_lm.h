@@ -89,7 +89,8 @@ struct CudaModelOptions {
   int attention_min_chunk = 0;  // decode attention up to 4 sequences: keys per block at least (0: its default)
   // Decode attention up to 4 sequences on the split-K kernel instead of the
   // cluster kernel (attention.h, DecodeKernel), and the cluster kernel's
-  // query heads per block (0: its default, 1 at head_dim 64, else 2).
+  // query heads per block at most: 1, 2 or 4, fewer where the group is
+  // smaller (0: its default, 1 at head_dim 64, else 2).
   bool split_k_attention = false;
   int attention_cluster_heads = 0;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none

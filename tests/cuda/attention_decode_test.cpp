@@ -140,6 +140,7 @@ TEST(CudaAttentionDecode, ClusterAndSplitKMatchReference) {
       {6, 2, 128, 0, 0, {1535, 200}},          // group 3: a head per block; two rounds
       {8, 2, 64, 0, 0, {640, 641, 642, 643}},  // the default: one head per block
       {8, 2, 64, 0, 2, {640, 1, 642, 100}},    // two heads per block
+      {4, 2, 64, 0, 4, {33, 500}},             // four asked, the group of two taken
   };
   uint32_t seed = 2100;
   for (const ClusterCase& c : cases) {

@@ -191,7 +191,9 @@ struct AttentionDecodeBatchArgs {
   void* stream = nullptr;
   bool overlap = false;
   DecodeKernel kernel = DecodeKernel::kAuto;
-  int cluster_heads = 0;  // kCluster: query heads per block, 1, 2 or 4 dividing the group (0: 1 at head_dim 64, else 2)
+  // kCluster: query heads per block at most, 1, 2 or 4 (the most of those dividing the group; 0: 1 at head_dim 64,
+  // else 2).
+  int cluster_heads = 0;
 };
 Status attention_decode_batch(const AttentionDecodeBatchArgs& a);
 
