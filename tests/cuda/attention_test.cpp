@@ -155,6 +155,23 @@ const VarlenCase kFwdCases[] = {
     {{385, 2, 191}, 6, 3, 64, 130},  // window longer than a tile, tile edges ± 1
 };
 
+// The forward of `kind` over d on the device (window and scale as given),
+// downloaded: out as [n, n_head, head_dim], lse as [n, n_head].
+void run_forward(const VarlenData& d, const VarlenCase& c, const FwdKind& kind, int window, float scale, Tensor* out,
+                 Tensor* lse) {
+  cuda::DeviceBuffer o = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
+  cuda::DeviceBuffer l = device_zeros(size_t(d.n * c.n_head * 4));
+  cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), o.data(),
+                                 static_cast<float*>(l.data()), static_cast<const int32_t*>(d.cu.data()),
+                                 int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
+                                 window, scale, nullptr};
+  set_kind(a, kind);
+  Status st = cuda::attention_varlen_forward(a);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  *out = download(o, DType::BF16, {d.n, c.n_head, c.head_dim});
+  *lse = download(l, DType::F32, {d.n, c.n_head});
+}
+
 TEST(CudaAttention, VarlenForwardMatchesReference) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 500;
@@ -173,17 +190,11 @@ TEST(CudaAttention, VarlenForwardMatchesReference) {
     for (const FwdKind& kind : kFwdKinds) {
       if (!fwd_runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(kind.name);
-      cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
-      cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
-      cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
-                                     static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
-                                     int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                     c.window, scale, nullptr};
-      set_kind(a, kind);
-      Status st = cuda::attention_varlen_forward(a);
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      EXPECT_LE(testing::rel_error(download(out, DType::BF16, {d.n, c.n_head, c.head_dim}), want), 1e-2);
-      EXPECT_LE(testing::rel_error(download(lse, DType::F32, {d.n, c.n_head}), want_lse), 1e-3);
+      Tensor got, got_lse;
+      run_forward(d, c, kind, c.window, scale, &got, &got_lse);
+      if (HasFatalFailure()) return;
+      EXPECT_LE(testing::rel_error(got, want), 1e-2);
+      EXPECT_LE(testing::rel_error(got_lse, want_lse), 1e-3);
     }
   }
 }
@@ -204,17 +215,9 @@ TEST(CudaAttention, PipelinedForwardMatchesSimpleAtLength) {
     for (const FwdKind& kind : kFwdKinds) {  // the simple kernel first
       if (!fwd_runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(kind.name);
-      cuda::DeviceBuffer out = device_zeros(size_t(d.n * c.n_head * c.head_dim * 2));
-      cuda::DeviceBuffer lse = device_zeros(size_t(d.n * c.n_head * 4));
-      cuda::AttentionVarlenFwdArgs a{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
-                                     static_cast<float*>(lse.data()), static_cast<const int32_t*>(d.cu.data()),
-                                     int(c.lengths.size()), max_len(c), int(d.n), c.n_head, c.n_head_kv, c.head_dim,
-                                     0, 1.0f / std::sqrt(float(c.head_dim)), nullptr};
-      set_kind(a, kind);
-      Status st = cuda::attention_varlen_forward(a);
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      Tensor got = download(out, DType::BF16, {d.n, c.n_head, c.head_dim});
-      Tensor got_lse = download(lse, DType::F32, {d.n, c.n_head});
+      Tensor got, got_lse;
+      run_forward(d, c, kind, 0, 1.0f / std::sqrt(float(c.head_dim)), &got, &got_lse);
+      if (HasFatalFailure()) return;
       if (kind.simple) {
         out0 = std::move(got), lse0 = std::move(got_lse);
         continue;
