@@ -7,29 +7,12 @@
 #include <string>
 
 #include "core/env.h"
+#include "core/scoped_env.h"
 
 namespace lathe {
 namespace {
 
-// Sets name to value for the scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 TEST(Env, AttentionBackwardStreams) {
   {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/scoped_env.h"
 #include "cuda_train/fixture_util.h"
 #include "train/cuda_model.h"
 
@@ -113,27 +114,7 @@ void expect_same_trace(const Trace& off, const Trace& on) {
   }
 }
 
-// Sets an environment variable for a scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) saved_ = v;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (saved_) {
-      ::setenv(name_, saved_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
+using testing::ScopedEnv;
 
 void run_modes(const CudaModelShape& shape, CudaRecompute mode, int64_t keep_layers, const char* what, int r = 16) {
   SCOPED_TRACE(what);

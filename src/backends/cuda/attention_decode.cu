@@ -583,9 +583,9 @@ Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min
     int device = 0;
     LATHE_TRY(attn::cuda_check(cudaGetDevice(&device), "attention_decode_batch: device"));
     if (cluster_fits(a, device)) {
-      const int group = a.n_head / a.n_head_kv, heads = attn::cluster_heads(group, a.cluster_heads, a.head_dim);
       if (a.cluster_heads != 0 && a.cluster_heads != 1 && a.cluster_heads != 2 && a.cluster_heads != 4)
         return invalid_argument(kName, "cluster_heads ", a.cluster_heads, " must be 0, 1, 2 or 4");
+      const int group = a.n_head / a.n_head_kv, heads = attn::cluster_heads(group, a.cluster_heads, a.head_dim);
       const attn::ClusterParams p{static_cast<const bf16*>(a.q), static_cast<bf16*>(a.out), a.lse,
                                   reinterpret_cast<const bf16* const*>(a.k_caches),
                                   reinterpret_cast<const bf16* const*>(a.v_caches), a.pos, a.n_head, a.n_head_kv,
