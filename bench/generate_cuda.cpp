@@ -27,7 +27,12 @@
 // model's decode with the split-K attention instead of the cluster
 // kernel, the cluster kernel at 4, 2 and 1 query heads per block, every
 // GEMV on the ring of 96 and of 64 KiB (two blocks per SM), and on
-// kCudaDecodeRegisterShapes.
+// kCudaDecodeRegisterShapes; without and with the L2 prefetch of each
+// GEMV's successor (CudaModelOptions::l2_prefetch_units: 1, 3, all units;
+// 3 but not from q|k|v), the ring GEMVs at the largest shared-memory
+// carveout, and the 64 KiB ring with it (without and with the prefetch).
+// LATHE_CUDA_DECODE_L2_PREFETCH sets the prefetch of the main row and of
+// the A/B cases that do not name one.
 // After each shape's row, unless --kernels 0, a table of the decode step's
 // kernels one at a time at that shape and batch: each skinny GEMM (with
 // the epilogue and fused norm the decode step gives it) and the attention
@@ -35,7 +40,8 @@
 // call on its own copy of the weights, so nothing is served from L2), in
 // GB/s of weights (K/V for attention) beside the ~4.3 TB/s floor; whole
 // layers chained as the step runs them (q|k|v, attention, o, gate|up,
-// down: what the boundaries cost) with cuda_decode_shapes() and on the ring;
+// down: what the boundaries cost) with cuda_decode_shapes() (also with the
+// L2 prefetch and the largest carveout) and on the ring;
 // and the step the per-step kernels add up to, beside the one measured.
 #include <algorithm>
 #include <chrono>
@@ -388,9 +394,13 @@ cu::AttentionDecodeBatchArgs attention_args(cu::CudaContext& ctx, const KernelBu
 // A layer's five kernels chained as the step runs them (q|k|v+RoPE,
 // attention, o, gate|up, down), each layer on its own copy of the weights
 // where the pool holds them: what the boundaries between kernels cost.
+// With prefetch_units each ring GEMV pulls the next one's first units into
+// L2 (down: the next copy's q|k|v), as CudaModelOptions::l2_prefetch_units;
+// with max_carveout the ring GEMVs ask for the largest shared-memory carveout.
 KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int ctx_len,
                      bool overlap, const std::string& label, const std::function<Grid(int)>& grid_of,
-                     int min_chunk = 0, cu::DecodeKernel attention = cu::DecodeKernel::kAuto) {
+                     int min_chunk = 0, cu::DecodeKernel attention = cu::DecodeKernel::kAuto, int prefetch_units = 0,
+                     bool max_carveout = false) {
   const LayerGemvs l[5] = {layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(0)),
                            layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(1)),
                            layer_gemvs(kb, c, batch, ctx_len, overlap, grid_of(2)),
@@ -404,6 +414,14 @@ KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelC
     const bf16_bits* w = pool + int64_t(i % copies) * elems;
     cu::GemvArgs qkv = l[0].qkv, o = l[1].o, gu = l[2].gate_up, down = l[3].down;
     qkv.w = w, o.w = w + l[0].qkv_rows * k, gu.w = o.w + l[0].o_rows * k, down.w = gu.w + l[0].gate_up_rows * k;
+    cu::GemvArgs next_qkv = l[0].qkv;
+    next_qkv.w = pool + int64_t((i + 1) % copies) * elems;
+    const int dev = ctx.device();
+    qkv.prefetch = cu::gemv_l2_prefetch(o, prefetch_units, dev);
+    o.prefetch = cu::gemv_l2_prefetch(gu, prefetch_units, dev);
+    gu.prefetch = cu::gemv_l2_prefetch(down, prefetch_units, dev);
+    down.prefetch = cu::gemv_l2_prefetch(next_qkv, prefetch_units, dev);
+    qkv.max_carveout = o.max_carveout = gu.max_carveout = down.max_carveout = max_carveout;
     LATHE_TRY(cu::gemv(ctx, qkv));
     cu::AttentionDecodeBatchArgs attn = attention_args(ctx, kb, c, batch, ctx_len, overlap);
     attn.kernel = attention;
@@ -413,7 +431,9 @@ KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelC
     return cu::gemv(ctx, down);
   });
   const std::string chunk = (attention == cu::DecodeKernel::kSplitK ? ", split-K attention" : "") +
-                            (min_chunk ? ", attention chunks >= " + std::to_string(min_chunk) : std::string());
+                            (min_chunk ? ", attention chunks >= " + std::to_string(min_chunk) : std::string()) +
+                            (prefetch_units ? ", L2 prefetch " + std::to_string(prefetch_units) + " units" : "") +
+                            (max_carveout ? ", max carveout" : "");
   return KernelRow{"layer chained (" + label + chunk + ")", t, double(elems) * 2, 0};
 }
 
@@ -466,8 +486,17 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                   .ring_kib = g[i].ring_kib, .per_sm = g[i].per_sm};
     };
     rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of));
-    if (table != &lathe::kCudaDecodeRegisterShapes && cluster)
+    if (table == &lathe::kCudaDecodeRegisterShapes) continue;
+    if (cluster)
       rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of, 0, cu::DecodeKernel::kSplitK));
+    // Each ring GEMV pulling the next one's first units (1, a ring's 3, all) into L2; the largest carveout.
+    if (small && overlap) {
+      for (int units : {1, 3, 64})
+        rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of, 0, cu::DecodeKernel::kAuto,
+                                  units));
+      rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of, 0, cu::DecodeKernel::kAuto, 0,
+                                true));
+    }
   }
   struct RingCase {
     int kib, per_sm, chunk;
@@ -480,6 +509,14 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                                   return Grid{.shape = cu::kGemvBulkShape, .ring_kib = r.kib, .per_sm = r.per_sm};
                                 },
                                 r.chunk));
+  // The 64 KiB ring at two blocks per SM leaves room for a third block, the next kernel's, with the largest
+  // carveout: its ring fills while this one's blocks stream (with and without the L2 prefetch).
+  if (small && overlap)
+    for (int units : {0, 3})
+      rows.push_back(time_layer(
+          *ctx, kb, c, batch, mean_ctx, overlap, "smem ring 64 KiB, 2/SM",
+          [&](int) { return Grid{.shape = cu::kGemvBulkShape, .ring_kib = 64, .per_sm = 2}; }, 0,
+          cu::DecodeKernel::kAuto, units, true));
   std::printf("\n%s decode kernels, batch %d, one at a time (graph of back-to-back calls, weights not in L2; "
               "x0: a block shape the step does not run there; layer rows: GB/s of the layer's GEMV weights)\n",
               s.name, batch);
@@ -543,6 +580,18 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
         {"ring 96 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 2}},
         {"ring 64 KiB 2/SM", {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2}},
         {"kCudaDecodeRegisterShapes", {.register_gemv = true}},
+        {"no L2 prefetch", {.l2_prefetch_units = 0}},
+        {"L2 prefetch 1 unit", {.l2_prefetch_units = 1}},
+        {"L2 prefetch 3 units", {.l2_prefetch_units = 3}},
+        {"L2 prefetch all", {.l2_prefetch_units = 64}},
+        {"L2 prefetch 3 units, not from q|k|v",
+         {.l2_prefetch_units = 3, .l2_prefetch_from = lathe::kL2PrefetchFromAll & ~lathe::kL2PrefetchFromQkv}},
+        {"max carveout", {.ring_max_carveout = true}},
+        {"ring 64 KiB 2/SM, max carveout",
+         {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2, .ring_max_carveout = true}},
+        {"ring 64 KiB 2/SM, max carveout, L2 prefetch 3",
+         {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2, .l2_prefetch_units = 3,
+          .ring_max_carveout = true}},
     };
     for (const Case& c : cases) {
       m.set_decode_gemvs(c.o);

@@ -83,6 +83,12 @@ Result<int64_t> cuda_lora_overlap();
 // an A/B switch). The same bits either way. Default: empty, joined.
 // Another value: the trainer fails naming the variable.
 std::string cuda_lora_sums();
+// LATHE_CUDA_DECODE_L2_PREFETCH: 0..64 — units (8 weight rows × 2048 k)
+// of each block of the next decode GEMV that a GEMV on the shared-memory
+// ring pulls into L2 (CudaModelOptions::l2_prefetch_units, when left -1);
+// 0: none. Default: 0. Another value: loading the model fails naming the
+// variable.
+Result<int64_t> cuda_decode_l2_prefetch();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

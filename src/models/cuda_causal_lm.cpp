@@ -30,7 +30,9 @@
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
 // shape measured fastest for it (cuda_decode_shapes(B)), or with bulk_gemv the
-// shared-memory ring.
+// shared-memory ring. A ring GEMV can pull the first weights of the GEMV
+// after it into L2 (CudaModelOptions::l2_prefetch_units), so the DRAM keeps
+// streaming while one kernel's blocks drain and the next one's start.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -185,7 +187,40 @@ cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) 
   g.ring_kib = opts.bulk_ring_kib > 0 ? static_cast<uint16_t>(std::min(opts.bulk_ring_kib, 224)) : grid.ring_kib;
   g.blocks_per_sm = static_cast<uint8_t>(std::clamp(opts.bulk_per_sm > 0 ? opts.bulk_per_sm : grid.per_sm, 0, 8));
   g.persistent = small && grid.persistent && opts.persistent_gemv;
+  g.max_carveout = opts.ring_max_carveout;
   g.overlap = overlap;
+  return g;
+}
+
+const CudaDecodeShapes& CudaCausalLmImpl::decode_grids(int b) const {
+  return opts.register_gemv ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
+}
+
+cuda::GemvArgs CudaCausalLmImpl::qkv_gemv(int l, int b) const {
+  const LayerWeights& w = layers[l];
+  if (w.q_norm)  // the q/k norm, RoPE and the append in a kernel of their own
+    return with_grid({.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b, .n = qkv_dim, .k = hidden,
+                      .epilogue = cuda::GemvEpilogue::kStoreF32},
+                     decode_grids(b).qkv);
+  // RoPE and the cache append in the projection's epilogue.
+  cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
+                   .epilogue = cuda::GemvEpilogue::kRopeAppend};
+  g.rope = {.q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l), .pos = buf.positions, .cos = buf.cos,
+            .sin = buf.sin, .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
+            .head_dim = static_cast<int>(hd), .max_ctx = opts.max_seq};
+  return with_grid(g, decode_grids(b).qkv);
+}
+
+cuda::GemvArgs CudaCausalLmImpl::lm_head_gemv(int b) const {
+  return with_grid({.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
+                    .epilogue = cuda::GemvEpilogue::kStoreF32},
+                   decode_grids(b).lm_head);
+}
+
+cuda::GemvArgs CudaCausalLmImpl::prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next, unsigned from) const {
+  const int units = opts.l2_prefetch_units >= 0 ? opts.l2_prefetch_units : env_l2_prefetch_units;
+  if (units > 0 && (opts.l2_prefetch_from & from) && g.shape == cuda::kGemvBulkShape)
+    g.prefetch = cuda::gemv_l2_prefetch(next, units, opts.device);
   return g;
 }
 
@@ -206,36 +241,28 @@ Status CudaCausalLmImpl::norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g) {
 Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
   const LayerWeights& w = layers[l];
-  const float eps = cfg.rms_norm_eps;
-  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
-  if (!w.q_norm) {
-    // RoPE and the cache append in the projection's epilogue.
-    cuda::GemvArgs g{.w = w.qkv_w, .bias = w.qkv_b, .rows = b, .n = qkv_dim, .k = hidden,
-                     .epilogue = GemvEpilogue::kRopeAppend};
-    g.rope = {.q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l), .pos = buf.positions, .cos = buf.cos,
-              .sin = buf.sin, .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
-              .head_dim = static_cast<int>(hd), .max_ctx = opts.max_seq};
-    LATHE_TRY(norm_gemv(w.attn_norm, with_grid(g, grids.qkv)));
-  } else {
-    LATHE_TRY(norm_gemv(w.attn_norm, with_grid({.w = w.qkv_w, .bias = w.qkv_b, .out = buf.qkv32, .rows = b,
-                                                 .n = qkv_dim, .k = hidden, .epilogue = GemvEpilogue::kStoreF32},
-                                                grids.qkv)));
+  const CudaDecodeShapes& grids = decode_grids(b);
+  const cuda::GemvArgs o = with_grid({.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
+                                      .k = q_dim, .epilogue = GemvEpilogue::kAddF32},
+                                     grids.o);
+  const cuda::GemvArgs gu = with_grid({.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn, .k = hidden,
+                                       .epilogue = GemvEpilogue::kSwigluF32},
+                                      grids.gate_up);
+  const cuda::GemvArgs down = with_grid({.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden,
+                                         .k = ffn, .epilogue = GemvEpilogue::kAddF32, .x_f32 = buf.act},
+                                        grids.down);
+  const cuda::GemvArgs after = l + 1 < n_layer ? qkv_gemv(l + 1, b) : lm_head_gemv(b);
+  LATHE_TRY(norm_gemv(w.attn_norm, prefetching(qkv_gemv(l, b), o, kL2PrefetchFromQkv)));
+  if (w.q_norm)
     LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                       .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
                                       .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
                                       .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
-                                      .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
-  }
+                                      .max_ctx = opts.max_seq, .eps = cfg.rms_norm_eps, .overlap = overlap}));
   LATHE_TRY(decode_attention(l, b));
-  LATHE_TRY(cuda::gemv(ctx, with_grid({.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b,
-                                        .n = hidden, .k = q_dim, .epilogue = GemvEpilogue::kAddF32},
-                                       grids.o)));
-  LATHE_TRY(norm_gemv(w.mlp_norm, with_grid({.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = b, .n = ffn,
-                                              .k = hidden, .epilogue = GemvEpilogue::kSwigluF32},
-                                             grids.gate_up)));
-  return cuda::gemv(ctx, with_grid({.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = b, .n = hidden, .k = ffn,
-                                    .epilogue = GemvEpilogue::kAddF32, .x_f32 = buf.act},
-                                   grids.down));
+  LATHE_TRY(cuda::gemv(ctx, prefetching(o, gu, kL2PrefetchFromO)));
+  LATHE_TRY(norm_gemv(w.mlp_norm, prefetching(gu, down, kL2PrefetchFromGateUp)));
+  return cuda::gemv(ctx, prefetching(down, after, kL2PrefetchFromDown));
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
@@ -245,10 +272,8 @@ Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  const CudaDecodeShapes& grids = opts.register_gemv ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
-  return norm_gemv(final_norm, with_grid({.w = lm_head, .out = buf.logits, .rows = b, .n = vocab, .k = hidden,
-                                          .epilogue = cuda::GemvEpilogue::kStoreF32},
-                                         grids.lm_head));
+  // The LM head pulls layer 0's q|k|v into L2 for the next step.
+  return norm_gemv(final_norm, prefetching(lm_head_gemv(b), qkv_gemv(0, b), kL2PrefetchFromLmHead));
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
@@ -378,6 +403,8 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.register_gemv = d.register_gemv, o.bulk_gemv = d.bulk_gemv, o.bulk_ring_kib = d.bulk_ring_kib;
   o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
   o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
+  o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_from = d.l2_prefetch_from;
+  o.ring_max_carveout = d.ring_max_carveout;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

@@ -69,6 +69,10 @@ inline constexpr const CudaDecodeShapes& cuda_decode_shapes(int64_t rows) {
   return rows <= 1 ? kCudaDecodeShapes : kCudaDecodeShapes2;
 }
 
+// CudaModelOptions::l2_prefetch_from: the GEMVs that prefetch their successor's weights.
+inline constexpr unsigned kL2PrefetchFromQkv = 1, kL2PrefetchFromO = 2, kL2PrefetchFromGateUp = 4,
+                          kL2PrefetchFromDown = 8, kL2PrefetchFromLmHead = 16, kL2PrefetchFromAll = 31;
+
 struct CudaModelOptions {
   int device = 0;                // CUDA device index
   int max_seq = 0;               // KV cache rows: prompt + generated tokens (> 0)
@@ -93,6 +97,17 @@ struct CudaModelOptions {
   // smaller (0: its default, 1 at head_dim 64, else 2).
   bool split_k_attention = false;
   int attention_cluster_heads = 0;
+  // Decode GEMVs on the shared-memory ring (up to 4 sequences) pull the
+  // first l2_prefetch_units units of each block of the next GEMV into L2
+  // (cuda::GemvPrefetch) once their own copies are issued: q|k|v the o
+  // projection's, o gate|up's, gate|up down's, down the next layer's q|k|v
+  // (the last layer's: the LM head's), the LM head layer 0's q|k|v (the
+  // next step's), each where its bit in l2_prefetch_from is set. -1:
+  // LATHE_CUDA_DECODE_L2_PREFETCH (default 0: none).
+  int l2_prefetch_units = -1;
+  unsigned l2_prefetch_from = kL2PrefetchFromAll;
+  // The ring GEMVs launched with the largest shared-memory carveout (GemvArgs::max_carveout).
+  bool ring_max_carveout = false;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -120,7 +135,8 @@ class CudaCausalLM {
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
   // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
-  // attention_cluster_heads; drops captured graphs.
+  // attention_cluster_heads, l2_prefetch_units (-1: the variable's again), l2_prefetch_from,
+  // ring_max_carveout; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive

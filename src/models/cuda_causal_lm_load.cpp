@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/cuda/attention.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "models/cuda_causal_lm_impl.h"
@@ -71,6 +72,8 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   host_step.resize(2 * static_cast<size_t>(std::max(max_tokens, opts.max_batch)));
   LATHE_ASSIGN_OR_RETURN(ctx, cuda::CudaContext::create(opts.device));
   overlap = opts.overlap_launches && cuda::supports_overlap(opts.device);
+  LATHE_ASSIGN_OR_RETURN(const int64_t env_units, env::cuda_decode_l2_prefetch());
+  env_l2_prefetch_units = static_cast<int>(env_units);
   return allocate();
 }
 

@@ -41,6 +41,7 @@
 
 #include "backends/cuda/device.h"
 #include "core/check.h"
+#include "core/scoped_env.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
@@ -533,6 +534,47 @@ TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
     EXPECT_TRUE(decode_logits(*on, prompt, true) == decode_logits(*off, prompt, true)) << "overlapped launches";
     check_batch_decode(dir.str(), prompt, /*simple=*/false, o);
   }
+}
+
+// The ring GEMVs pulling their successors' first weights into L2
+// (CudaModelOptions::l2_prefetch_units: 3 units, and all of them with the
+// largest shared-memory carveout; from every GEMV, and from all but q|k|v)
+// move bytes earlier, never change a sum: bitwise the logits of the step
+// without, eager and replayed; the CPU's within the same tolerance; batched
+// sequences bitwise their own logits alone.
+TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_prefetch");
+  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  auto cpu = load_cpu(dir.str());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  const int max_seq = int(prompt.size()) + kGreedyTokens;
+  auto plain = load_gpu(dir.str(), {.max_seq = max_seq, .l2_prefetch_units = 0});
+  const std::vector<float> want = decode_logits(*plain, prompt, true);
+  for (const CudaModelOptions& o :
+       {CudaModelOptions{.l2_prefetch_units = 3},
+        CudaModelOptions{.l2_prefetch_units = 64, .l2_prefetch_from = kL2PrefetchFromAll & ~kL2PrefetchFromQkv,
+                         .ring_max_carveout = true}}) {
+    SCOPED_TRACE(::testing::Message() << "units " << o.l2_prefetch_units << ", from " << o.l2_prefetch_from);
+    CudaModelOptions opts = o;
+    opts.max_seq = max_seq;
+    auto on = load_gpu(dir.str(), opts);
+    EXPECT_TRUE(decode_logits(*on, prompt, false) == want) << "eager";
+    EXPECT_TRUE(decode_logits(*on, prompt, true) == want) << "graph";
+    check_against_cpu(*on, *cpu, prompt, hf_bf16_error(case_name(c)));
+    check_batch_decode(dir.str(), prompt, /*simple=*/false, o);
+  }
+  {  // the variable sets the units where the options leave them (-1)
+    lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH", "3");
+    auto from_env = load_gpu(dir.str(), {.max_seq = max_seq});
+    EXPECT_TRUE(decode_logits(*from_env, prompt, true) == want) << "LATHE_CUDA_DECODE_L2_PREFETCH=3";
+  }
+  lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH", "lots");
+  auto bad = CudaCausalLM::load(dir.str(), {.max_seq = max_seq});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("LATHE_CUDA_DECODE_L2_PREFETCH"), std::string::npos) << bad.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,

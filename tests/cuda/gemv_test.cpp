@@ -3,8 +3,9 @@
 // cores when k is a multiple of 32, past 16 in two launches), output counts
 // that do not fill the last block, k with fewer steps than warps, with and
 // without bias, f32 inputs plain and RMSNorm'd in the kernel, persistent
-// grids, the shared-memory ring (kGemvBulkShape) at every ring size; and the
-// f32 residual stream's norm. Tolerances as in
+// grids, the shared-memory ring (kGemvBulkShape) at every ring size, with
+// the L2 prefetch of the next GEMV's first weights; and the f32 residual
+// stream's norm. Tolerances as in
 // gemm_test.cpp: inputs are exact bf16 values and accumulation is f32, so an
 // f32 output is within ~k·2⁻²⁴ of the reference (1e-4 of max|out| allowed);
 // a bf16 output adds one rounding (2⁻⁹ relative: 4e-3 of max|out| allowed).
@@ -519,6 +520,110 @@ TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
           EXPECT_TRUE(std::equal(alone.begin(), alone.end(), base.begin() + r * n_out)) << "row " << r;
         }
       }
+    }
+}
+
+// The L2 prefetch (GemvPrefetch): the byte ranges the blocks of a ring GEMV
+// pull into L2 for the next one, against the next ring's units restated
+// here. With more units than any block has, the blocks together cover
+// every weight byte exactly once, whatever either grid; with one unit,
+// exactly each next block's first tile (its first 8 rows, or 4 pairs: gate
+// and up rows, RoPE's rows p and p + head_dim/2) over its first stage of k.
+// Host arithmetic only (the device walks the same function).
+TEST(CudaGemv, L2PrefetchRangesAreTheNextRingsFirstUnits) {
+  struct Case {
+    GemvEpilogue e;
+    int64_t n, k, next_grid, grid;
+  };
+  const int hd = 64;  // RoPE: 10 heads of 64 rows, 320 pairs
+  const Case cases[] = {{GemvEpilogue::kStoreF32, 2051, 2048, 264, 256}, {GemvEpilogue::kAddF32, 100, 4104, 7, 3},
+                        {GemvEpilogue::kSwigluF32, 1003, 2056, 132, 264}, {GemvEpilogue::kSwigluBf16, 9, 64, 5, 9},
+                        {GemvEpilogue::kRopeAppend, 10 * hd, 6144, 264, 132}, {GemvEpilogue::kRopeAppend, 10 * hd, 8, 3, 5}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(c.e) << " n=" << c.n << " k=" << c.k
+                                      << " grids " << c.next_grid << " <- " << c.grid);
+    const bool swiglu = c.e == GemvEpilogue::kSwigluF32 || c.e == GemvEpilogue::kSwigluBf16;
+    const bool rope = c.e == GemvEpilogue::kRopeAppend;
+    const int64_t w_rows = swiglu ? 2 * c.n : c.n, row_bytes = c.k * 2, chunks = row_bytes / 16;
+    GemvPrefetch p{.w = reinterpret_cast<const bf16_bits*>(uintptr_t(4096)), .n = c.n, .k = c.k, .grid = c.next_grid,
+                   .units = 64, .head_dim = hd, .epilogue = c.e};
+    // Every 16 bytes' count over all ranges of all blocks.
+    auto coverage = [&](int units) {
+      p.units = units;
+      std::vector<int> count(size_t(w_rows * chunks), 0);
+      for (int64_t b = 0; b < c.grid; ++b)
+        for (auto [off, bytes] : gemv_l2_prefetch_ranges(p, b, c.grid)) {
+          EXPECT_TRUE(off % 16 == 0 && bytes % 16 == 0 && bytes > 0 && bytes <= 4096) << off << " " << bytes;
+          EXPECT_TRUE(off >= 0 && off + bytes <= w_rows * row_bytes) << off << " " << bytes;
+          if (off < 0 || off + bytes > w_rows * row_bytes) continue;
+          EXPECT_EQ(off / row_bytes, (off + bytes - 1) / row_bytes) << "a range within one row";
+          for (int64_t i = off / 16; i < (off + bytes) / 16; ++i) ++count[size_t(i)];
+        }
+      return count;
+    };
+    const std::vector<int> all = coverage(64);
+    EXPECT_TRUE(std::all_of(all.begin(), all.end(), [](int x) { return x == 1; }));
+    // One unit: each next block's first tile over k [0, 2048).
+    std::vector<int> want(size_t(w_rows * chunks), 0);
+    const int64_t columns = rope ? c.n / 2 : c.n, tile = swiglu || rope ? 4 : 8;
+    for (int64_t j = 0; j < c.next_grid; ++j) {
+      const int64_t c0 = columns * j / c.next_grid, c1 = std::min(columns * (j + 1) / c.next_grid, c0 + tile);
+      for (int64_t u = c0; u < c1; ++u) {
+        std::vector<int64_t> rows_of{u};
+        if (swiglu) rows_of.push_back(c.n + u);
+        if (rope) rows_of = {u / (hd / 2) * hd + u % (hd / 2), u / (hd / 2) * hd + u % (hd / 2) + hd / 2};
+        for (int64_t row : rows_of)
+          for (int64_t i = 0; i < std::min<int64_t>(chunks, 2048 * 2 / 16); ++i) ++want[size_t(row * chunks + i)];
+      }
+    }
+    EXPECT_TRUE(coverage(1) == want);
+  }
+}
+
+// A ring GEMV that prefetches the next one's weights into L2 (units 1, 3
+// and all of them, from a grid of another size) computes bitwise what it
+// computes without, for each epilogue; the launch reports no error.
+TEST(CudaGemv, BulkRingWithL2PrefetchIsBitwiseTheSame) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t k = 4104, n = 1030, max_ctx = 4;
+  const int n_head = 12, n_kv = 2, hd = 64;
+  const int64_t n_rope = int64_t(n_head + 2 * n_kv) * hd, kv = int64_t(n_kv) * hd;
+  DeviceBuffer dw = upload_bf16(ctx, random_bf16(2 * n * k, 80, 0.05f)), dx = upload_bf16(ctx, random_bf16(2 * k, 81));
+  DeviceBuffer dnext = upload_bf16(ctx, random_bf16(2 * n * k, 82, 0.05f));
+  DeviceBuffer dcos = upload(ctx, random_bf16(2 * hd / 2, 84)), dsin = upload(ctx, random_bf16(2 * hd / 2, 85));
+  DeviceBuffer dpos = upload(ctx, std::vector<int32_t>{1, 3});
+  for (GemvEpilogue e : {GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32, GemvEpilogue::kRopeAppend})
+    for (int64_t rows : {1, 2}) {
+      const bool rope = e == GemvEpilogue::kRopeAppend;
+      const int64_t n_out = rope ? n_rope : n;
+      GemvArgs g{.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .rows = rows, .n = n_out, .k = k, .epilogue = e,
+                 .overlap = true, .shape = kGemvBulkShape, .blocks_per_sm = 2};
+      if (rope)
+        g.rope = {.pos = dptr<int32_t>(dpos), .cos = dptr<float>(dcos), .sin = dptr<float>(dsin), .n_head = n_head,
+                  .n_head_kv = n_kv, .head_dim = hd, .max_ctx = static_cast<int>(max_ctx)};
+      const std::vector<float> o0 = random_bf16(rows * n_out, 86);
+      const std::vector<float> base = gemv_output(ctx, g, o0, max_ctx * kv);
+      // The next GEMV: gate|up over the other weights, on a grid of one block per SM.
+      const GemvArgs next{.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dnext), .rows = 1, .n = n, .k = k,
+                          .epilogue = GemvEpilogue::kSwigluF32, .shape = kGemvBulkShape};
+      for (int units : {1, 3, 64}) {
+        SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " rows=" << rows
+                                          << " units=" << units);
+        GemvArgs with = g;
+        with.prefetch = gemv_l2_prefetch(next, units, ctx.device());
+        EXPECT_EQ(with.prefetch.units, units);
+        EXPECT_GT(with.prefetch.grid, 0);
+        for (bool carveout : {false, true}) {
+          with.max_carveout = carveout;
+          EXPECT_TRUE(gemv_output(ctx, with, o0, max_ctx * kv) == base) << "max carveout " << carveout;
+          ASSERT_TRUE(ctx.synchronize().is_ok());
+        }
+      }
+      EXPECT_EQ(gemv_l2_prefetch(next, 0, ctx.device()).units, 0) << "no units: no prefetch";
+      GemvArgs registers = next;
+      registers.shape = 0;
+      EXPECT_EQ(gemv_l2_prefetch(registers, 3, ctx.device()).w, nullptr) << "the next GEMV not on the ring";
     }
 }
 

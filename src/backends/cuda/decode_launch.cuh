@@ -26,20 +26,35 @@ __device__ __forceinline__ void wait_prior_grid() {
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
 // dependent launch when overlap.
+// With max_carveout, the launch asks for the SMs' largest shared-memory
+// carveout (so another kernel's blocks fit beside this one's where its own
+// shared memory leaves room).
 template <class... Params, class... Args>
-cudaError_t launch_overlapped_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                   bool overlap, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_overlapped_carveout(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                       cudaStream_t stream, bool overlap, bool max_carveout, Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned n = 0;
+  if (overlap) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (max_carveout) {
+    attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attrs[n++].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cfg.attrs = overlap ? &attr : nullptr;
-  cfg.numAttrs = overlap ? 1 : 0;
+  cfg.attrs = n ? attrs : nullptr;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <class... Params, class... Args>
+cudaError_t launch_overlapped_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                   bool overlap, Args&&... args) {
+  return launch_overlapped_carveout(kernel, grid, block, smem, stream, overlap, false, std::forward<Args>(args)...);
 }
 // The same without dynamic shared memory.
 template <class... Params, class... Args>

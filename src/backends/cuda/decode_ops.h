@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_ops.h"
 
@@ -75,6 +77,23 @@ struct GemvRope {
 // blocks of it fit in an SM's 228 KiB.
 constexpr uint8_t kGemvBulkShape = 4;
 constexpr int kGemvBulkRingKib = 96;
+// Weights the next kernel on the stream reads first, pulled into L2 by a
+// GEMV on the ring (its producer warps, once they have issued their own
+// copies; bulk prefetches, nothing waits for them): the first `units` units
+// (a tile of 8 weight rows × one stage of up to 2048 k, gemv_bulk.cu) of
+// every block of the ring GEMV over w (n outputs, k inputs, `epilogue`,
+// head_dim for kRopeAppend) on `grid` blocks, each block of this GEMV
+// taking its share of those blocks. Why: the next GEMV's blocks become
+// resident only when this one's leave the SMs' shared memory, and then
+// wait a DRAM round trip for their first bytes: the DRAM idles at every
+// boundary. gemv_l2_prefetch() fills it from the next GEMV's arguments.
+// Changes when bytes move, never what is computed.
+struct GemvPrefetch {
+  const bf16_bits* w = nullptr;
+  int64_t n = 0, k = 0, grid = 0;
+  int units = 0, head_dim = 0;
+  GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
+};
 struct GemvArgs {
   const bf16_bits* x = nullptr;     // [rows, k]
   const bf16_bits* w = nullptr;     // [n, k] (kSwigluBf16: [2·n, k])
@@ -124,10 +143,24 @@ struct GemvArgs {
   // H200; the bench keeps comparing). The same sums in the same order:
   // bitwise the results without it.
   bool persistent = false;
+  // kGemvBulkShape: launch with the largest shared-memory carveout, so that
+  // the next kernel's blocks fit beside this one's where the ring leaves
+  // room (a 64 KiB ring at two blocks per SM leaves a third's worth).
+  bool max_carveout = false;
+  // kGemvBulkShape: what the next kernel reads first, pulled into L2.
+  GemvPrefetch prefetch{};
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.
 bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k);
+// The prefetch (GemvArgs::prefetch) of the first `units` units of every
+// block of `next` as gemv() would launch it on `device`; empty (nothing
+// prefetched) unless next runs on the ring (kGemvBulkShape, up to 4 rows,
+// sm_90+) or units <= 0.
+GemvPrefetch gemv_l2_prefetch(const GemvArgs& next, int units, int device);
+// The (byte offset into p.w, bytes) ranges that block `block` of a ring
+// GEMV of `grid` blocks pulls into L2 for p, in the order it issues them.
+std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefetch& p, int64_t block, int64_t grid);
 
 // y[r, c] = b[c] for a row-major [rows, cols] bf16 y: a bias laid out for a
 // GEMM with beta = 1, which then adds it before its one rounding.

@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) gemv_bulk_kernel(GemvArgs a, 
   if (threadIdx.x >= kConsumers) {
     // The producer never reads what the previous kernel writes, so it never waits for it.
     produce_units<E>(a, c_begin, c_end, ring, pos);
+    prefetch_next_units(a.prefetch);
     return;
   }
   wait_prior_grid();  // x comes from the previous kernel, and the epilogue may write what it reads
@@ -86,10 +87,9 @@ cudaError_t launch_bulk_kernel(const GemvArgs& a, cudaStream_t st, int device) {
   }
   const int kib = a.ring_kib > 0 ? a.ring_kib : kGemvBulkRingKib;
   const int slots = std::clamp(kib * 1024 / kStageBytes, 2, kMaxStages);
-  const int64_t tiles = (gemv_columns(a) + tile_columns<kBulkRows, E>() - 1) / tile_columns<kBulkRows, E>();
-  const int64_t blocks = std::min<int64_t>(tiles, int64_t(std::max<int>(1, a.blocks_per_sm)) * sm_count(device));
-  return launch_overlapped_smem(gemv_bulk_kernel<B, E>, dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads),
-                                size_t(slots) * kStageBytes, st, a.overlap, a, slots);
+  return launch_overlapped_carveout(gemv_bulk_kernel<B, E>, dim3(static_cast<unsigned>(gemv_bulk_grid(a, device))),
+                                    dim3(kBulkThreads), size_t(slots) * kStageBytes, st, a.overlap, a.max_carveout, a,
+                                    slots);
 }
 
 template <int B>
@@ -98,6 +98,26 @@ cudaError_t launch_bulk_rows(const GemvArgs& a, cudaStream_t st, int device) {
 }
 
 }  // namespace
+
+int64_t gemv_bulk_grid(const GemvArgs& a, int device) {
+  const int64_t tile_cols = paired(a.epilogue) ? kBulkRows / 2 : kBulkRows;
+  const int64_t tiles = (gemv_columns(a) + tile_cols - 1) / tile_cols;
+  return std::min<int64_t>(tiles, int64_t(std::max<int>(1, a.blocks_per_sm)) * sm_count(device));
+}
+
+GemvPrefetch gemv_l2_prefetch(const GemvArgs& next, int units, int device) {
+  if (units <= 0 || next.shape != kGemvBulkShape || next.rows < 1 || next.rows > 4 || !next.w || next.k % 8 != 0 ||
+      (reinterpret_cast<uintptr_t>(next.w) & 15) != 0 || !has_bulk_copies(device))
+    return {};
+  return {.w = next.w, .n = next.n, .k = next.k, .grid = gemv_bulk_grid(next, device), .units = units,
+          .head_dim = next.rope.head_dim, .epilogue = next.epilogue};
+}
+
+std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefetch& p, int64_t block, int64_t grid) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for_prefetch_rows(p, block, grid, 0, 1, [&](int64_t off, int64_t bytes) { ranges.emplace_back(off, bytes); });
+  return ranges;
+}
 
 cudaError_t launch_gemv_bulk(const GemvArgs& a, cudaStream_t st, int device) {
   if (a.rows == 1) return launch_bulk_rows<1>(a, st, device);

@@ -10,5 +10,7 @@
 namespace lathe::cuda {
 
 cudaError_t launch_gemv_bulk(const GemvArgs& a, cudaStream_t st, int device);
+// Its grid on device: a block per SM times a.blocks_per_sm, fewer for fewer tiles.
+int64_t gemv_bulk_grid(const GemvArgs& a, int device);
 
 }  // namespace lathe::cuda

@@ -225,6 +225,54 @@ __device__ __forceinline__ void finish_slot(const GemvArgs& a, int r, int b, flo
   finish_tile_slot<R, E>(a, int64_t(blockIdx.x) * tile_columns<R, E>(), gemv_columns(a), r, b, scale, total);
 }
 
+// ---- L2 prefetch of the next GEMV's first units (GemvPrefetch) ----------------
+
+// The ring's tile (kBulkRows = 8 weight rows) and stage (k per unit), as gemv_ring.cuh.
+constexpr int kPrefetchTileRows = 8, kPrefetchStageK = 2048;
+
+// Weight row of slot r (of 8) of p's tile of output columns [u0, u_end), or
+// −1: tile_row<8, E>() for the run-time epilogue p.epilogue.
+__host__ __device__ inline int64_t prefetch_row(const GemvPrefetch& p, int64_t u0, int64_t u_end, int r) {
+  const bool swiglu = p.epilogue == GemvEpilogue::kSwigluBf16 || p.epilogue == GemvEpilogue::kSwigluF32;
+  if (!swiglu && p.epilogue != GemvEpilogue::kRopeAppend) return u0 + r < u_end ? u0 + r : -1;
+  constexpr int kHalf = kPrefetchTileRows / 2;
+  const int64_t pair = u0 + r % kHalf;
+  if (pair >= u_end) return -1;
+  const bool second = r >= kHalf;
+  if (swiglu) return second ? p.n + pair : pair;
+  const int half = p.head_dim / 2;
+  return (pair / half) * p.head_dim + pair % half + (second ? half : 0);
+}
+
+// Calls f(byte offset into p.w, bytes) for item i = first, first + step, ...
+// of the rows and stages that block `block` of a grid of `grid` blocks
+// prefetches: the first p.units units (in the ring's order: a tile's
+// stages, then the next tile) of each of the next GEMV's blocks
+// [p.grid·block / grid, p.grid·(block + 1) / grid).
+template <class F>
+__host__ __device__ void for_prefetch_rows(const GemvPrefetch& p, int64_t block, int64_t grid, int first, int step,
+                                           F&& f) {
+  if (!p.w || p.units <= 0 || p.grid <= 0 || grid <= 0) return;
+  const bool paired = p.epilogue == GemvEpilogue::kSwigluBf16 || p.epilogue == GemvEpilogue::kSwigluF32 ||
+                      p.epilogue == GemvEpilogue::kRopeAppend;
+  const int64_t columns = p.epilogue == GemvEpilogue::kRopeAppend ? p.n / 2 : p.n;
+  const int64_t tile_cols = paired ? kPrefetchTileRows / 2 : kPrefetchTileRows;
+  const int64_t k_stages = (p.k + kPrefetchStageK - 1) / kPrefetchStageK;
+  const int64_t j0 = p.grid * block / grid, j1 = p.grid * (block + 1) / grid;
+  const int64_t per_block = int64_t(p.units) * kPrefetchTileRows;
+  for (int64_t i = first; i < (j1 - j0) * per_block; i += step) {
+    const int64_t j = j0 + i / per_block, unit = i % per_block / kPrefetchTileRows;
+    const int r = static_cast<int>(i % kPrefetchTileRows);
+    const int64_t c_begin = columns * j / p.grid, c_end = columns * (j + 1) / p.grid;
+    const int64_t u0 = c_begin + unit / k_stages * tile_cols, k0 = unit % k_stages * kPrefetchStageK;
+    if (u0 >= c_end) continue;
+    const int64_t row = prefetch_row(p, u0, u0 + tile_cols < c_end ? u0 + tile_cols : c_end, r);
+    if (row < 0) continue;
+    const int64_t k_left = p.k - k0;
+    f((row * p.k + k0) * 2, (k_left < kPrefetchStageK ? k_left : kPrefetchStageK) * 2);
+  }
+}
+
 inline int sm_count(int device) {
   static int counts[64] = {};  // by device; a racing first fill writes the same value
   if (device < 0 || device >= 64) return 132;

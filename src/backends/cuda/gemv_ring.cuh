@@ -77,6 +77,10 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
 }
+// bytes (a multiple of 16) from global src into L2; nothing waits for it.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  LATHE_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -211,6 +215,15 @@ __device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
       bulk_copy(ring.data + pos.slot * kStageBytes + lane * (kStageK * 2), a.w + row * a.k + k0, bytes,
                 ring.full + 8 * pos.slot, policy);
   }
+}
+
+// The producer warp after its own units: this block's share of what the
+// next GEMV reads first (GemvPrefetch) into L2, the lanes taking its rows in turn.
+__device__ __forceinline__ void prefetch_next_units(const GemvPrefetch& p) {
+  static_assert(kPrefetchTileRows == kBulkRows && kPrefetchStageK == kStageK, "the prefetch walks the ring's units");
+  for_prefetch_rows(p, blockIdx.x, gridDim.x, threadIdx.x & 31, 32, [&](int64_t off, int64_t bytes) {
+    bulk_prefetch_l2(reinterpret_cast<const char*>(p.w) + off, static_cast<uint32_t>(bytes));
+  });
 }
 
 // The consumers' per-tile partial sums, by tile parity: a warp may start
