@@ -51,6 +51,8 @@ std::string cuda_lora_sums() { return get("LATHE_CUDA_LORA_SUMS"); }
 
 Result<int64_t> cuda_decode_l2_prefetch() { return get_int("LATHE_CUDA_DECODE_L2_PREFETCH", 0, 0, 64); }
 
+std::string cuda_lora_rank() { return get("LATHE_CUDA_LORA_RANK"); }
+
 int checkpoint_write_delay_ms() {
   const int ms = std::atoi(get("LATHE_CHECKPOINT_WRITE_DELAY_MS", "0").c_str());
   return ms > 0 ? ms : 0;

@@ -458,6 +458,10 @@ Result<size_t> plan(CudaModelImpl& m) {
   if (!sums.empty() && sums != "joined" && sums != "separate")
     return invalid_argument("cuda trainer: LATHE_CUDA_LORA_SUMS='", sums, "' (joined or separate)");
   m.separate_lora_sums = sums == "separate";
+  const std::string rank = env::cuda_lora_rank();
+  if (!rank.empty() && rank != "gemm" && rank != "fused")
+    return invalid_argument("cuda trainer: LATHE_CUDA_LORA_RANK='", rank, "' (gemm or fused)");
+  m.fused_lora_rank = rank == "fused";
   lay_out(m);
   size_t total = 0;
   auto size_arena = [&]() -> Status {

@@ -253,6 +253,10 @@ struct CudaModelImpl {
   // LATHE_CUDA_LORA_SUMS=separate: a group's dB sums right after dB's GEMMs,
   // not joined with dA's (cuda_model_pass.cpp; the same bits).
   bool separate_lora_sums = false;
+  // LATHE_CUDA_LORA_RANK=fused: u = x·Aᵀ and du = dy·B by
+  // cuda::lora_rank_product (the sum and split fused, three terms; not
+  // with dropout's u), else a GEMM into f32 parts and lora_sum_parts.
+  bool fused_lora_rank = false;
   // The side stream runs this pass's LoRA gradients (not with dropout).
   bool overlap() const { return side.ctx.has_value() && !dropout(); }
   std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on
@@ -322,6 +326,7 @@ struct CudaModelImpl {
   // the last); their sums are added to `sums` (the caller launches them).
   Status lora_db(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
                  int64_t ld_dy, int64_t n, CPartSums& sums);
+  Status lora_du(const CGroup& G, const bf16p dy_ext, int64_t ld_dy, int64_t n);  // du's split into dy_ext
   Status lora_da(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
                  int64_t ld_dy, int64_t n, CPartSums& sums);
   // With dropout (cuda_model_dropout.cpp): the members' x·A4ᵀ on their own
