@@ -71,6 +71,13 @@ Status CudaModelImpl::lora_u_on(cuda::CudaContext& c, float* part, int64_t l, in
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), left = G.x_col > 0 ? 1 : 0;
+  if (fused_lora_rank && !dropout()) {  // the same s·u split, by one kernel
+    cuda::LoraRankArgs ra{.job = {}, .n_jobs = 1, .rows = n, .r = r};
+    ra.job[0] = {.x = xe + G.x_col, .ldx = G.ldx, .k = G.in, .w = G.a4(), .ldw = G.ldw, .term_stride = r,
+                 .member_stride = 4 * r, .n_members = int(nl), .out = xe, .ld_out = G.ldx, .scale = o.lora_scale};
+    for (int64_t m = 0; m < nl && m < 3; ++m) ra.job[0].out_col[m] = loras[size_t(G.loras[size_t(m)])].u_col;
+    if (cuda::lora_rank_supported(ra)) return cuda::lora_rank_product(c, ra);
+  }
   if (dropout())
     LATHE_TRY(lora_u_dropout_products(G, xe, n));  // main stream only (no side stream with dropout)
   else
@@ -155,10 +162,35 @@ Status CudaModelImpl::lora_da(cuda::CudaContext& c, float*& part, const CGroup& 
   return Status::ok();
 }
 
+// du = s·dy·B of every member of G, split into dy_ext's columns [out, out +
+// lw): dy times B's three terms, by one lora_rank_product (a job per
+// member) or a GEMM per member into f32 parts and one lora_sum_parts.
+Status CudaModelImpl::lora_du(const CGroup& G, const bf16p dye, int64_t ld_dy, int64_t n) {
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
+  if (fused_lora_rank && nl <= cuda::kLoraRankMaxJobs) {
+    cuda::LoraRankArgs ra{.job = {}, .n_jobs = int(nl), .rows = n, .r = r, .w_by_k = true};
+    for (int64_t m = 0; m < nl; ++m) {
+      const CLora& a = loras[size_t(G.loras[size_t(m)])];
+      ra.job[m] = {.x = dye + a.col, .ldx = ld_dy, .k = a.out, .w = a.b4, .ldw = G.ldw, .term_stride = r,
+                   .member_stride = 4 * r, .n_members = 1, .out = dye + G.out + a.slot * 4 * r, .ld_out = ld_dy,
+                   .scale = o.lora_scale};
+    }
+    if (cuda::lora_rank_supported(ra)) return cuda::lora_rank_product(ctx, ra);
+  }
+  for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
+    const CLora& a = loras[size_t(k)];
+    LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n, .n = 4 * r,
+                               .k = a.out, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw, .ldc = G.lw}));
+  }
+  return cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                    .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
+                                    .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy});
+}
+
 // The backward of group_forward from dy_ext (dy in columns [0, out), rows
 // ld_dy apart, room for du in [out, out + lw)). In f32 per member: dB =
 // dyᵀ·(s·u) from x_ext's hi and lo terms, du = s·dy·B (dy times B4 inside
-// the extended weight, split into dy_ext's columns by lora_sum_parts),
+// the extended weight, split into dy_ext's columns: lora_du),
 // dA = duᵀ·x from its hi and lo terms; all exact against the split factors
 // (dy and x are bf16), summed into the f32 gradients. Then dx =
 // dy_ext·[W ; A4 planes] = dy·W + du·A, K = out + lw, ONE GEMM rounded once
@@ -174,7 +206,7 @@ Status CudaModelImpl::lora_da(cuda::CudaContext& c, float*& part, const CGroup& 
 Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int64_t ld_dy, bf16p dx, int64_t n) {
   if (o.full_sft) LATHE_TRY(sft_group_grads(l, g, xe, dye, ld_dy, n));  // before dx overwrites anything
   const CGroup& G = blocks[size_t(l)].g[size_t(g)];
-  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
+  const int64_t nl = int64_t(G.loras.size());
   const bool on_side = overlap() && nl > 0;
   cuda::CudaContext& c = on_side ? *side.ctx : ctx;
   float* part = on_side ? x.lora_side_f32 : x.lora_f32;
@@ -187,15 +219,7 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
     part += lora_part_floats(n * G.lw);
     LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n, sums));
     if (separate_lora_sums) LATHE_TRY(sums.flush(c));
-    for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
-      const CLora& a = loras[size_t(k)];
-      LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,
-                                 .n = 4 * r, .k = a.out, .c_dtype = DType::F32, .lda = ld_dy, .ldb = G.ldw,
-                                 .ldc = G.lw}));
-    }
-    LATHE_TRY(cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                         .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
-                                         .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy}));
+    LATHE_TRY(lora_du(G, dye, ld_dy, n));
     if (dropout()) {  // dB's sums first (dA's parts start over at the scratch); dx with the masked du·A
       LATHE_TRY(sums.flush(c));
       LATHE_TRY(lora_da_dropout(G, xe, dye, ld_dy, n));
