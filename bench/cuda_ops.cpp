@@ -345,13 +345,16 @@ void bench_lora_rank(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh)
       fused.push_back(a);
     }
     char name[64];
-    const double sf = time_calls(ctx, 20, [&]() -> Status {
-      for (const LoraRankArgs& a : fused) LATHE_TRY(lora_rank_product(ctx, a));
-      return Status::ok();
-    });
-    std::snprintf(name, sizeof(name), "%s LoRA %s fused", sh.name, backward ? "du" : "u");
-    report_bytes(name, sf, bytes);
-    std::printf("%-24s %10s %10.1f TFLOP/s\n", "", "", flops / sf / 1e12);
+    for (const int block_rows : {0, 64, 128}) {  // 0: the kernel's pick
+      for (LoraRankArgs& a : fused) a.block_rows = block_rows;
+      const double sf = time_calls(ctx, 20, [&]() -> Status {
+        for (const LoraRankArgs& a : fused) LATHE_TRY(lora_rank_product(ctx, a));
+        return Status::ok();
+      });
+      std::snprintf(name, sizeof(name), "%s LoRA %s fused/%d", sh.name, backward ? "du" : "u", block_rows);
+      report_bytes(name, sf, bytes);
+      std::printf("%-24s %10s %10.1f TFLOP/s\n", "", "", flops / sf / 1e12);
+    }
     const double sg = time_calls(ctx, 20, [&]() -> Status {
       size_t gi = 0;
       for (size_t i = 0; i < std::size(groups); ++i) {
