@@ -127,6 +127,9 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
                   kPeakTflops);
       time_backward(false, cuda::AttnBwdKernels::kWgmma, rows);
     }
+    // The warp-specialized backward (TMA producer, consumer warpgroups).
+    std::printf("  d=%-3d %-9s %48s", d, "ws", "");
+    time_backward(false, cuda::AttnBwdKernels::kWs, 0);
     // The warp-specialized forward: query rows per block × keys per tile, a
     // block per tile or (p) one per SM taking tiles in turn.
     const int shapes[4][2] = {{128, 64}, {128, 128}, {192, 64}, {192, 128}};

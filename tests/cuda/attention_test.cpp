@@ -235,8 +235,9 @@ struct VarlenGrads {
 };
 
 // The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block;
-// kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order).
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore };
+// kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order);
+// kWs: the warp-specialized Hopper kernels.
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
@@ -245,13 +246,15 @@ const char* bwd_name(Bwd k) {
     case Bwd::kWgmma128: return "wgmma kernels, 128 rows per block";
     case Bwd::kFused: return "fused kernel";
     case Bwd::kFusedLoadStore: return "fused kernel, load-add-store";
+    case Bwd::kWs: return "warp-specialized kernels";
   }
   return "?";
 }
 bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
-bool runs(Bwd k, int head_dim) { return !is_wgmma(k) || wgmma_runs(head_dim); }
+bool runs(Bwd k, int head_dim) { return !(is_wgmma(k) || k == Bwd::kWs) || wgmma_runs(head_dim); }
 cuda::AttnBwdKernels kernels_of(Bwd k) {
-  return is_wgmma(k) ? cuda::AttnBwdKernels::kWgmma
+  return k == Bwd::kWs    ? cuda::AttnBwdKernels::kWs
+         : is_wgmma(k) ? cuda::AttnBwdKernels::kWgmma
                      : k == Bwd::kFused || k == Bwd::kFusedLoadStore ? cuda::AttnBwdKernels::kFused
                                                                       : cuda::AttnBwdKernels::kMma;
 }
@@ -301,7 +304,8 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kFused, Bwd::kFusedLoadStore, Bwd::kSimple}) {
+    for (Bwd kind :
+         {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kFused, Bwd::kFusedLoadStore, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -325,7 +329,7 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kFused}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kFused}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -337,6 +341,32 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
       EXPECT_EQ(testing::rel_error(again.dv, fast.dv), 0.0);
     }
   }
+}
+
+// The warp-specialized kernels against the simple ones where their ring
+// turns over many times: a KV group of four heads (the dkdv block walks
+// every head's query tiles through one ring), documents ending inside a
+// tile and one shorter than a tile, with and without a window that spans
+// tiles; deterministic as well.
+TEST(CudaAttention, WsBackwardMatchesSimpleAcrossDocuments) {
+  SKIP_WITHOUT_GPU();
+  if (!wgmma_runs(64)) GTEST_SKIP() << "needs a Hopper device";
+  for (int head_dim : {64, 128})
+    for (int window : {0, 150}) {
+      const VarlenCase c{{333, 40, 700, 257}, 8, 2, head_dim, window};
+      SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " window=" << window);
+      VarlenData d = make_varlen(c, 6161 + head_dim + window);
+      Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6167 + head_dim + window);
+      const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
+      const VarlenGrads ws = device_backward(c, d, d_out, Bwd::kWs, 0xff);
+      const VarlenGrads again = device_backward(c, d, d_out, Bwd::kWs);
+      EXPECT_LE(testing::rel_error(ws.dq, simple.dq), 5e-3);
+      EXPECT_LE(testing::rel_error(ws.dk, simple.dk), 5e-3);
+      EXPECT_LE(testing::rel_error(ws.dv, simple.dv), 5e-3);
+      EXPECT_EQ(testing::rel_error(again.dq, ws.dq), 0.0);
+      EXPECT_EQ(testing::rel_error(again.dk, ws.dk), 0.0);
+      EXPECT_EQ(testing::rel_error(again.dv, ws.dv), 0.0);
+    }
 }
 
 // The fused backward sums each d_q tile's shares across thread blocks in a

@@ -69,19 +69,22 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 // Backward: d_q, d_k, d_v are overwritten. d_k/d_v of a KV head sum over the
 // query heads sharing it inside one thread block (no atomics), so the result
 // is deterministic. workspace holds D = rowsum(d_out ⊙ out) per row and head.
-// The fast kernels come in three builds: mma.sync (every device, every
+// The fast kernels come in four builds: mma.sync (every device, every
 // compiled head_dim; d_q in a kernel of its own), wgmma (Hopper, head_dim 64
-// and 128; the same split) and fused (mma.sync, one kernel: each key tile's
+// and 128; the same split), warp-specialized (the same on Hopper, fed by
+// TMA) and fused (mma.sync, one kernel: each key tile's
 // block also adds its share of d_q into an f32 copy in the workspace, the
 // blocks of one query tile taking turns in a fixed order, so the bits do not
 // depend on timing either).
 enum class AttnBwdKernels {
   kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_FUSED_AUTO=64: fused up to head_dim 64;
-           // LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs), or what the environment names:
-           // LATHE_ATTN_BWD=mma|wgmma|fused (env.h)
+           // LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs; LATHE_ATTN_BWD_WS_AUTO=1: ws where it runs),
+           // or what the environment names: LATHE_ATTN_BWD=mma|wgmma|fused|ws (env.h)
   kMma,    // the mma.sync kernels
   kWgmma,  // the Hopper kernels; refused where they do not run
   kFused,  // the one-kernel backward (its workspace is larger: see below)
+  kWs,     // the warp-specialized Hopper kernels (attention_bwd_ws.cu: TMA producer, consumer warpgroups holding
+           // their accumulators, d_q beside dk/dv as with kMma); head_dim 64 and 128; refused where they do not run
 };
 struct AttentionVarlenBwdArgs {
   const void* q = nullptr;

@@ -80,6 +80,10 @@
 #ifndef LATHE_ATTN_BWD_FUSED_AUTO
 #define LATHE_ATTN_BWD_FUSED_AUTO 0
 #endif
+// AttnBwdKernels::kAuto picks the warp-specialized kernels where they run (1).
+#ifndef LATHE_ATTN_BWD_WS_AUTO
+#define LATHE_ATTN_BWD_WS_AUTO 0
+#endif
 #ifndef LATHE_ATTN_BWD_SM90_ROWS  // rows per thread block of the wgmma kernels by default: 64 or 128
 #define LATHE_ATTN_BWD_SM90_ROWS 64
 #endif
@@ -632,11 +636,14 @@ Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_s
 }
 
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
-// wgmma ones; f.dq_acc set: the one-kernel backward.
+// wgmma ones, or kWsRows for the warp-specialized ones; f.dq_acc set: the
+// one-kernel backward.
+constexpr int kWsRows = -1;
 template <int D, class Path>
 Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows) {
   LATHE_TRY(launch_delta(p, D, f.turn, std::is_same_v<Path, SimplePath>, st));  // attention_delta.cu
   if (f.dq_acc) return launch_fused<D>(p, f, n_docs, max_seqlen, st);
+  if (sm90_rows == kWsRows) return launch_backward_ws(p, D, n_docs, max_seqlen, st);
   if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
@@ -677,8 +684,10 @@ Result<AttnBwdKernels> resolve_kernels(AttnBwdKernels k, int head_dim) {
   if (named == "mma") return AttnBwdKernels::kMma;
   if (named == "wgmma") return AttnBwdKernels::kWgmma;
   if (named == "fused") return AttnBwdKernels::kFused;
-  if (!named.empty()) return invalid_argument("LATHE_ATTN_BWD='", named, "' (mma, wgmma or fused)");
+  if (named == "ws") return AttnBwdKernels::kWs;
+  if (!named.empty()) return invalid_argument("LATHE_ATTN_BWD='", named, "' (mma, wgmma, fused or ws)");
   if (head_dim <= LATHE_ATTN_BWD_FUSED_AUTO) return AttnBwdKernels::kFused;
+  if (LATHE_ATTN_BWD_WS_AUTO && attn::sm90_supported(head_dim)) return AttnBwdKernels::kWs;
   return LATHE_ATTN_BWD_SM90_AUTO && attn::sm90_supported(head_dim) ? AttnBwdKernels::kWgmma : AttnBwdKernels::kMma;
 }
 
@@ -729,11 +738,12 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
                     a.window,                          a.scale,
                     a.ld_out};
   LATHE_ASSIGN_OR_RETURN(const AttnBwdKernels kernels, resolve_kernels(a.kernels, a.head_dim));
-  const bool sm90 = !a.simple && kernels == AttnBwdKernels::kWgmma;
+  const bool ws = !a.simple && kernels == AttnBwdKernels::kWs;
+  const bool sm90 = !a.simple && (kernels == AttnBwdKernels::kWgmma || ws);
   const bool fused = !a.simple && kernels == AttnBwdKernels::kFused;
   if (sm90 && !attn::sm90_supported(a.head_dim))
-    return unsupported(kName, "the wgmma kernels need a Hopper device and head_dim 64 or 128 (head_dim ", a.head_dim,
-                       ")");
+    return unsupported(kName, "the ", ws ? "warp-specialized" : "wgmma",
+                       " kernels need a Hopper device and head_dim 64 or 128 (head_dim ", a.head_dim, ")");
   attn::FusedSum sum;
   if (fused) {  // the workspace continues with the turn counters and the f32 d_q
     if (!attn::aligned16(a.workspace)) return invalid_argument(kName, "the workspace must be 16-byte aligned");
@@ -743,7 +753,7 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
     sum.dq_acc = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + 2 * section);
     sum.load_store = a.fused_load_store;
   }
-  const int sm90_rows = !sm90 ? 0 : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
+  const int sm90_rows = !sm90 ? 0 : ws ? attn::kWsRows : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
   auto st = static_cast<cudaStream_t>(a.stream);
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;

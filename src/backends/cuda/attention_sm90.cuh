@@ -1,8 +1,10 @@
 // Hopper warpgroup tensor-core products (wgmma, sm_90a) for the attention
 // kernels: 64-row bf16 tiles in shared memory with the 128-byte swizzle,
-// their matrix descriptors, the m64n64 and m64n128 instructions, and the
-// fences around them. Shared by the wgmma backward (attention_bwd_sm90.cu)
-// and forward (attention_fwd.cu).
+// their matrix descriptors, the m64n64 and m64n128 instructions, the
+// fences around them, and the backward's per-tile steps. Shared by the
+// wgmma backward (attention_bwd_sm90.cu), the warp-specialized one
+// (attention_bwd_ws.cu) and the forwards (attention_fwd.cu,
+// attention_fwd_sm90.cu).
 //
 // A tile is 64 rows × D columns stored as D/64 panels of 64 rows × 128
 // bytes, the 16-byte chunks of row r permuted by XOR with r % 8, 1024-byte
@@ -152,6 +154,100 @@ template <int D>
 __device__ __forceinline__ void accumulate_rows(float (&acc)[D / 2], const uint32_t (*a)[4], const unsigned char* b) {
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) wgmma_rs<D>(acc, a[kc], desc_mn(b, kc * 16));
+}
+
+// The backward's steps for one tile pair, shared by its wgmma kernels
+// (attention_bwd_sm90.cu) and the warp-specialized ones (attention_bwd_ws.cu).
+
+// Both score products of one tile pair, s = A1·B1ᵀ and dp = A2·B2ᵀ over D,
+// all four tiles K-major (the first step overwrites s and dp), as two
+// groups: after wg_wait<1>() s is ready while dp is still being computed.
+template <int D>
+__device__ __forceinline__ void issue_score_products(float (&s)[32], float (&dp)[32], const unsigned char* a1,
+                                                     const unsigned char* b1, const unsigned char* a2,
+                                                     const unsigned char* b2) {
+  wg_fence();
+  issue_scores<D>(s, a1, b1);
+  wg_commit();
+  issue_scores<D>(dp, a2, b2);
+  wg_commit();
+}
+
+// dq for one K/V tile: this thread's query rows row_a, row_b (= row_a + 8).
+template <int D>
+__device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char* sQ, const unsigned char* sO,
+                                        const unsigned char* sK, const unsigned char* sV, bool masked, int kt,
+                                        int row_a, int row_b, int n, int window, float sl2, const float lse2[2],
+                                        const float dlt[2]) {
+  const int c = threadIdx.x % 4;
+  float s[32], dp[32];
+  issue_score_products<D>(s, dp, sQ, sK, sO, sV);
+  wg_wait<1>();
+  pin(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)  // P, while dP is computed
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kt + j * 8 + 2 * c + (e & 1), i = 4 * j + e;
+      const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
+      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -lse2[e / 2])) : 0.f;
+    }
+  wg_wait<0>();
+  pin(dp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = s[i] * (dp[i] - dlt[i % 4 / 2]);  // dS
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+  pin(a);
+  pin(dq);
+  wg_fence();
+  accumulate_rows<D>(dq, a, sK);
+  wg_commit();
+  wg_wait<0>();
+  pin(dq);
+}
+
+// dkdv for one query tile: this thread's keys key_a, key_b (= key_a + 8).
+template <int D>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[D / 2], float (&dv)[D / 2], const unsigned char* sK,
+                                          const unsigned char* sV, const unsigned char* sQ, const unsigned char* sO,
+                                          const float* sL, const float* sD, bool masked, int qt, int key_a,
+                                          int key_b, int n, int window, float sl2) {
+  const int c = threadIdx.x % 4;
+  float s[32], dp[32];
+  issue_score_products<D>(s, dp, sK, sQ, sV, sO);
+  wg_wait<1>();
+  pin(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)  // Pᵀ, while dPᵀ is computed
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + 2 * c + (e & 1), qi = qt + col, i = 4 * j + e;
+      const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
+      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -sL[col] * kLog2e)) : 0.f;
+    }
+  wg_wait<0>();
+  pin(dp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - sD[i / 4 * 8 + 2 * c + i % 2]);  // dSᵀ
+  uint32_t pa[4][4], da[4][4];
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    c_to_a(pa[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+    c_to_a(da[kc], reinterpret_cast<const float(*)[4]>(dp), kc);
+  }
+  pin(pa);
+  pin(da);
+  pin(dv);
+  pin(dk);
+  wg_fence();
+  accumulate_rows<D>(dv, pa, sO);
+  accumulate_rows<D>(dk, da, sQ);
+  wg_commit();
+  wg_wait<0>();
+  pin(dv);
+  pin(dk);
 }
 
 // The dynamic shared memory rounded up to the 1024-byte alignment of the

@@ -1,0 +1,480 @@
+// The attention backward on Hopper (sm_90a), warp-specialized
+// (AttnBwdKernels::kWs): the dq / dkdv split of attention_bwd.cu with the
+// per-tile arithmetic of the wgmma kernels (sm90::dq_tile, sm90::dkdv_tile:
+// P and dS rounded to bf16 before their products, fp32 accumulation, no
+// atomics), fed the way the warp-specialized forward is fed. A thread block
+// has NC + 1 warpgroups. The first produces: its first warp issues TMA
+// copies (attention_tma.cuh) into a ring of kStages stages in shared
+// memory, each fill counted on a "full" mbarrier, and refills a stage once
+// every consumer warp has arrived on its "empty" one. The other NC
+// warpgroups consume, 64 rows each, without ever waiting for one another,
+// so one's exponentials and conversions run while the other's products
+// occupy the tensor cores:
+//   dkdv: a block owns NC·64 keys of one KV head; K and V arrive once, then
+//         for every query head of the group and every query tile its keys
+//         see, the producer streams the Q and dO tiles (TMA) and the
+//         tile's lse and D rows (the producer warp's lanes, plain loads,
+//         each lane arriving on the full barrier after its stores);
+//   dq:   a block owns NC·64 query rows of one head; Q and dO arrive once,
+//         then the K and V tiles the rows see stream through the ring; each
+//         thread keeps its two rows' lse and D in registers.
+// Every accumulator (dK and dV, or dQ) lives in its warpgroup's registers
+// for the whole walk and is written once, so the result does not depend on
+// timing. dq runs on the backward's second stream beside dkdv, as with the
+// other kernels. Work items are ordered with the longest first (dkdv: the
+// first key tiles, which the most query rows see; dq: the last query tiles),
+// the heads of one KV group side by side so their K/V tiles meet in L2.
+//
+// Rows past a document inside the packed tensors arrive as the next
+// document's rows (past the tensors' end as zeros); the masks drop them
+// (visible(), and zero lse / D rows past the end in dkdv), and nothing past
+// a document is stored.
+#include "backends/cuda/attention.h"
+#include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/attention_sm90.cuh"
+#include "backends/cuda/attention_tma.cuh"
+#include "backends/cuda/gemv_ring.cuh"  // the mbarrier helpers
+
+// Consumer warpgroups per block (64 keys or query rows each) at head_dim
+// 64: 2 or 3 (head_dim 128: 2, its dK and dV accumulators take 128
+// registers a thread).
+#ifndef LATHE_ATTN_BWD_WS_NC_64
+#define LATHE_ATTN_BWD_WS_NC_64 2
+#endif
+
+// Named, not anonymous: the sm_80 pass uses little of it and would warn.
+namespace lathe::cuda::attn::wsb {
+
+// The tensor maps of q, d_out (n_head heads) and k, v (n_head_kv), one
+// kernel parameter.
+struct BwdMaps {
+  CUtensorMap q, d_out, k, v;
+};
+
+// Shared memory of a block: NC resident tiles of each of two tensors (dkdv:
+// K, V; dq: Q, dO), kStages stages of each of the two streamed ones (dkdv:
+// Q, dO; dq: K, V), dkdv's lse and D rows per stage, then the barriers
+// (resident: one; full and empty per stage), from a 1024-byte aligned base.
+template <int D, int NC>
+struct WsBwdLayout {
+  static constexpr int kStages = 2;
+  static constexpr int kRows = NC * kBlockRows;
+  static constexpr int kThreads = (NC + 1) * attn::kThreads;
+  static constexpr int kT = sm90::tile_bytes<D>();
+  static constexpr int kRes1 = NC * kT;                    // the second resident tensor
+  static constexpr int kStream0 = 2 * NC * kT;             // the first streamed tensor's stages
+  static constexpr int kStream1 = kStream0 + kStages * kT;  // the second's
+  static constexpr int kLse = kStream1 + kStages * kT;     // kStages × 64 f32 (dkdv)
+  static constexpr int kDelta = kLse + kStages * kBlockRows * 4;
+  static constexpr int kBars = kDelta + kStages * kBlockRows * 4;
+  static constexpr int kResFull = 0, kFull = 1, kEmpty = 1 + kStages, kBarriers = 1 + 2 * kStages;
+  static constexpr int kSmem = kBars + kBarriers * 8 + 1024;  // + room to align the base
+  // Registers per thread after the split: the producer's and the consumers'
+  // ((NC + 1)·128 threads share 64 Ki).
+  static constexpr int kProducerRegs = NC == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = NC == 2 ? 240 : 160;
+  static_assert(NC == 2 || NC == 3);
+  static_assert(kSmem <= 227 * 1024);
+  static_assert(128 * kProducerRegs + NC * 128 * kConsumerRegs <= 65536);
+};
+
+// A block's work: its document's first row and length, the head (dq) or KV
+// head (dkdv), and its first row (dq: query, dkdv: key).
+struct WsBwdItem {
+  int64_t base;
+  int n, h, r0;
+};
+// Item w of the grid: the row tiles ordered as the header says; false
+// when the tile lies past its document's end.
+template <int kRows, bool kLastFirst>
+__device__ __forceinline__ bool bwd_item(const BwdParams& p, int docs, int heads, int tiles, int w, WsBwdItem& b) {
+  const int tile = w / (docs * heads), doc = w / heads % docs;
+  b.h = w % heads;
+  b.base = p.cu[doc];
+  b.n = p.cu[doc + 1] - p.cu[doc];
+  b.r0 = (kLastFirst ? tiles - 1 - tile : tile) * kRows;
+  return b.r0 < b.n;
+}
+
+#if LATHE_SM90A_DEVICE
+using namespace tma;  // tma_load, regs_release / regs_claim, mbar_wait
+
+// D/64 boxes of 64 rows (one 64-column panel each) of head `head` from row
+// `row` into the tile at dst, counted on bar.
+template <int D>
+__device__ __forceinline__ void load_tile_tma(uint32_t dst, const CUtensorMap* map, int head, int64_t row,
+                                              uint32_t bar) {
+#pragma unroll
+  for (int pn = 0; pn < D / 64; ++pn) tma_load(dst + pn * sm90::kPanelBytes, map, pn * 64, head, int(row), bar);
+}
+
+// The consumers' wait: tma::mbar_wait with its bounded slow path a call.
+// Inlined into the consumer loops, the slow path's trap made ptxas spill
+// the dkdv accumulators (680 bytes at head_dim 128) and serialize wgmma.
+__device__ __noinline__ void wait_slow(uint32_t bar, uint32_t parity) { mbar_wait_slow(bar, parity); }
+__device__ __forceinline__ void wait_consumer(uint32_t bar, uint32_t parity) {
+  if (!mbar_try(bar, parity)) wait_slow(bar, parity);
+}
+
+// The ring's stage of fill `it` (the it-th streamed tile of the block), and
+// the parity its waits name.
+template <typename L>
+struct Ring {
+  uint32_t bars;  // shared address of barrier 0
+  __device__ __forceinline__ int stage(int it) const { return it % L::kStages; }
+  __device__ __forceinline__ uint32_t full(int it) const { return bars + 8 * (L::kFull + stage(it)); }
+  __device__ __forceinline__ uint32_t empty(int it) const { return bars + 8 * (L::kEmpty + stage(it)); }
+  __device__ __forceinline__ void wait_full(int it) const { wait_consumer(full(it), (it / L::kStages) & 1); }
+  // The producer, before refilling: the consumers gave back the fill before.
+  __device__ __forceinline__ void wait_empty(int it) const {
+    if (it >= L::kStages) mbar_wait(empty(it), ((it / L::kStages) & 1) ^ 1);
+  }
+  // One arrival per consumer warp (its products reading the stage completed).
+  __device__ __forceinline__ void release(int it) const {
+    if (threadIdx.x % 32 == 0) ring::mbar_arrive(empty(it));
+  }
+};
+
+// The query tiles a dkdv block walks per head: from its first key's tile to
+// the last query row that sees one of its keys.
+template <int kRows>
+__device__ __forceinline__ int dkdv_query_tiles(const BwdParams& p, const WsBwdItem& b) {
+  const int q_last = p.window > 0 ? min(b.n - 1, min(b.r0 + kRows, b.n) - 1 + p.window - 1) : b.n - 1;
+  return (q_last - b.r0) / kBlockRows + 1;
+}
+
+// dkdv's producer warp: K and V once, then for every (head of the group,
+// query tile) the Q and dO tiles (lane 0, TMA) and the lse and D rows (every
+// lane two rows; zeros past the document).
+template <int D, int NC>
+__device__ __forceinline__ void dkdv_produce(const BwdMaps& maps, const BwdParams& p, unsigned char* smem,
+                                             const WsBwdItem& b) {
+  using L = WsBwdLayout<D, NC>;
+  const uint32_t s0 = ring::smem_addr(smem);
+  const Ring<L> ring_{s0 + L::kBars};
+  const int lane = threadIdx.x % 32, group = p.n_head / p.n_head_kv;
+  if (lane == 0) {
+    const uint32_t bar = ring_.bars + 8 * L::kResFull;
+    ring::mbar_expect(bar, 2 * NC * L::kT);
+    for (int w = 0; w < NC; ++w) {
+      load_tile_tma<D>(s0 + w * L::kT, &maps.k, b.h, b.base + b.r0 + w * kBlockRows, bar);
+      load_tile_tma<D>(s0 + L::kRes1 + w * L::kT, &maps.v, b.h, b.base + b.r0 + w * kBlockRows, bar);
+    }
+  }
+  const int n_qt = dkdv_query_tiles<L::kRows>(p, b), n_iter = group * n_qt;
+  float* sL = reinterpret_cast<float*>(smem + L::kLse);
+  float* sD = reinterpret_cast<float*>(smem + L::kDelta);
+  for (int it = 0; it < n_iter; ++it) {
+    const int h = b.h * group + it / n_qt, qt = b.r0 + (it % n_qt) * kBlockRows, st = ring_.stage(it);
+    ring_.wait_empty(it);
+    float lse[2], dlt[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = qt + lane + 32 * r;
+      const int64_t at = (b.base + q) * p.n_head + h;
+      lse[r] = q < b.n ? p.lse[at] : 0.f;
+      dlt[r] = q < b.n ? p.delta[at] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sL[st * kBlockRows + lane + 32 * r] = lse[r];
+      sD[st * kBlockRows + lane + 32 * r] = dlt[r];
+    }
+    const uint32_t bar = ring_.full(it);
+    if (lane == 0) {
+      ring::mbar_expect(bar, 2 * L::kT);  // lane 0's arrival, after its stores
+      load_tile_tma<D>(s0 + L::kStream0 + st * L::kT, &maps.q, h, b.base + qt, bar);
+      load_tile_tma<D>(s0 + L::kStream1 + st * L::kT, &maps.d_out, h, b.base + qt, bar);
+    } else {
+      ring::mbar_arrive(bar);
+    }
+  }
+}
+
+// dkdv for one query tile (sm90::dkdv_tile's arithmetic, its products
+// reordered to hold fewer registers, which the register split leaves 240):
+// Sᵀ and dPᵀ issued together; once Sᵀ lands, Pᵀ is made and dV += Pᵀ·dO
+// issued at once, so it runs while dPᵀ finishes and dSᵀ is formed; then
+// dK += dSᵀ·Q. Pᵀ in fp32 stays for dSᵀ, its bf16 copy feeds the product.
+template <int D>
+__device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D / 2], const unsigned char* sK,
+                                             const unsigned char* sV, const unsigned char* sQ,
+                                             const unsigned char* sO, const float* sL, const float* sD, bool masked,
+                                             int qt, int key_a, int key_b, int n, int window, float sl2) {
+  using namespace sm90;
+  const int c = threadIdx.x % 4;
+  float s[32], dp[32];
+  issue_score_products<D>(s, dp, sK, sQ, sV, sO);
+  wg_wait<1>();
+  pin(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)  // Pᵀ, while dPᵀ is computed
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = j * 8 + 2 * c + (e & 1), qi = qt + col, i = 4 * j + e;
+      const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
+      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -sL[col] * kLog2e)) : 0.f;
+    }
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+  pin(a);
+  pin(dv);
+  wg_fence();
+  accumulate_rows<D>(dv, a, sO);
+  wg_commit();
+  wg_wait<1>();  // dPᵀ (dV += Pᵀ·dO may still run)
+  pin(dp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - sD[i / 4 * 8 + 2 * c + i % 2]);  // dSᵀ
+  wg_wait<0>();  // the product reading a[] is done before a[] is rewritten
+  pin(dv);
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(dp), kc);
+  pin(a);
+  pin(dk);
+  wg_fence();
+  accumulate_rows<D>(dk, a, sQ);
+  wg_commit();
+  wg_wait<0>();
+  pin(dk);
+}
+
+// dkdv's consumer warpgroup c: keys r0 + 64c .. of the item.
+template <int D, int NC>
+__device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
+                                             int c) {
+  using L = WsBwdLayout<D, NC>;
+  const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
+  const int t = threadIdx.x % attn::kThreads, group = p.n_head / p.n_head_kv, n = b.n;
+  const int w0 = b.r0 + c * kBlockRows, w_last = min(w0 + kBlockRows, n) - 1;  // this warpgroup's keys
+  const int key_a = w0 + t / 32 * 16 + t % 32 / 4, key_b = key_a + 8;
+  const int n_qt = dkdv_query_tiles<L::kRows>(p, b), n_iter = group * n_qt;
+  const float sl2 = p.scale * kLog2e;
+  const unsigned char* sK = smem + c * L::kT;
+  const unsigned char* sV = smem + L::kRes1 + c * L::kT;
+  const float* sL = reinterpret_cast<const float*>(smem + L::kLse);
+  const float* sD = reinterpret_cast<const float*>(smem + L::kDelta);
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  wait_consumer(ring_.bars + 8 * L::kResFull, 0);  // also where no key is used: no copy may land after the exit
+  for (int it = 0; it < n_iter; ++it) {
+    const int qt = b.r0 + (it % n_qt) * kBlockRows, st = ring_.stage(it);
+    const bool seen = w0 < n && qt + kBlockRows - 1 >= w0 && (p.window <= 0 || qt <= w_last + p.window - 1);
+    const bool masked = p.window > 0 || qt < w0 + kBlockRows - 1 || qt + kBlockRows > n;
+    ring_.wait_full(it);
+    if (seen)
+      dkdv_tile_ws<D>(dk, dv, sK, sV, smem + L::kStream0 + st * L::kT, smem + L::kStream1 + st * L::kT,
+                         sL + st * kBlockRows, sD + st * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
+    ring_.release(it);
+  }
+  const int cc = t % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key_a : key_b;
+    if (key >= n) continue;
+    const int64_t off = ((b.base + key) * p.n_head_kv + b.h) * D + 2 * cc;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      *reinterpret_cast<__nv_bfloat162*>(p.d_k + off + dn * 8) =
+          __floats2bfloat162_rn(dk[4 * dn + 2 * r] * p.scale, dk[4 * dn + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(p.d_v + off + dn * 8) =
+          __floats2bfloat162_rn(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
+    }
+  }
+}
+
+// The key tiles a dq block walks: from the window's first key (or 0) to its
+// last row.
+struct DqKeys {
+  int k_first, n_tiles;
+};
+template <int kRows>
+__device__ __forceinline__ DqKeys dq_keys(const BwdParams& p, const WsBwdItem& b) {
+  const int k_last = min(b.r0 + kRows, b.n) - 1;
+  const int k_first = p.window > 0 ? max(0, b.r0 - p.window + 1) : 0;
+  return {k_first, (k_last - k_first) / kBlockRows + 1};
+}
+
+// dq's producer thread: Q and dO once, then K and V of every key tile.
+template <int D, int NC>
+__device__ __forceinline__ void dq_produce(const BwdMaps& maps, const BwdParams& p, uint32_t s0,
+                                           const WsBwdItem& b) {
+  using L = WsBwdLayout<D, NC>;
+  const Ring<L> ring_{s0 + L::kBars};
+  const int hk = b.h / (p.n_head / p.n_head_kv);
+  const uint32_t res = ring_.bars + 8 * L::kResFull;
+  ring::mbar_expect(res, 2 * NC * L::kT);
+  for (int w = 0; w < NC; ++w) {
+    load_tile_tma<D>(s0 + w * L::kT, &maps.q, b.h, b.base + b.r0 + w * kBlockRows, res);
+    load_tile_tma<D>(s0 + L::kRes1 + w * L::kT, &maps.d_out, b.h, b.base + b.r0 + w * kBlockRows, res);
+  }
+  const DqKeys keys = dq_keys<L::kRows>(p, b);
+  for (int j = 0; j < keys.n_tiles; ++j) {
+    const int64_t row = b.base + keys.k_first + j * kBlockRows;
+    const int st = ring_.stage(j);
+    ring_.wait_empty(j);
+    ring::mbar_expect(ring_.full(j), 2 * L::kT);
+    load_tile_tma<D>(s0 + L::kStream0 + st * L::kT, &maps.k, hk, row, ring_.full(j));
+    load_tile_tma<D>(s0 + L::kStream1 + st * L::kT, &maps.v, hk, row, ring_.full(j));
+  }
+}
+
+// dq's consumer warpgroup c: query rows r0 + 64c .. of the item.
+template <int D, int NC>
+__device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b, int c) {
+  using L = WsBwdLayout<D, NC>;
+  const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
+  const int t = threadIdx.x % attn::kThreads, n = b.n;
+  const int w0 = b.r0 + c * kBlockRows, w_last = min(w0 + kBlockRows, n) - 1;  // this warpgroup's rows
+  const int row_a = w0 + t / 32 * 16 + t % 32 / 4, row_b = row_a + 8;
+  const float sl2 = p.scale * kLog2e;
+  float lse2[2] = {0.f, 0.f}, dlt[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    if (row >= n) continue;
+    lse2[r] = p.lse[(b.base + row) * p.n_head + b.h] * kLog2e;
+    dlt[r] = p.delta[(b.base + row) * p.n_head + b.h];
+  }
+  const unsigned char* sQ = smem + c * L::kT;
+  const unsigned char* sO = smem + L::kRes1 + c * L::kT;
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+  const DqKeys keys = dq_keys<L::kRows>(p, b);
+  wait_consumer(ring_.bars + 8 * L::kResFull, 0);  // also where no row is used: no copy may land after the exit
+  for (int j = 0; j < keys.n_tiles; ++j) {
+    const int kt = keys.k_first + j * kBlockRows, st = ring_.stage(j);
+    const bool seen = w0 < n && kt <= w_last && (p.window <= 0 || kt + kBlockRows - 1 > w0 - p.window);
+    const bool masked = p.window > 0 || kt + kBlockRows - 1 > w0;
+    ring_.wait_full(j);
+    if (seen)
+      sm90::dq_tile<D>(dq, sQ, sO, smem + L::kStream0 + st * L::kT, smem + L::kStream1 + st * L::kT, masked, kt,
+                       row_a, row_b, n, p.window, sl2, lse2, dlt);
+    ring_.release(j);
+  }
+  const int cc = t % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    if (row >= n) continue;
+    bf16* dst = p.d_q + ((b.base + row) * p.n_head + b.h) * D + 2 * cc;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn)
+      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
+          __floats2bfloat162_rn(dq[4 * dn + 2 * r] * p.scale, dq[4 * dn + 2 * r + 1] * p.scale);
+  }
+}
+
+// Barrier set-up shared by both kernels: the resident tiles' barrier and
+// the full ones count `full_count` arrivals, the empty ones the NC·4
+// consumer warps.
+template <typename L, int NC>
+__device__ __forceinline__ void init_barriers(uint32_t bars, int full_count) {
+  if (threadIdx.x == 0) {
+    ring::mbar_init(bars + 8 * L::kResFull, 1);
+    for (int s = 0; s < L::kStages; ++s) {
+      ring::mbar_init(bars + 8 * (L::kFull + s), full_count);
+      ring::mbar_init(bars + 8 * (L::kEmpty + s), NC * 4);
+    }
+    ring::fence_barrier_init();
+  }
+  __syncthreads();
+}
+#endif  // LATHE_SM90A_DEVICE
+
+// One block per item (a KV head's NC·64 keys of one document). Separate
+// paths after the register split: ptxas gives each side its budget only
+// when no code after it is shared.
+template <int D, int NC>
+__global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
+    dkdv_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
+#if LATHE_SM90A_DEVICE
+  using L = WsBwdLayout<D, NC>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = sm90::aligned_smem(smem_raw);
+  WsBwdItem b;
+  if (!bwd_item<L::kRows, false>(p, docs, p.n_head_kv, tiles, blockIdx.x, b)) return;
+  init_barriers<L, NC>(ring::smem_addr(smem) + L::kBars, 32);
+  if (threadIdx.x < attn::kThreads) {
+    regs_release<L::kProducerRegs>();
+    if (threadIdx.x < 32) dkdv_produce<D, NC>(maps, p, smem, b);
+    return;
+  }
+  regs_claim<L::kConsumerRegs>();
+  dkdv_consume<D, NC>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+#else
+  __trap();  // launched only where sm90_supported() holds
+#endif
+}
+
+// One block per item (NC·64 query rows of one head of one document).
+template <int D, int NC>
+__global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
+    dq_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
+#if LATHE_SM90A_DEVICE
+  using L = WsBwdLayout<D, NC>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = sm90::aligned_smem(smem_raw);
+  WsBwdItem b;
+  if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, blockIdx.x, b)) return;
+  init_barriers<L, NC>(ring::smem_addr(smem) + L::kBars, 1);
+  if (threadIdx.x < attn::kThreads) {
+    regs_release<L::kProducerRegs>();
+    if (threadIdx.x == 0) dq_produce<D, NC>(maps, p, ring::smem_addr(smem), b);
+    return;
+  }
+  regs_claim<L::kConsumerRegs>();
+  dq_consume<D, NC>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+#else
+  __trap();  // launched only where sm90_supported() holds
+#endif
+}
+
+template <int D, int NC>
+Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream) {
+  using L = WsBwdLayout<D, NC>;
+  constexpr const char* kWho = "attention backward (warp-specialized)";
+  const tma::EncodeTiled encode = tma::tensor_map_encoder();
+  if (!encode) return unsupported(kWho, ": the driver has no cuTensorMapEncodeTiled");
+  BwdMaps maps;
+  LATHE_TRY(tma::encode_map<D>(encode, &maps.q, p.q, p.n_head, p.n_tokens, kBlockRows, kWho, "q"));
+  LATHE_TRY(tma::encode_map<D>(encode, &maps.d_out, p.d_out, p.n_head, p.n_tokens, kBlockRows, kWho, "d_out"));
+  LATHE_TRY(tma::encode_map<D>(encode, &maps.k, p.k, p.n_head_kv, p.n_tokens, kBlockRows, kWho, "k"));
+  LATHE_TRY(tma::encode_map<D>(encode, &maps.v, p.v, p.n_head_kv, p.n_tokens, kBlockRows, kWho, "v"));
+  const int64_t tiles = (max_seqlen + L::kRows - 1) / L::kRows;
+  const int64_t dkdv_items = tiles * n_docs * p.n_head_kv, dq_items = tiles * n_docs * p.n_head;
+  if (dq_items > INT32_MAX) return invalid_argument(kWho, ": ", dq_items, " row tiles exceed 2^31");
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv_ws_kernel<D, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            L::kSmem),
+                       "cudaFuncSetAttribute(dkdv_ws)"));
+  LATHE_TRY(cuda_check(
+      cudaFuncSetAttribute(dq_ws_kernel<D, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
+      "cudaFuncSetAttribute(dq_ws)"));
+  dkdv_ws_kernel<D, NC><<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles));
+  LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
+  dq_ws_kernel<D, NC><<<unsigned(dq_items), L::kThreads, L::kSmem, dq_stream>>>(maps, p, n_docs, int(tiles));
+  return cuda_check(cudaGetLastError(), "attention dq_ws launch");
+}
+
+}  // namespace lathe::cuda::attn::wsb
+
+namespace lathe::cuda::attn {
+
+Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st) {
+  if (d != 64 && d != 128)
+    return unsupported("attention backward (warp-specialized): head_dim ", d, " (64 and 128 are compiled)");
+  if (p.n_tokens <= 0) return invalid_argument("attention backward (warp-specialized): n_tokens is not set");
+  LATHE_ASSIGN_OR_RETURN(const SideStream* side, side_stream_for(st));
+  const cudaStream_t dq_stream = side ? side->stream : st;
+  constexpr int kNc64 = LATHE_ATTN_BWD_WS_NC_64 == 3 ? 3 : 2;
+  Status launched = d == 128 ? wsb::launch_ws<128, 2>(p, n_docs, max_seqlen, st, dq_stream)
+                             : wsb::launch_ws<64, kNc64>(p, n_docs, max_seqlen, st, dq_stream);
+  if (!side) return launched;
+  Status joined = join_side_stream(*side, st);  // also after a failed launch: the fork is never left open
+  return launched.is_ok() ? joined : launched;
+}
+
+}  // namespace lathe::cuda::attn
