@@ -236,8 +236,9 @@ struct VarlenGrads {
 
 // The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block;
 // kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order);
-// kWs: the warp-specialized Hopper kernels.
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs };
+// kWs: the warp-specialized Hopper kernels (kWsSerial: each tile's products
+// waited for before the next tile's scores are issued).
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsSerial };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
@@ -247,13 +248,15 @@ const char* bwd_name(Bwd k) {
     case Bwd::kFused: return "fused kernel";
     case Bwd::kFusedLoadStore: return "fused kernel, load-add-store";
     case Bwd::kWs: return "warp-specialized kernels";
+    case Bwd::kWsSerial: return "warp-specialized kernels, serial tiles";
   }
   return "?";
 }
 bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
-bool runs(Bwd k, int head_dim) { return !(is_wgmma(k) || k == Bwd::kWs) || wgmma_runs(head_dim); }
+bool is_ws(Bwd k) { return k == Bwd::kWs || k == Bwd::kWsSerial; }
+bool runs(Bwd k, int head_dim) { return !(is_wgmma(k) || is_ws(k)) || wgmma_runs(head_dim); }
 cuda::AttnBwdKernels kernels_of(Bwd k) {
-  return k == Bwd::kWs    ? cuda::AttnBwdKernels::kWs
+  return is_ws(k)      ? cuda::AttnBwdKernels::kWs
          : is_wgmma(k) ? cuda::AttnBwdKernels::kWgmma
                      : k == Bwd::kFused || k == Bwd::kFusedLoadStore ? cuda::AttnBwdKernels::kFused
                                                                       : cuda::AttnBwdKernels::kMma;
@@ -283,6 +286,7 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
                                  c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple, kernels_of(kind),
                                  kind == Bwd::kWgmma128 ? 128 : 64};
   b.fused_load_store = kind == Bwd::kFusedLoadStore;
+  b.ws_pipeline = kind == Bwd::kWsSerial ? 0 : kind == Bwd::kWs ? 1 : -1;
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
   return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
@@ -305,7 +309,8 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
     for (Bwd kind :
-         {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kFused, Bwd::kFusedLoadStore, Bwd::kSimple}) {
+         {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kFused, Bwd::kFusedLoadStore,
+          Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -329,7 +334,7 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kFused}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kFused}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -358,14 +363,17 @@ TEST(CudaAttention, WsBackwardMatchesSimpleAcrossDocuments) {
       VarlenData d = make_varlen(c, 6161 + head_dim + window);
       Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6167 + head_dim + window);
       const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-      const VarlenGrads ws = device_backward(c, d, d_out, Bwd::kWs, 0xff);
-      const VarlenGrads again = device_backward(c, d, d_out, Bwd::kWs);
-      EXPECT_LE(testing::rel_error(ws.dq, simple.dq), 5e-3);
-      EXPECT_LE(testing::rel_error(ws.dk, simple.dk), 5e-3);
-      EXPECT_LE(testing::rel_error(ws.dv, simple.dv), 5e-3);
-      EXPECT_EQ(testing::rel_error(again.dq, ws.dq), 0.0);
-      EXPECT_EQ(testing::rel_error(again.dk, ws.dk), 0.0);
-      EXPECT_EQ(testing::rel_error(again.dv, ws.dv), 0.0);
+      for (Bwd kind : {Bwd::kWs, Bwd::kWsSerial}) {
+        SCOPED_TRACE(bwd_name(kind));
+        const VarlenGrads ws = device_backward(c, d, d_out, kind, 0xff);
+        const VarlenGrads again = device_backward(c, d, d_out, kind);
+        EXPECT_LE(testing::rel_error(ws.dq, simple.dq), 5e-3);
+        EXPECT_LE(testing::rel_error(ws.dk, simple.dk), 5e-3);
+        EXPECT_LE(testing::rel_error(ws.dv, simple.dv), 5e-3);
+        EXPECT_EQ(testing::rel_error(again.dq, ws.dq), 0.0);
+        EXPECT_EQ(testing::rel_error(again.dk, ws.dk), 0.0);
+        EXPECT_EQ(testing::rel_error(again.dv, ws.dv), 0.0);
+      }
     }
 }
 

@@ -108,6 +108,9 @@ struct AttentionVarlenBwdArgs {
   int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
   bool fused_load_store = false;  // fused: add the d_q shares by load, add, store (default: reductions in L2)
+  // kWs: each consumer warpgroup issues the next tile's score products behind this tile's last product (1) or
+  // waits for that product first (0); -1: the compiled default.
+  int ws_pipeline = -1;
 };
 // The workspace for `kernels` (kAuto resolved as the backward resolves it):
 // the fused kernel adds an f32 [n_tokens, n_head, head_dim] d_q and a turn

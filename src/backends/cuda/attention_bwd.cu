@@ -637,13 +637,14 @@ Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_s
 
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
 // wgmma ones, or kWsRows for the warp-specialized ones; f.dq_acc set: the
-// one-kernel backward.
+// one-kernel backward; ws_pipeline: AttentionVarlenBwdArgs::ws_pipeline.
 constexpr int kWsRows = -1;
 template <int D, class Path>
-Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows) {
+Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows,
+              int ws_pipeline = -1) {
   LATHE_TRY(launch_delta(p, D, f.turn, std::is_same_v<Path, SimplePath>, st));  // attention_delta.cu
   if (f.dq_acc) return launch_fused<D>(p, f, n_docs, max_seqlen, st);
-  if (sm90_rows == kWsRows) return launch_backward_ws(p, D, n_docs, max_seqlen, st);
+  if (sm90_rows == kWsRows) return launch_backward_ws(p, D, n_docs, max_seqlen, st, ws_pipeline);
   if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
@@ -758,7 +759,7 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     return a.simple ? attn::launch<D, attn::SimplePath>(p, {}, a.n_docs, a.max_seqlen, st, 0)
-                    : attn::launch<D, attn::FastPath>(p, sum, a.n_docs, a.max_seqlen, st, sm90_rows);
+                    : attn::launch<D, attn::FastPath>(p, sum, a.n_docs, a.max_seqlen, st, sm90_rows, a.ws_pipeline);
   });
 }
 

@@ -24,6 +24,11 @@
 // other kernels. Work items are ordered with the longest first (dkdv: the
 // first key tiles, which the most query rows see; dq: the last query tiles),
 // the heads of one KV group side by side so their K/V tiles meet in L2.
+// Inside a consumer the products of a tile go out in two groups (Sᵀ and
+// dPᵀ, or S and dP), the exponentials run while the second is in flight,
+// dkdv issues dV += Pᵀ·dO before it forms dSᵀ, and (pipelined, the
+// default) the next tile's score products are issued behind the tile's
+// last product, so the warpgroup waits only for results it needs.
 //
 // Rows past a document inside the packed tensors arrive as the next
 // document's rows (past the tensors' end as zeros); the masks drop them
@@ -40,6 +45,13 @@
 // registers a thread).
 #ifndef LATHE_ATTN_BWD_WS_NC_64
 #define LATHE_ATTN_BWD_WS_NC_64 2
+#endif
+
+// The next tile's score products issued behind the last product of this
+// one (1), or each tile's products waited for before the next tile's (0),
+// where AttentionVarlenBwdArgs::ws_pipeline leaves it open.
+#ifndef LATHE_ATTN_BWD_WS_PIPE
+#define LATHE_ATTN_BWD_WS_PIPE 1
 #endif
 
 // Named, not anonymous: the sm_80 pass uses little of it and would warn.
@@ -192,19 +204,18 @@ __device__ __forceinline__ void dkdv_produce(const BwdMaps& maps, const BwdParam
 }
 
 // dkdv for one query tile (sm90::dkdv_tile's arithmetic, its products
-// reordered to hold fewer registers, which the register split leaves 240):
-// Sᵀ and dPᵀ issued together; once Sᵀ lands, Pᵀ is made and dV += Pᵀ·dO
-// issued at once, so it runs while dPᵀ finishes and dSᵀ is formed; then
-// dK += dSᵀ·Q. Pᵀ in fp32 stays for dSᵀ, its bf16 copy feeds the product.
+// reordered to hold fewer registers, which the register split leaves 240),
+// from the moment Sᵀ and dPᵀ are in flight (issued by issue_score_products)
+// to the issue of dK += dSᵀ·Q, left in flight: once Sᵀ lands, Pᵀ is made
+// and dV += Pᵀ·dO issued at once, so it runs while dPᵀ finishes and dSᵀ is
+// formed. Pᵀ in fp32 stays for dSᵀ, its bf16 copy feeds the product.
 template <int D>
-__device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D / 2], const unsigned char* sK,
-                                             const unsigned char* sV, const unsigned char* sQ,
-                                             const unsigned char* sO, const float* sL, const float* sD, bool masked,
-                                             int qt, int key_a, int key_b, int n, int window, float sl2) {
+__device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D / 2], float (&s)[32], float (&dp)[32],
+                                             uint32_t (&a)[4][4], const unsigned char* sQ, const unsigned char* sO,
+                                             const float* sL, const float* sD, bool masked, int qt, int key_a,
+                                             int key_b, int n, int window, float sl2) {
   using namespace sm90;
   const int c = threadIdx.x % 4;
-  float s[32], dp[32];
-  issue_score_products<D>(s, dp, sK, sQ, sV, sO);
   wg_wait<1>();
   pin(s);
 #pragma unroll
@@ -215,7 +226,6 @@ __device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D /
       const bool vis = !masked || (qi < n && visible(e < 2 ? key_a : key_b, qi, n, window));
       s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -sL[col] * kLog2e)) : 0.f;
     }
-  uint32_t a[4][4];
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
   pin(a);
@@ -236,12 +246,11 @@ __device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D /
   wg_fence();
   accumulate_rows<D>(dk, a, sQ);
   wg_commit();
-  wg_wait<0>();
-  pin(dk);
 }
 
-// dkdv's consumer warpgroup c: keys r0 + 64c .. of the item.
-template <int D, int NC>
+// dkdv's consumer warpgroup c: keys r0 + 64c .. of the item. kPipe: the
+// next tile's score products are issued behind this one's last product.
+template <int D, int NC, bool kPipe>
 __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
                                              int c) {
   using L = WsBwdLayout<D, NC>;
@@ -259,15 +268,51 @@ __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned 
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   wait_consumer(ring_.bars + 8 * L::kResFull, 0);  // also where no key is used: no copy may land after the exit
-  for (int it = 0; it < n_iter; ++it) {
-    const int qt = b.r0 + (it % n_qt) * kBlockRows, st = ring_.stage(it);
-    const bool seen = w0 < n && qt + kBlockRows - 1 >= w0 && (p.window <= 0 || qt <= w_last + p.window - 1);
-    const bool masked = p.window > 0 || qt < w0 + kBlockRows - 1 || qt + kBlockRows > n;
+  auto seen = [&](int it) {
+    const int qt = b.r0 + (it % n_qt) * kBlockRows;
+    return w0 < n && qt + kBlockRows - 1 >= w0 && (p.window <= 0 || qt <= w_last + p.window - 1);
+  };
+  float s[32], dp[32];
+  uint32_t a[4][4];  // the bf16 operand of dV's and dK's products (in the caller: dK's outlives the tile step)
+  // Tile it's score products, once its stage has landed.
+  auto start = [&](int it) {
+    const int st = ring_.stage(it);
     ring_.wait_full(it);
-    if (seen)
-      dkdv_tile_ws<D>(dk, dv, sK, sV, smem + L::kStream0 + st * L::kT, smem + L::kStream1 + st * L::kT,
-                         sL + st * kBlockRows, sD + st * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
+    sm90::issue_score_products<D>(s, dp, sK, smem + L::kStream0 + st * L::kT, sV, smem + L::kStream1 + st * L::kT);
+  };
+  // Gives back the tiles from `it` on that these keys do not see; the next one they do (or n_iter).
+  auto skip = [&](int it) {
+    for (; it < n_iter && !seen(it); ++it) {
+      ring_.wait_full(it);
+      ring_.release(it);
+    }
+    return it;
+  };
+  int it = skip(0);
+  if (it < n_iter) start(it);
+  while (it < n_iter) {
+    const int qt = b.r0 + (it % n_qt) * kBlockRows, st = ring_.stage(it);
+    const bool masked = p.window > 0 || qt < w0 + kBlockRows - 1 || qt + kBlockRows > n;
+    dkdv_tile_ws<D>(dk, dv, s, dp, a, smem + L::kStream0 + st * L::kT, smem + L::kStream1 + st * L::kT,
+                    sL + st * kBlockRows, sD + st * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
+    // The next tile's scores go in behind dK += dSᵀ·Q when the keys see it
+    // (its stage was filled once the tile before this one was given back).
+    const bool chain = kPipe && it + 1 < n_iter && seen(it + 1);
+    if (chain) {
+      start(it + 1);
+      sm90::wg_wait<2>();  // dK += dSᵀ·Q
+    } else {
+      sm90::wg_wait<0>();
+    }
+    sm90::pin(dk);
+    sm90::pin(a);
     ring_.release(it);
+    if (chain) {
+      ++it;
+    } else {
+      it = skip(it + 1);
+      if (it < n_iter) start(it);
+    }
   }
   const int cc = t % 4;
 #pragma unroll
@@ -321,8 +366,40 @@ __device__ __forceinline__ void dq_produce(const BwdMaps& maps, const BwdParams&
   }
 }
 
-// dq's consumer warpgroup c: query rows r0 + 64c .. of the item.
-template <int D, int NC>
+// dq for one key tile (sm90::dq_tile's arithmetic) from the moment S and
+// dP are in flight to the issue of dQ += dS·K, left in flight.
+template <int D>
+__device__ __forceinline__ void dq_tile_ws(float (&dq)[D / 2], float (&s)[32], float (&dp)[32], uint32_t (&a)[4][4],
+                                           const unsigned char* sK, bool masked, int kt, int row_a, int row_b, int n,
+                                           int window, float sl2, const float lse2[2], const float dlt[2]) {
+  using namespace sm90;
+  const int c = threadIdx.x % 4;
+  wg_wait<1>();
+  pin(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)  // P, while dP is computed
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kt + j * 8 + 2 * c + (e & 1), i = 4 * j + e;
+      const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
+      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -lse2[e / 2])) : 0.f;
+    }
+  wg_wait<0>();
+  pin(dp);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = s[i] * (dp[i] - dlt[i % 4 / 2]);  // dS
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
+  pin(a);
+  pin(dq);
+  wg_fence();
+  accumulate_rows<D>(dq, a, sK);
+  wg_commit();
+}
+
+// dq's consumer warpgroup c: query rows r0 + 64c .. of the item. kPipe:
+// the next tile's score products are issued behind this one's dQ += dS·K.
+template <int D, int NC, bool kPipe>
 __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b, int c) {
   using L = WsBwdLayout<D, NC>;
   const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
@@ -345,15 +422,47 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
   const DqKeys keys = dq_keys<L::kRows>(p, b);
   wait_consumer(ring_.bars + 8 * L::kResFull, 0);  // also where no row is used: no copy may land after the exit
-  for (int j = 0; j < keys.n_tiles; ++j) {
-    const int kt = keys.k_first + j * kBlockRows, st = ring_.stage(j);
-    const bool seen = w0 < n && kt <= w_last && (p.window <= 0 || kt + kBlockRows - 1 > w0 - p.window);
-    const bool masked = p.window > 0 || kt + kBlockRows - 1 > w0;
+  auto seen = [&](int j) {
+    const int kt = keys.k_first + j * kBlockRows;
+    return w0 < n && kt <= w_last && (p.window <= 0 || kt + kBlockRows - 1 > w0 - p.window);
+  };
+  float s[32], dp[32];
+  uint32_t a[4][4];  // dS as the operand of dQ's product (in the caller: the product outlives the tile step)
+  auto start = [&](int j) {
+    const int st = ring_.stage(j);
     ring_.wait_full(j);
-    if (seen)
-      sm90::dq_tile<D>(dq, sQ, sO, smem + L::kStream0 + st * L::kT, smem + L::kStream1 + st * L::kT, masked, kt,
-                       row_a, row_b, n, p.window, sl2, lse2, dlt);
+    sm90::issue_score_products<D>(s, dp, sQ, smem + L::kStream0 + st * L::kT, sO, smem + L::kStream1 + st * L::kT);
+  };
+  auto skip = [&](int j) {
+    for (; j < keys.n_tiles && !seen(j); ++j) {
+      ring_.wait_full(j);
+      ring_.release(j);
+    }
+    return j;
+  };
+  int j = skip(0);
+  if (j < keys.n_tiles) start(j);
+  while (j < keys.n_tiles) {
+    const int kt = keys.k_first + j * kBlockRows;
+    const bool masked = p.window > 0 || kt + kBlockRows - 1 > w0;
+    dq_tile_ws<D>(dq, s, dp, a, smem + L::kStream0 + ring_.stage(j) * L::kT, masked, kt, row_a, row_b, n, p.window,
+                  sl2, lse2, dlt);
+    const bool chain = kPipe && j + 1 < keys.n_tiles && seen(j + 1);
+    if (chain) {
+      start(j + 1);
+      sm90::wg_wait<2>();  // dQ += dS·K
+    } else {
+      sm90::wg_wait<0>();
+    }
+    sm90::pin(dq);
+    sm90::pin(a);
     ring_.release(j);
+    if (chain) {
+      ++j;
+    } else {
+      j = skip(j + 1);
+      if (j < keys.n_tiles) start(j);
+    }
   }
   const int cc = t % 4;
 #pragma unroll
@@ -388,7 +497,7 @@ __device__ __forceinline__ void init_barriers(uint32_t bars, int full_count) {
 // One block per item (a KV head's NC·64 keys of one document). Separate
 // paths after the register split: ptxas gives each side its budget only
 // when no code after it is shared.
-template <int D, int NC>
+template <int D, int NC, bool kPipe>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
 #if LATHE_SM90A_DEVICE
@@ -404,14 +513,14 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dkdv_consume<D, NC>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  dkdv_consume<D, NC, kPipe>(p, smem, b, threadIdx.x / attn::kThreads - 1);
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
 // One block per item (NC·64 query rows of one head of one document).
-template <int D, int NC>
+template <int D, int NC, bool kPipe>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dq_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
 #if LATHE_SM90A_DEVICE
@@ -427,13 +536,13 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dq_consume<D, NC>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  dq_consume<D, NC, kPipe>(p, smem, b, threadIdx.x / attn::kThreads - 1);
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
-template <int D, int NC>
+template <int D, int NC, bool kPipe>
 Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream) {
   using L = WsBwdLayout<D, NC>;
   constexpr const char* kWho = "attention backward (warp-specialized)";
@@ -447,15 +556,15 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
   const int64_t tiles = (max_seqlen + L::kRows - 1) / L::kRows;
   const int64_t dkdv_items = tiles * n_docs * p.n_head_kv, dq_items = tiles * n_docs * p.n_head;
   if (dq_items > INT32_MAX) return invalid_argument(kWho, ": ", dq_items, " row tiles exceed 2^31");
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv_ws_kernel<D, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv_ws_kernel<D, NC, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             L::kSmem),
                        "cudaFuncSetAttribute(dkdv_ws)"));
   LATHE_TRY(cuda_check(
-      cudaFuncSetAttribute(dq_ws_kernel<D, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
+      cudaFuncSetAttribute(dq_ws_kernel<D, NC, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
       "cudaFuncSetAttribute(dq_ws)"));
-  dkdv_ws_kernel<D, NC><<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles));
+  dkdv_ws_kernel<D, NC, kPipe><<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles));
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
-  dq_ws_kernel<D, NC><<<unsigned(dq_items), L::kThreads, L::kSmem, dq_stream>>>(maps, p, n_docs, int(tiles));
+  dq_ws_kernel<D, NC, kPipe><<<unsigned(dq_items), L::kThreads, L::kSmem, dq_stream>>>(maps, p, n_docs, int(tiles));
   return cuda_check(cudaGetLastError(), "attention dq_ws launch");
 }
 
@@ -463,15 +572,18 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
 
 namespace lathe::cuda::attn {
 
-Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st) {
+Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st, int pipelined) {
   if (d != 64 && d != 128)
     return unsupported("attention backward (warp-specialized): head_dim ", d, " (64 and 128 are compiled)");
   if (p.n_tokens <= 0) return invalid_argument("attention backward (warp-specialized): n_tokens is not set");
   LATHE_ASSIGN_OR_RETURN(const SideStream* side, side_stream_for(st));
   const cudaStream_t dq_stream = side ? side->stream : st;
   constexpr int kNc64 = LATHE_ATTN_BWD_WS_NC_64 == 3 ? 3 : 2;
-  Status launched = d == 128 ? wsb::launch_ws<128, 2>(p, n_docs, max_seqlen, st, dq_stream)
-                             : wsb::launch_ws<64, kNc64>(p, n_docs, max_seqlen, st, dq_stream);
+  const bool pipe = pipelined < 0 ? LATHE_ATTN_BWD_WS_PIPE != 0 : pipelined != 0;
+  Status launched = d == 128 ? (pipe ? wsb::launch_ws<128, 2, true>(p, n_docs, max_seqlen, st, dq_stream)
+                                     : wsb::launch_ws<128, 2, false>(p, n_docs, max_seqlen, st, dq_stream))
+                             : (pipe ? wsb::launch_ws<64, kNc64, true>(p, n_docs, max_seqlen, st, dq_stream)
+                                     : wsb::launch_ws<64, kNc64, false>(p, n_docs, max_seqlen, st, dq_stream));
   if (!side) return launched;
   Status joined = join_side_stream(*side, st);  // also after a failed launch: the fork is never left open
   return launched.is_ok() ? joined : launched;
