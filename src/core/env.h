@@ -89,12 +89,13 @@ std::string cuda_lora_sums();
 // 0: none. Default: 0. Another value: loading the model fails naming the
 // variable.
 Result<int64_t> cuda_decode_l2_prefetch();
-// LATHE_CUDA_LORA_RANK: gemm | fused — how the GPU LoRA trainer makes the
-// rank products u = x·Aᵀ and du = s·dy·B: a GEMM into f32 parts then a
-// sum-and-split kernel (gemm), or one kernel that sums the three terms in
-// its accumulator and writes the split (fused; f32-accurate either way,
-// not bitwise the same). Default: empty, gemm. Another value: the trainer
-// fails naming the variable.
+// LATHE_CUDA_LORA_RANK: gemm | fused | fused_da — how the GPU LoRA trainer
+// makes the rank products u = x·Aᵀ and du = s·dy·B: a GEMM into f32 parts
+// then a sum-and-split kernel (gemm), or one kernel that sums the three
+// terms in its accumulator and writes the split (fused; f32-accurate either
+// way, not bitwise the same); fused_da also makes a group's dA one GEMM
+// from a compact copy of du (x read once, not once a member). Default:
+// empty, gemm. Another value: the trainer fails naming the variable.
 std::string cuda_lora_rank();
 
 // Reads a variable; returns fallback when unset or empty.

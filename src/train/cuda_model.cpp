@@ -459,9 +459,10 @@ Result<size_t> plan(CudaModelImpl& m) {
     return invalid_argument("cuda trainer: LATHE_CUDA_LORA_SUMS='", sums, "' (joined or separate)");
   m.separate_lora_sums = sums == "separate";
   const std::string rank = env::cuda_lora_rank();
-  if (!rank.empty() && rank != "gemm" && rank != "fused")
-    return invalid_argument("cuda trainer: LATHE_CUDA_LORA_RANK='", rank, "' (gemm or fused)");
-  m.fused_lora_rank = rank == "fused";
+  if (!rank.empty() && rank != "gemm" && rank != "fused" && rank != "fused_da")
+    return invalid_argument("cuda trainer: LATHE_CUDA_LORA_RANK='", rank, "' (gemm, fused or fused_da)");
+  m.fused_lora_rank = rank == "fused" || rank == "fused_da";
+  m.merged_lora_da = rank == "fused_da";
   lay_out(m);
   size_t total = 0;
   auto size_arena = [&]() -> Status {
