@@ -7,7 +7,8 @@
 // split's own rounding (lo is bf16 of v − hi: ≤ 2⁻¹⁸ of |v|) plus f32
 // accumulation: 5e-6 of max|v| (dropping W's mid term would be ~2⁻⁹ of
 // it). The three hi copies are equal, the columns around the split are
-// untouched, two runs and both block heights give the same bits. Skips
+// untouched, two runs and both block heights give the same bits, the
+// optional compact (hi, lo) copy equals the split. Skips
 // without a GPU, except the host-side shape check.
 #include <gtest/gtest.h>
 
@@ -195,6 +196,22 @@ TEST(LoraRank, ByKMatchesDoubleReference) {
                      .member_stride = 4 * r, .n_members = 1, .out = dptr<bf16_bits>(*buf) + out_col[size_t(m)],
                      .ld_out = ld, .scale = scale};
     run_and_check(ctx, args, *buf, dye, ld, out_col, e);
+    // With the pair copy: (hi, lo) of each member side by side in a compact
+    // [rows, 2r·members] matrix, the same bits as the split.
+    auto pair = DeviceBuffer::alloc(ctx.device(), size_t(rows * 2 * r * members * 2));
+    ASSERT_TRUE(pair.is_ok());
+    for (int m = 0; m < members; ++m)
+      args.job[m].pair = dptr<bf16_bits>(*pair) + m * 2 * r, args.job[m].ld_pair = 2 * r * members;
+    const std::vector<uint16_t> split = run(ctx, args, *buf, dye, 64);
+    const std::vector<uint16_t> pairs = download<uint16_t>(ctx, *pair, rows * 2 * r * members);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int m = 0; m < members; ++m)
+        for (int64_t c = 0; c < r; ++c) {
+          const uint16_t* d = split.data() + i * ld + out_col[size_t(m)] + c;
+          const uint16_t* q = pairs.data() + i * 2 * r * members + m * 2 * r + c;
+          ASSERT_EQ(q[0], d[0]) << "hi " << i << " " << m << " " << c;
+          ASSERT_EQ(q[r], d[3 * r]) << "lo " << i << " " << m << " " << c;
+        }
   }
 }
 
@@ -252,6 +269,7 @@ TEST(LoraRank, RefusesWhatItCannotTake) {
   refused([](LoraRankArgs& a) { a.job[0].x = data + 1; }, "x not 16-byte aligned");
   refused([](LoraRankArgs& a) { a.job[0].out_col[0] = 3; }, "odd output column");
   refused([](LoraRankArgs& a) { a.n_jobs = 4; }, "4 jobs");
+  refused([](LoraRankArgs& a) { a.job[0].pair = data, a.job[0].ld_pair = 32; }, "pair rows shorter than 2r");
 }
 
 }  // namespace

@@ -152,7 +152,8 @@ TEST(CudaLoraOverlap, StepsAreBitwiseTheSerialOnes) {
   run_modes(small_shape(true), CudaRecompute::kSelective, 1, "selective, q|k|v bias and q/k norms, r 32", 32);
 }
 
-// The fused rank products (LATHE_CUDA_LORA_RANK=fused): the overlap must
+// The fused rank products (LATHE_CUDA_LORA_RANK=fused, and fused_da with a
+// group's dA as one GEMM from du's pair copy): the overlap must
 // give the serial bits with them too, and they must give the GEMM path's
 // model to f32 accuracy: the first pass's loss within 1e-4 and the first
 // step's gradients within 1e-2 (relative L2; the two paths round s·u and du
@@ -176,22 +177,25 @@ TEST(CudaLoraOverlap, FusedRankStepsAreBitwiseTheSerialOnes) {
     ASSERT_TRUE(gemm);
     const Trace base = train(*gemm, mbs, 1);
     gemm.reset();
-    ScopedEnv fused("LATHE_CUDA_LORA_RANK", "fused");
-    auto off = make(shape, options(c.mode, 0, c.keep, c.r));
-    ASSERT_TRUE(off);
-    const Trace serial = train(*off, mbs, 3);
-    off.reset();
-    EXPECT_NEAR(serial.losses[0], base.losses[0], 1e-4 * std::abs(base.losses[0]));
-    double d2 = 0.0, n2 = 0.0;
-    for (size_t i = 0; i < base.grads[0].size(); ++i) {
-      const double d = double(serial.grads[0][i]) - base.grads[0][i];
-      d2 += d * d, n2 += double(base.grads[0][i]) * base.grads[0][i];
+    for (const char* mode : {"fused", "fused_da"}) {
+      SCOPED_TRACE(mode);
+      ScopedEnv fused("LATHE_CUDA_LORA_RANK", mode);
+      auto off = make(shape, options(c.mode, 0, c.keep, c.r));
+      ASSERT_TRUE(off);
+      const Trace serial = train(*off, mbs, 3);
+      off.reset();
+      EXPECT_NEAR(serial.losses[0], base.losses[0], 1e-4 * std::abs(base.losses[0]));
+      double d2 = 0.0, n2 = 0.0;
+      for (size_t i = 0; i < base.grads[0].size(); ++i) {
+        const double d = double(serial.grads[0][i]) - base.grads[0][i];
+        d2 += d * d, n2 += double(base.grads[0][i]) * base.grads[0][i];
+      }
+      ASSERT_GT(n2, 0.0);
+      EXPECT_LE(std::sqrt(d2 / n2), 1e-2);
+      auto on = make(shape, options(c.mode, 2, c.keep, c.r));
+      ASSERT_TRUE(on);
+      expect_same_trace(serial, train(*on, mbs, 3));
     }
-    ASSERT_GT(n2, 0.0);
-    EXPECT_LE(std::sqrt(d2 / n2), 1e-2);
-    auto on = make(shape, options(c.mode, 2, c.keep, c.r));
-    ASSERT_TRUE(on);
-    expect_same_trace(serial, train(*on, mbs, 3));
   }
 }
 

@@ -83,7 +83,8 @@ Status lora_sum_parts_many(CudaContext& ctx, const LoraPartsArgs* jobs, int n_jo
 // with every product of the three terms added in ONE f32 accumulator (x is
 // exact bf16, so this is the f32 product x·Wᵀ), then the 4-term split
 // (hi, hi, hi, lo) of v written to out[row·ld_out + out_col[m] + p·r + c],
-// p = 0..3: what a GEMM into f32 parts and lora_sum_parts make, without the
+// p = 0..3 (and optionally the pair (hi, lo) into a compact copy): what a
+// GEMM into f32 parts and lora_sum_parts make, without the
 // f32 parts and without the fourth term's products. Used for u = x·Aᵀ
 // (W = A4 planes: term p of member m, rank c at row m·member_stride +
 // p·term_stride + c, K along the row) and du = dy·B (W = B4: row k holds
@@ -102,6 +103,10 @@ struct LoraRankJob {
   int64_t ld_out = 0;
   int64_t out_col[3] = {0, 0, 0};
   float scale = 1.0f;
+  // Optional: (hi, lo) of v once more, member m's at pair[row·ld_pair +
+  // m·2r + c] and [+ r] (a compact copy a GEMM over several members reads).
+  bf16_bits* pair = nullptr;
+  int64_t ld_pair = 0;
 };
 inline constexpr int kLoraRankMaxJobs = 3;
 struct LoraRankArgs {

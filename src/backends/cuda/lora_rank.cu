@@ -5,7 +5,8 @@
 // in a second kernel; here a thread block owns block_rows rows and every
 // column of its job (members·r ≤ 96), walks K through a 3-stage cp.async
 // pipeline and adds the three terms' products into one f32 accumulator, so
-// nothing but x, the small term copies and the bf16 split moves. A job's K
+// nothing but x, the small term copies and the bf16 split moves (and, on
+// request, a compact (hi, lo) copy of the split for a later GEMM). A job's K
 // loop is the whole reduction: no split-K, no partial sums, fixed order.
 //
 // Tiles: 64 or 128 rows × kN columns (kN = members·r rounded up to 32;
@@ -164,6 +165,11 @@ __device__ void store_split(const float (&acc)[2][kN / 16][4], const LoraRankJob
         store_pair(d + r, hi0, hi1);
         store_pair(d + 2 * r, hi0, hi1);
         store_pair(d + 3 * r, lo0, lo1);
+        if (j.pair) {
+          bf16* q = reinterpret_cast<bf16*>(j.pair) + int64_t(row) * j.ld_pair + m * 2 * r + c;
+          store_pair(q, hi0, hi1);
+          store_pair(q + r, lo0, lo1);
+        }
       }
   }
 }
@@ -238,6 +244,7 @@ bool lora_rank_supported(const LoraRankArgs& a) {
     if (!aligned(j.x, 16) || !aligned(j.w, 16) || !aligned(j.out, 4)) return false;
     for (int m = 0; m < j.n_members; ++m)
       if (j.out_col[m] % 2) return false;
+    if (j.pair && (j.ld_pair % 2 || j.ld_pair < 2 * a.r * j.n_members || !aligned(j.pair, 4))) return false;
   }
   return true;
 }
