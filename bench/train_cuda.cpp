@@ -17,7 +17,7 @@
 //
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]
-//                         [--arena-gib X] [--profile 0|1] [--full 0|1] [--dropout P]
+//                         [--arena-gib X] [--profile 0|1] [--full 0|1] [--dropout P] [--plan 1]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
 // 10 timed steps after 3 warm-up steps, recomputation none for 1B and
 // selective for 8B (--recompute 0 / 1 mean none / full). --arena-gib is
@@ -28,7 +28,8 @@
 // gradients and moments; the model FLOPs add the weight gradients, 8B does
 // not fit one H200 and is refused with the memory it needs). --dropout P
 // runs LoRA dropout p (masks regenerated in each pass; not counted in the
-// model FLOPs).
+// model FLOPs). --plan 1 prints the arena's plan by item instead (no
+// device needed: what each buffer takes and how many layers keep q/k/v).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -73,6 +74,7 @@ struct Args {
   int profile = 1;
   int full = 0;
   float dropout = 0.0f;
+  int plan = 0;
 };
 
 double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r, bool full) {
@@ -141,6 +143,23 @@ int profile_phases(const BenchShape& s, CudaTrainableModel& m, Step& step) {
   return 0;
 }
 
+// The arena create() would allocate, by item (MiB), and the layers it keeps.
+int print_plan(const BenchShape& s, const CudaModelShape& shape, const CudaTrainOptions& opt) {
+  auto plan = CudaTrainableModel::plan_arena(shape, opt);
+  if (!plan.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", s.name, plan.status().message().c_str());
+    return 1;
+  }
+  constexpr double kMiB = double(1 << 20);
+  std::printf("\n%s arena plan: %.2f GiB (+ %.2f GiB optimizer moments beside it), %lld layers keep q/k/v, h_mid\n\n",
+              s.name, double(plan->bytes) / (kMiB * 1024), double(plan->optimizer_bytes) / (kMiB * 1024),
+              (long long)plan->layers_kept);
+  std::printf("| item | MiB |\n|---|---|\n");
+  for (const auto& [what, bytes] : plan->items) std::printf("| %s | %.1f |\n", what.c_str(), double(bytes) / kMiB);
+  std::fflush(stdout);
+  return 0;
+}
+
 int run_shape(const BenchShape& s, const Args& a) {
   const int64_t mbs = a.micro_batch > 0 ? a.micro_batch : s.micro_batch;
   CudaRecompute recompute = s.recompute;
@@ -161,6 +180,7 @@ int run_shape(const BenchShape& s, const Args& a) {
   CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
                        .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30)),
                        .full_sft = a.full != 0, .lora_dropout = a.dropout};
+  if (a.plan) return print_plan(s, shape, opt);
   auto model = CudaTrainableModel::create(shape, opt);
   if (!model.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, model.status().message().c_str());
@@ -223,12 +243,13 @@ int main(int argc, char** argv) {
     else if (k == "--arena-gib") a.arena_gib = std::atof(v);
     else if (k == "--full") a.full = std::atoi(v);
     else if (k == "--dropout") a.dropout = float(std::atof(v));
+    else if (k == "--plan") a.plan = std::atoi(v);
     else {
       std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
       return 2;
     }
   }
-  if (lathe::cuda::device_count() == 0) {
+  if (!a.plan && lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_train_cuda: no CUDA device visible\n");
     return 1;
   }

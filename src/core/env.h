@@ -97,6 +97,16 @@ Result<int64_t> cuda_decode_l2_prefetch();
 // from a compact copy of du (x read once, not once a member). Default:
 // empty, gemm. Another value: the trainer fails naming the variable.
 std::string cuda_lora_rank();
+// LATHE_CUDA_HOST_EMBED: 1 (default) | 0 — the GPU LoRA trainer keeps a
+// frozen, untied embedding table in pinned host memory (the forward
+// gathers the batch's rows over PCIe), which frees its device memory for
+// activations; 0 keeps it on the device.
+Result<int64_t> cuda_host_embedding();
+// LATHE_CUDA_ACT_FROM_BWD: 1 (default) | 0 — the GPU LoRA trainer's
+// backward of the down projection takes silu(gate)·up back from SwiGLU's
+// backward (its LoRA gradients after dx) instead of rerunning SwiGLU's
+// forward before it where the activation was not kept.
+Result<int64_t> cuda_act_from_backward();
 
 // Reads a variable; returns fallback when unset or empty.
 std::string get(const char* name, const std::string& fallback = "");

@@ -77,7 +77,9 @@ Status carve_weights(CudaModelImpl& m, C& c) {
   const int64_t H = s.hidden, hd = s.head_dim;
   auto bf = [&](int64_t n, const char* what) { return c.bf(n, what); };
   auto f32 = [&](int64_t n, const char* what) { return c.f32(n, what); };
-  LATHE_ASSIGN_OR_RETURN(m.embed, bf(s.vocab * H, "embedding"));
+  if (!m.host_embed) {
+    LATHE_ASSIGN_OR_RETURN(m.embed, bf(s.vocab * H, "embedding"));
+  }
   if (s.tied) {
     m.lm_head = m.embed;
   } else {
@@ -117,7 +119,8 @@ Status carve_weights(CudaModelImpl& m, C& c) {
 //   selective: per layer the attention output (with o's u) and lse and
 //              [gate | up]; shared the norms' outputs (with the u of q|k|v
 //              and gate|up), q/k/v and h_mid (the q|k|v and o GEMMs rerun)
-//              and silu(gate)·up (the scratch's, with down's u) — except in
+//              and silu(gate)·up (the scratch's, with down's u; SwiGLU's
+//              backward gives it back, cuda_model_pass.cpp) — except in
 //              the first keep_layers layers, which keep q/k/v and h_mid as
 //              well and rerun only the two norms and the u in their rows;
 //   full:      everything shared (each layer's forward reruns).
@@ -197,7 +200,9 @@ struct SubCarver {
 // the backward's gradients of the attention output, q, k, v and the norms'
 // outputs overlay act (silu(gate)·up, then its gradient), which is dead
 // whenever they are live (at Llama-8B's sizes they fill it exactly):
-//   act / d_act ........................... down's backward, SwiGLU's backward
+//   act / d_act ........................... down's backward (d_act in act's
+//                                           x_ext rows), SwiGLU's backward (act
+//                                           back for down's LoRA gradients)
 //   d_attn (at 0) | dq | dk | dv | d_xn ... o's and attention's backward, the q|k|v merge;
 //                                           gate|up's and q|k|v's backward, then the norms'
 // After a backward they hold layer 0's gradients; act does not.
@@ -378,7 +383,7 @@ void name_base(CudaModelImpl& m) {
   const CudaModelShape& s = m.s;
   using BT = CudaModelImpl::BaseTensor;
   const int64_t H = s.hidden;
-  m.base["model.embed_tokens.weight"] = BT{m.embed, s.vocab, H, H};
+  m.base["model.embed_tokens.weight"] = BT{m.embed, s.vocab, H, H, m.host_embed ? m.embed_host.data() : nullptr};
   if (!s.tied) m.base["lm_head.weight"] = BT{m.lm_head, s.vocab, H, H};
   m.base["model.norm.weight"] = BT{m.final_norm, 1, H, H};
   const int64_t hd = s.head_dim, F = s.inter;
@@ -405,6 +410,11 @@ void name_base(CudaModelImpl& m) {
 // Host bf16 rows [rows, cols] (packed) into t, rows t.ld apart.
 Status upload_rows(cuda::CudaContext& ctx, const CudaModelImpl::BaseTensor& t, const uint16_t* src, int64_t rows,
                    int64_t row0) {
+  if (t.host) {  // pinned host memory (packed): plain stores, once no pass still reads it
+    LATHE_TRY(ctx.synchronize());
+    std::memcpy(static_cast<uint16_t*>(t.host) + row0 * t.cols, src, size_t(rows * t.cols) * 2);
+    return Status::ok();
+  }
   if (t.ld == t.cols)
     return cuda::copy_to_device(ctx, t.p + row0 * t.ld, src, size_t(rows * t.cols) * 2);
   return cuda::copy_to_device_2d(ctx, t.p + row0 * t.ld, size_t(t.ld) * 2, src, size_t(t.cols) * 2,
@@ -463,6 +473,13 @@ Result<size_t> plan(CudaModelImpl& m) {
     return invalid_argument("cuda trainer: LATHE_CUDA_LORA_RANK='", rank, "' (gemm, fused or fused_da)");
   m.fused_lora_rank = rank == "fused" || rank == "fused_da";
   m.merged_lora_da = rank == "fused_da";
+  int64_t host_embed = m.o.host_embedding;
+  if (host_embed < 0) {
+    LATHE_ASSIGN_OR_RETURN(host_embed, env::cuda_host_embedding());
+  }
+  m.host_embed = host_embed > 0 && !m.o.full_sft && !m.s.tied;
+  LATHE_ASSIGN_OR_RETURN(const int64_t act_from_bwd, env::cuda_act_from_backward());
+  m.act_from_bwd = act_from_bwd > 0;
   lay_out(m);
   size_t total = 0;
   auto size_arena = [&]() -> Status {
@@ -493,7 +510,18 @@ Result<CudaArenaPlan> CudaTrainableModel::plan_arena(const CudaModelShape& shape
   m.s = shape;
   m.o = options;
   LATHE_ASSIGN_OR_RETURN(size_t total, plan(m));
-  return CudaArenaPlan{.bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers};
+  CudaArenaPlan out{
+      .bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers, .items = {}};
+  std::map<std::string, int64_t> by_item;
+  LATHE_TRY(carve(m, [&](size_t bytes, const char* what) -> Result<void*> {
+    const size_t a = cuda::ArenaPlan::kAlign;
+    by_item[what] += int64_t((bytes + a - 1) / a * a);
+    return static_cast<void*>(nullptr);
+  }));
+  out.items.assign(by_item.begin(), by_item.end());
+  std::stable_sort(out.items.begin(), out.items.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
 }
 
 Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const CudaModelShape& shape,
@@ -508,6 +536,12 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_TRY(m->side_start());
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
+  if (m->host_embed) {
+    const size_t bytes = size_t(shape.vocab * shape.hidden) * 2;
+    LATHE_ASSIGN_OR_RETURN(m->embed_host, cuda::PinnedBuffer::alloc(options.device, bytes));
+    std::memset(m->embed_host.data(), 0, bytes);
+    m->embed = static_cast<bf16p>(m->embed_host.device_data());
+  }
   // Zeros everywhere, which the extended weights' off-diagonal LoRA slots
   // and unread corner keep.
   LATHE_TRY(cuda::fill_zero(m->ctx, m->arena.base(), total));

@@ -39,6 +39,10 @@
 // Memory: everything, weights, per-layer activations and scratch, comes from
 // one device arena whose layout is planned at create() for max_tokens tokens
 // per micro batch; a pass only uploads the batch's ids and runs kernels.
+// The one exception: with LoRA and an untied head the frozen embedding
+// table (1 GiB at Llama-8B, of which a step reads only the batch's rows)
+// lives in pinned host memory (CudaTrainOptions::host_embedding), and what
+// it would take of the arena goes to selective's kept layers.
 // CudaRecompute picks what the backward recomputes instead of keeping: none;
 // selective (keeps the attention output and gate|up, the expensive ones,
 // and reruns the norms, the q|k|v and o projections, RoPE and the LoRA
@@ -119,6 +123,12 @@ struct CudaTrainOptions {
   // default 2). Bitwise the same results in every mode; unused with LoRA
   // dropout or full SFT.
   int lora_overlap = -1;
+  // The frozen embedding table in pinned host memory instead of the arena
+  // (the forward gathers the batch's rows over PCIe; the bits are the
+  // same): 1 on, 0 off, −1: LATHE_CUDA_HOST_EMBED (core/env.h, default 1).
+  // LoRA with an untied LM head only (full SFT trains the table, a tied
+  // head's GEMM reads it whole): elsewhere the table stays on the device.
+  int host_embedding = -1;
   cuda::CudaAdamWConfig adamw;
 };
 
@@ -130,6 +140,8 @@ struct CudaArenaPlan {
   int64_t bytes = 0;
   int64_t optimizer_bytes = 0;  // AdamW's moments, allocated beside the arena
   int64_t layers_kept = 0;
+  // The arena by item (create()'s names, summed over layers), largest first.
+  std::vector<std::pair<std::string, int64_t>> items;
 };
 
 class CudaTrainableModel {

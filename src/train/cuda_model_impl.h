@@ -242,10 +242,17 @@ struct CudaModelImpl {
   struct BaseTensor {
     bf16p p = nullptr;
     int64_t rows = 0, cols = 0, ld = 0;
+    void* host = nullptr;  // the host's address of p when it is pinned host memory (packed rows); else null
     int64_t numel() const { return rows * cols; }
   };
   std::map<std::string, BaseTensor> base;
   std::optional<cuda::CudaAdamW> adamw;
+  // CudaTrainOptions::host_embedding resolved: embed points into embed_host.
+  bool host_embed = false;
+  // LATHE_CUDA_ACT_FROM_BWD: down's backward in down_backward's order (LoRA
+  // without dropout, not full SFT).
+  bool act_from_bwd = true;
+  cuda::PinnedBuffer embed_host;
   CSft sft;  // full SFT only
   // CudaTrainOptions::lora_overlap resolved (0 with dropout or full SFT).
   int overlap_mode = 0;
@@ -309,6 +316,11 @@ struct CudaModelImpl {
   Status layer_forward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status recompute(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
+  // down's backward with its LoRA weight gradients after dx and SwiGLU's
+  // backward, which gives back silu(gate)·up (cuda_model_pass.cpp); and its
+  // du = s·dy·B into dh_bf's LoRA columns.
+  Status down_backward(int64_t l, int64_t n);
+  Status down_du(const CGroup& G, int64_t n);
   Status attention_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status lora_u(int64_t l, int g, bf16p x_ext, int64_t n);
   Status lora_u_on(cuda::CudaContext& c, float* part, int64_t l, int g, bf16p x_ext, int64_t n);

@@ -355,22 +355,27 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   const CBlock& b = blocks[size_t(l)];
   CActs& a = act_of(l);
   const int64_t H = s.hidden, F = s.inter;
-  LATHE_TRY(phase(kPhElementwise));
-  // act (with down's LoRA u in its row) is kept (none), still in the
-  // scratch (full's rerun just made it), or rerun here (the head's
-  // workspace overlaid the scratch since).
-  const bool act_ready = a.act != x.act || (o.recompute == CudaRecompute::kFull && l != last_shared);
-  if (!act_ready) {
-    LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x_of(x.act, kGdown), .n_tokens = n, .inter = F,
-                                              .ld_gu = ld_gu, .ld_out = group(kGdown).ldx}));
-    LATHE_TRY(lora_u_for_grads(l, kGdown, x.act, n));
+  if (act_from_bwd && !o.full_sft && !dropout()) {
+    LATHE_TRY(down_backward(l, n));
+  } else {
+    // Full SFT's dW and dropout's masked dA read act before dx: act (with
+    // down's LoRA u in its row) is kept (none), still in the scratch
+    // (full's rerun just made it), or rerun here (the head's workspace
+    // overlaid the scratch since).
+    LATHE_TRY(phase(kPhElementwise));
+    const bool act_ready = a.act != x.act || (o.recompute == CudaRecompute::kFull && l != last_shared);
+    if (!act_ready) {
+      LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x_of(x.act, kGdown), .n_tokens = n,
+                                                .inter = F, .ld_gu = ld_gu, .ld_out = group(kGdown).ldx}));
+      LATHE_TRY(lora_u_for_grads(l, kGdown, x.act, n));
+    }
+    // x.act becomes act's gradient (packed; down's LoRA reads act before),
+    // and [gate | up] its own (in place, gate|up's dy_ext).
+    LATHE_TRY(group_backward(l, kGdown, a.act, x.dh_bf, ld_dh_bf, x.act, n));
+    LATHE_TRY(phase(kPhElementwise));
+    LATHE_TRY(cuda::swiglu_rows_backward(ctx, {.gu = a.gu, .d_out = x.act, .d_gu = a.gu, .n_tokens = n,
+                                               .inter = F, .ld_gu = ld_gu, .ld_d_gu = ld_gu}));
   }
-  // x.act becomes act's gradient (packed; down's LoRA reads act before),
-  // and [gate | up] its own (in place, gate|up's dy_ext).
-  LATHE_TRY(group_backward(l, kGdown, a.act, x.dh_bf, ld_dh_bf, x.act, n));
-  LATHE_TRY(phase(kPhElementwise));
-  LATHE_TRY(cuda::swiglu_rows_backward(ctx, {.gu = a.gu, .d_out = x.act, .d_gu = a.gu, .n_tokens = n, .inter = F,
-                                             .ld_gu = ld_gu, .ld_d_gu = ld_gu}));
   LATHE_TRY(group_backward(l, kGgu, a.xn2, a.gu, ld_gu, x.d_xn, n));
   LATHE_TRY(phase(kPhElementwise));
   if (o.full_sft) LATHE_TRY(sft_norm_grad(sft.blocks[size_t(l)].mlp_norm, x.d_xn, a.h_mid, a.rstd2, n, H));
@@ -378,6 +383,67 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
                                                    .dh = x.dh, .dh_bf = x.dh_bf, .rows = n, .dim = H,
                                                    .accumulate = true, .ld_dh_bf = ld_dh_bf}));
   return attention_backward(l, n, n_docs, max_seqlen);
+}
+
+// du = s·dy·B of down's LoRA member into dh_bf's columns [hidden, + lw):
+// dy times B's three terms, summed and split by lora_sum_parts (what
+// group_backward does for every group).
+Status CudaModelImpl::down_du(const CGroup& G, int64_t n) {
+  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
+  for (int k : G.loras) {
+    const CLora& a = loras[size_t(k)];
+    LATHE_TRY(cuda::gemm(ctx, {.a = x.dh_bf + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,
+                               .n = 4 * r, .k = a.out, .c_dtype = DType::F32, .lda = ld_dh_bf, .ldb = G.ldw,
+                               .ldc = G.lw}));
+  }
+  return cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
+                                    .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
+                                    .scale = o.lora_scale, .split = x.dh_bf + G.out, .split_ld = ld_dh_bf});
+}
+
+// down's backward (LoRA without dropout, or no LoRA on down) in the order
+// that needs silu(gate)·up last: du, then dx = d act straight into the
+// scratch's act rows (x_ext's stride, its LoRA columns untouched), then
+// SwiGLU's backward, which turns d act back into act in place (bitwise the
+// forward's) as it makes [gate | up]'s gradient, then down's LoRA u (when
+// not kept or left by full's rerun), dB and dA. The recompute modes keep no
+// separate SwiGLU forward for act, and dx waits for none of down's LoRA
+// gradients. With the side stream, u, dB and dA run there (one fork after
+// SwiGLU's backward: du, act are made); the done event recorded after them
+// is what gate|up's dx waits for, as it overlays act (x.d_xn).
+Status CudaModelImpl::down_backward(int64_t l, int64_t n) {
+  const CGroup& G = blocks[size_t(l)].g[kGdown];
+  CActs& a = act_of(l);
+  const int64_t nl = int64_t(G.loras.size());
+  const bool act_kept = a.act != x.act;  // none: the forward's act and u, per layer
+  const bool u_left = o.recompute == CudaRecompute::kFull && l != last_shared;  // full's rerun: u in x.act's row
+  const bool on_side = overlap() && nl > 0;
+  if (nl > 0) {
+    LATHE_TRY(phase(kPhLora));
+    LATHE_TRY(down_du(G, n));
+  } else {
+    LATHE_TRY(side_before_dx(false, false));
+  }
+  LATHE_TRY(phase(kPhGemmBwd));
+  LATHE_TRY(cuda::gemm(ctx, {.a = x.dh_bf, .b = G.w, .c = x_of(x.act, kGdown), .m = n, .n = G.in,
+                             .k = G.out + G.lw, .lda = ld_dh_bf, .ldb = G.ldw, .ldc = G.ldx}));
+  LATHE_TRY(phase(kPhElementwise));
+  LATHE_TRY(cuda::swiglu_rows_backward_act(ctx, {.gu = a.gu, .d_out = x_of(x.act, kGdown), .d_gu = a.gu,
+                                                 .n_tokens = n, .inter = s.inter, .ld_gu = ld_gu,
+                                                 .ld_d_out = G.ldx, .ld_d_gu = ld_gu,
+                                                 .write_act = nl > 0 && !act_kept}));
+  if (nl == 0) return Status::ok();
+  if (!act_kept && !u_left) LATHE_TRY(lora_u_for_grads(l, kGdown, x.act, n));
+  LATHE_TRY(phase(kPhLora));
+  if (on_side) LATHE_TRY(side_fork());
+  cuda::CudaContext& c = on_side ? *side.ctx : ctx;
+  float* part = (on_side ? x.lora_side_f32 : x.lora_f32) + lora_part_floats(n * G.lw);
+  CPartSums sums;
+  LATHE_TRY(lora_db(c, part, G, a.act, x.dh_bf, ld_dh_bf, n, sums));
+  if (separate_lora_sums) LATHE_TRY(sums.flush(c));
+  LATHE_TRY(lora_da(c, part, G, a.act, x.dh_bf, ld_dh_bf, n, sums));
+  LATHE_TRY(sums.flush(c));
+  return side_before_dx(on_side, false);
 }
 
 // The attention half of layer l's backward.

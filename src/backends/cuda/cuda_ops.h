@@ -213,6 +213,22 @@ struct SwigluBackwardCudaArgs {
 };
 Status swiglu_backward(CudaContext& ctx, const SwigluBackwardCudaArgs& a);
 
+// SwiGLU's backward on [gate | up] rows that also gives back the forward's
+// output: d_gu as swiglu_rows_backward (train_fused.h) from gu and d_out,
+// and, with write_act, act = silu(gate)·up (the forward's value, bit for
+// bit) written over d_out, row for row. A trainer that recomputes act only
+// for the LoRA gradients of the down projection gets it from the kernel
+// that reads gate|up anyway. d_gu may alias gu with the same stride.
+struct SwigluRowsBackwardActArgs {
+  const bf16_bits* gu = nullptr;  // [n_tokens, 2F], rows ld_gu apart
+  bf16_bits* d_out = nullptr;     // [n_tokens, F], rows ld_d_out apart: d act in, act out (write_act)
+  bf16_bits* d_gu = nullptr;      // [n_tokens, 2F], rows ld_d_gu apart
+  int64_t n_tokens = 0, inter = 0;
+  int64_t ld_gu = 0, ld_d_out = 0, ld_d_gu = 0;  // row strides in elements; 0: packed
+  bool write_act = true;
+};
+Status swiglu_rows_backward_act(CudaContext& ctx, const SwigluRowsBackwardActArgs& a);
+
 // out[i] = table[tokens[i]]. Ids are checked on the host before they are
 // uploaded (the batcher's job); an id outside [0, vocab) yields a zero row.
 struct EmbeddingCudaArgs {

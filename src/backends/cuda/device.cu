@@ -97,4 +97,32 @@ Status DeviceBuffer::copy_to_host(void* dst, size_t bytes, const CudaStream* str
   return cuda_status(cudaMemcpy(dst, ptr_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 
+Result<PinnedBuffer> PinnedBuffer::alloc(int device, size_t bytes) {
+  LATHE_CUDA_TRY(cudaSetDevice(device));
+  PinnedBuffer b;
+  if (bytes) {
+    cudaError_t err = cudaHostAlloc(&b.ptr_, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      b.ptr_ = nullptr;
+      return error(StatusCode::kOutOfMemory, "cuda: cudaHostAlloc of ", bytes, " pinned host bytes: ",
+                   cudaGetErrorString(err));
+    }
+    b.bytes_ = bytes;  // owned from here: the destructor frees it on any return
+    LATHE_CUDA_TRY(cudaHostGetDevicePointer(&b.dev_, b.ptr_, 0));
+  }
+  return std::move(b);
+}
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), dev_(std::exchange(o.dev_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  std::swap(ptr_, o.ptr_);
+  std::swap(dev_, o.dev_);
+  std::swap(bytes_, o.bytes_);
+  return *this;
+}
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) cudaFreeHost(ptr_);
+}
+
 }  // namespace lathe::cuda

@@ -59,4 +59,27 @@ class DeviceBuffer {
   int device_ = 0;
 };
 
+// Move-only owner of page-locked host memory mapped into the device's
+// address space (cudaHostAlloc, mapped and portable): the host writes it
+// with plain stores, kernels read it over PCIe through device_data(). For
+// big tables a step reads only a few rows of (an embedding gather).
+class PinnedBuffer {
+ public:
+  static Result<PinnedBuffer> alloc(int device, size_t bytes);
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer();
+  void* data() const { return ptr_; }          // the host's address
+  void* device_data() const { return dev_; }   // the same bytes as kernels address them
+  size_t size_bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  void* dev_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace lathe::cuda

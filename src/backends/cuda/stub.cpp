@@ -31,6 +31,16 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 DeviceBuffer::~DeviceBuffer() = default;
+Result<PinnedBuffer> PinnedBuffer::alloc(int, size_t) { return no_cuda(); }
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), dev_(std::exchange(o.dev_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  std::swap(ptr_, o.ptr_);
+  std::swap(dev_, o.dev_);
+  std::swap(bytes_, o.bytes_);
+  return *this;
+}
+PinnedBuffer::~PinnedBuffer() = default;
 Status DeviceBuffer::copy_from_host(const void*, size_t, const CudaStream*) { return no_cuda(); }
 Status DeviceBuffer::copy_to_host(void*, size_t, const CudaStream*) const { return no_cuda(); }
 
@@ -65,6 +75,7 @@ Status rope_tables(CudaContext&, const RopeTablesCudaArgs&) { return no_cuda(); 
 Status rope_apply(CudaContext&, const RopeCudaArgs&) { return no_cuda(); }
 Status swiglu_forward(CudaContext&, const SwigluCudaArgs&) { return no_cuda(); }
 Status swiglu_backward(CudaContext&, const SwigluBackwardCudaArgs&) { return no_cuda(); }
+Status swiglu_rows_backward_act(CudaContext&, const SwigluRowsBackwardActArgs&) { return no_cuda(); }
 Status embedding_forward(CudaContext&, const EmbeddingCudaArgs&) { return no_cuda(); }
 Status embedding_backward(CudaContext&, const EmbeddingBackwardCudaArgs&) { return no_cuda(); }
 size_t cross_entropy_workspace_bytes(int64_t, int64_t, CeLogits) { return 0; }

@@ -3,7 +3,8 @@
 // aligned (the first n mod 8 threads also take one tail element each), else
 // one thread per element; the outputs may alias the inputs since each
 // thread reads its elements before writing them. The formulas are
-// train_fused.cu's, term for term.
+// train_fused.cu's, term for term (swiglu_rows_backward_act's act is its
+// forward's value bit for bit: the same expression, the same rounding).
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/vec8.cuh"
 
@@ -70,10 +71,68 @@ __global__ void swiglu_bwd8(SwigluBackwardCudaArgs a) {
   }
 }
 
+// SwigluRowsBackwardActArgs, one thread per feature.
+__global__ void swiglu_rows_bwd_act(SwigluRowsBackwardActArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * a.inter) return;
+  const int64_t t = i / a.inter, f = i % a.inter;
+  const int64_t gb = t * a.ld_gu + f, db = t * a.ld_d_gu + f, ob = t * a.ld_d_out + f;
+  const float g = dev::ld(a.gu, gb), u = dev::ld(a.gu, gb + a.inter), d = dev::ld(a.d_out, ob);
+  float dg, du;
+  swiglu_grad(g, u, d, &dg, &du);
+  dev::st(a.d_gu, db + a.inter, du);
+  dev::st(a.d_gu, db, dg);
+  if (a.write_act) dev::st(a.d_out, ob, silu_times(g, u));
+}
+
+// The same, one thread per 8 features (16-byte accesses).
+__global__ void swiglu_rows_bwd_act8(SwigluRowsBackwardActArgs a) {
+  const int64_t per_row = a.inter / 8, i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.n_tokens * per_row) return;
+  const int64_t t = i / per_row, f = (i % per_row) * 8;
+  const int64_t gb = t * a.ld_gu + f, db = t * a.ld_d_gu + f, ob = t * a.ld_d_out + f;
+  float g[8], u[8], d[8], dg[8], du[8];
+  dev::ld8(a.gu, gb, g);
+  dev::ld8(a.gu, gb + a.inter, u);
+  dev::ld8(a.d_out, ob, d);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) swiglu_grad(g[e], u[e], d[e], &dg[e], &du[e]);
+  dev::st8(a.d_gu, db, dg);
+  dev::st8(a.d_gu, db + a.inter, du);
+  if (a.write_act) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] = silu_times(g[e], u[e]);
+    dev::st8(a.d_out, ob, d);
+  }
+}
+
 // Threads for the vector kernels: one per 8 elements, at least 8 (the tail).
 unsigned vec_blocks(int64_t n) { return blocks_for(n / 8 > 8 ? (n + 7) / 8 : 8, kThreads); }
 
 }  // namespace
+
+Status swiglu_rows_backward_act(CudaContext& ctx, const SwigluRowsBackwardActArgs& args) {
+  SwigluRowsBackwardActArgs a = args;
+  if (a.n_tokens < 0 || a.inter < 0) return invalid_argument("cuda swiglu_rows_backward_act: negative size");
+  const int64_t n = a.n_tokens * a.inter;
+  if (n == 0) return Status::ok();
+  if (!a.gu || !a.d_out || !a.d_gu) return invalid_argument("cuda swiglu_rows_backward_act: null argument");
+  if (a.ld_gu == 0) a.ld_gu = 2 * a.inter;
+  if (a.ld_d_gu == 0) a.ld_d_gu = 2 * a.inter;
+  if (a.ld_d_out == 0) a.ld_d_out = a.inter;
+  if (a.ld_gu < 2 * a.inter || a.ld_d_gu < 2 * a.inter || a.ld_d_out < a.inter)
+    return invalid_argument("cuda swiglu_rows_backward_act: row stride shorter than a row (ld_gu ", a.ld_gu,
+                            ", ld_d_gu ", a.ld_d_gu, ", ld_d_out ", a.ld_d_out, ", inter ", a.inter, ")");
+  if (static_cast<const void*>(a.gu) == a.d_gu && a.ld_gu != a.ld_d_gu)
+    return invalid_argument("cuda swiglu_rows_backward_act: d_gu aliases gu with another row stride");
+  if (a.inter % 8 == 0 && a.ld_gu % 8 == 0 && a.ld_d_gu % 8 == 0 && a.ld_d_out % 8 == 0 &&
+      aligned16(a.gu, a.d_out, a.d_gu)) {
+    swiglu_rows_bwd_act8<<<blocks_for(n / 8, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  } else {
+    swiglu_rows_bwd_act<<<blocks_for(n, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
+  }
+  return ctx.check_launch("swiglu_rows_bwd_act");
+}
 
 Status swiglu_forward(CudaContext& ctx, const SwigluCudaArgs& a) {
   if (a.n < 0) return invalid_argument("cuda swiglu: negative size ", a.n);
