@@ -317,10 +317,8 @@ struct CudaModelImpl {
   Status recompute(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status layer_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   // down's backward with its LoRA weight gradients after dx and SwiGLU's
-  // backward, which gives back silu(gate)·up (cuda_model_pass.cpp); and its
-  // du = s·dy·B into dh_bf's LoRA columns.
+  // backward, which gives back silu(gate)·up (cuda_model_pass.cpp).
   Status down_backward(int64_t l, int64_t n);
-  Status down_du(const CGroup& G, int64_t n);
   Status attention_backward(int64_t l, int64_t n, int n_docs, int max_seqlen);
   Status lora_u(int64_t l, int g, bf16p x_ext, int64_t n);
   Status lora_u_on(cuda::CudaContext& c, float* part, int64_t l, int g, bf16p x_ext, int64_t n);

@@ -385,22 +385,6 @@ Status CudaModelImpl::layer_backward(int64_t l, int64_t n, int n_docs, int max_s
   return attention_backward(l, n, n_docs, max_seqlen);
 }
 
-// du = s·dy·B of down's LoRA member into dh_bf's columns [hidden, + lw):
-// dy times B's three terms, summed and split by lora_sum_parts (what
-// group_backward does for every group).
-Status CudaModelImpl::down_du(const CGroup& G, int64_t n) {
-  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  for (int k : G.loras) {
-    const CLora& a = loras[size_t(k)];
-    LATHE_TRY(cuda::gemm(ctx, {.a = x.dh_bf + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n,
-                               .n = 4 * r, .k = a.out, .c_dtype = DType::F32, .lda = ld_dh_bf, .ldb = G.ldw,
-                               .ldc = G.lw}));
-  }
-  return cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
-                                    .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
-                                    .scale = o.lora_scale, .split = x.dh_bf + G.out, .split_ld = ld_dh_bf});
-}
-
 // down's backward (LoRA without dropout, or no LoRA on down) in the order
 // that needs silu(gate)·up last: du, then dx = d act straight into the
 // scratch's act rows (x_ext's stride, its LoRA columns untouched), then
@@ -420,7 +404,7 @@ Status CudaModelImpl::down_backward(int64_t l, int64_t n) {
   const bool on_side = overlap() && nl > 0;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    LATHE_TRY(down_du(G, n));
+    LATHE_TRY(lora_du(G, x.dh_bf, ld_dh_bf, n));
   } else {
     LATHE_TRY(side_before_dx(false, false));
   }
