@@ -30,6 +30,9 @@
 // runs LoRA dropout p (masks regenerated in each pass; not counted in the
 // model FLOPs). --plan 1 prints the arena's plan by item instead (no
 // device needed: what each buffer takes and how many layers keep q/k/v).
+// The trainer's memory switches (docs/gpu.md) are read from the
+// environment: LATHE_CUDA_HOST_EMBED=0 keeps the embedding on the device,
+// LATHE_CUDA_ACT_FROM_BWD=0 reruns SwiGLU's forward for down's LoRA.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
