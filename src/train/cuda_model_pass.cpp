@@ -404,7 +404,8 @@ Status CudaModelImpl::down_backward(int64_t l, int64_t n) {
   const bool on_side = overlap() && nl > 0;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    LATHE_TRY(lora_du(G, x.dh_bf, ld_dh_bf, n));
+    bool paired = false;  // no pair copy: down's one member reads x once either way
+    LATHE_TRY(lora_du(G, x.dh_bf, ld_dh_bf, n, nullptr, &paired));
   } else {
     LATHE_TRY(side_before_dx(false, false));
   }
