@@ -70,7 +70,7 @@ enum CudaPhase : int {
 };
 inline const char* const kCudaPhaseNames[kPhNum] = {
     "base GEMM fwd", "base GEMM bwd", "LoRA (f32 branch)", "attention fwd", "attention bwd",
-    "norms, RoPE, SwiGLU, casts", "LM head + CE", "clip + AdamW + LoRA copies", "batch upload"};
+    "norms, RoPE, SwiGLU, casts", "LM head + CE", "clip + AdamW + LoRA copies", "batch upload + embedding"};
 
 // The f32 floats one member's dB or dA partial products take in the LoRA
 // scratch when a group's members are summed in one launch

@@ -494,8 +494,10 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   const int64_t n = mb.n_tokens(), H = s.hidden, L = s.n_layer;
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = x.inv_freq, .positions = x.positions, .cos = x.cos, .sin = x.sin,
                                     .n_tokens = n, .half = s.head_dim / 2}));
+  LATHE_TRY(phase(kPhInput));  // the gather reads pinned host memory over PCIe with host_embed
   LATHE_TRY(cuda::embedding_forward(ctx, {.tokens = x.tokens, .table = embed, .out = hs[0], .n = n,
                                           .vocab = s.vocab, .dim = H}));
+  LATHE_TRY(phase(kPhElementwise));
   const int64_t ld_xn1 = group(kGqkv).ldx;
   LATHE_TRY(norm(hs[0], nullptr, nullptr, blocks[0].attn_norm, x_of(act_of(0).xn1, kGqkv), act_of(0).rstd1, n, H,
                  ld_xn1));
