@@ -129,9 +129,11 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
       time_backward(false, cuda::AttnBwdKernels::kWgmma, rows);
     }
     // The warp-specialized backward (TMA producer, consumer warpgroups): the
-    // next tile's scores issued behind this tile's last product, or not.
-    for (int pipeline : {1, 0}) {
-      std::printf("  d=%-3d %-9s %48s", d, pipeline ? "ws" : "ws serial", "");
+    // next tile's scores issued behind this tile's last product (ws), also
+    // with the score products' A operands from registers (ws regs), or each
+    // tile waited for (ws serial).
+    for (int pipeline : {1, 2, 0}) {
+      std::printf("  d=%-3d %-9s %48s", d, pipeline == 1 ? "ws" : pipeline == 2 ? "ws regs" : "ws serial", "");
       time_backward(false, cuda::AttnBwdKernels::kWs, 0, false, pipeline);
     }
     // The warp-specialized forward: query rows per block × keys per tile, a

@@ -237,8 +237,9 @@ struct VarlenGrads {
 // The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block;
 // kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order);
 // kWs: the warp-specialized Hopper kernels (kWsSerial: each tile's products
-// waited for before the next tile's scores are issued).
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsSerial };
+// waited for before the next tile's scores are issued; kWsRegs: the score
+// products' A operands from registers).
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsSerial, kWsRegs };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
@@ -249,11 +250,12 @@ const char* bwd_name(Bwd k) {
     case Bwd::kFusedLoadStore: return "fused kernel, load-add-store";
     case Bwd::kWs: return "warp-specialized kernels";
     case Bwd::kWsSerial: return "warp-specialized kernels, serial tiles";
+    case Bwd::kWsRegs: return "warp-specialized kernels, A operands from registers";
   }
   return "?";
 }
 bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
-bool is_ws(Bwd k) { return k == Bwd::kWs || k == Bwd::kWsSerial; }
+bool is_ws(Bwd k) { return k == Bwd::kWs || k == Bwd::kWsSerial || k == Bwd::kWsRegs; }
 bool runs(Bwd k, int head_dim) { return !(is_wgmma(k) || is_ws(k)) || wgmma_runs(head_dim); }
 cuda::AttnBwdKernels kernels_of(Bwd k) {
   return is_ws(k)      ? cuda::AttnBwdKernels::kWs
@@ -286,7 +288,7 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
                                  c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple, kernels_of(kind),
                                  kind == Bwd::kWgmma128 ? 128 : 64};
   b.fused_load_store = kind == Bwd::kFusedLoadStore;
-  b.ws_pipeline = kind == Bwd::kWsSerial ? 0 : kind == Bwd::kWs ? 1 : -1;
+  b.ws_pipeline = kind == Bwd::kWsSerial ? 0 : kind == Bwd::kWs ? 1 : kind == Bwd::kWsRegs ? 2 : -1;
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
   return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
@@ -309,8 +311,8 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
     for (Bwd kind :
-         {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kFused, Bwd::kFusedLoadStore,
-          Bwd::kSimple}) {
+         {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kFused,
+          Bwd::kFusedLoadStore, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -334,7 +336,7 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kFused}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kFused}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -363,7 +365,7 @@ TEST(CudaAttention, WsBackwardMatchesSimpleAcrossDocuments) {
       VarlenData d = make_varlen(c, 6161 + head_dim + window);
       Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6167 + head_dim + window);
       const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-      for (Bwd kind : {Bwd::kWs, Bwd::kWsSerial}) {
+      for (Bwd kind : {Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs}) {
         SCOPED_TRACE(bwd_name(kind));
         const VarlenGrads ws = device_backward(c, d, d_out, kind, 0xff);
         const VarlenGrads again = device_backward(c, d, d_out, kind);
@@ -507,8 +509,10 @@ TEST(CudaAttention, WgmmaProductsMatchHost) {
     SCOPED_TRACE(::testing::Message() << "d=" << d);
     Bf16Input a = upload({64, d}, 7000 + uint32_t(d)), b = upload({64, d}, 7001 + uint32_t(d));
     cuda::DeviceBuffer s = device_zeros(2 * 64 * 64 * 4), o = device_zeros(size_t(64 * d * 4));
-    Status st = cuda::attention_wgmma_check(
-        {a.dev.data(), b.dev.data(), static_cast<float*>(s.data()), static_cast<float*>(o.data()), d, nullptr});
+    cuda::DeviceBuffer sr = device_zeros(64 * 64 * 4);
+    Status st = cuda::attention_wgmma_check({a.dev.data(), b.dev.data(), static_cast<float*>(s.data()),
+                                             static_cast<float*>(o.data()), d, nullptr,
+                                             static_cast<float*>(sr.data())});
     ASSERT_TRUE(st.is_ok()) << st.message();
     Tensor got_s = download(s, DType::F32, {2, 64, 64}), got_o = download(o, DType::F32, {64, d});
     const float* pa = a.host.data<float>();
@@ -533,6 +537,9 @@ TEST(CudaAttention, WgmmaProductsMatchHost) {
       }
     EXPECT_EQ(report_mismatches(got_s, want_s, 64, "A·Bᵀ then B·Aᵀ (rows 64..127)"), 0u);
     EXPECT_EQ(report_mismatches(got_o, want_o, d, "bf16(A·Bᵀ)·B"), 0u);
+    Tensor got_sr = download(sr, DType::F32, {64, 64}), want_sr = Tensor::zeros(DType::F32, {64, 64});
+    std::memcpy(want_sr.data<float>(), want_s.data<float>(), 64 * 64 * sizeof(float));
+    EXPECT_EQ(report_mismatches(got_sr, want_sr, 64, "A·Bᵀ, A from registers"), 0u);
   }
 }
 

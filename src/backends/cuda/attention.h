@@ -108,8 +108,9 @@ struct AttentionVarlenBwdArgs {
   int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
   bool fused_load_store = false;  // fused: add the d_q shares by load, add, store (default: reductions in L2)
-  // kWs: each consumer warpgroup issues the next tile's score products behind this tile's last product (1) or
-  // waits for that product first (0); -1: the compiled default.
+  // kWs: each consumer warpgroup waits for a tile's last product before the next tile's score products (0),
+  // issues them behind it (1), and also takes their A operands (Q and dO in dq; K and V in dkdv at head_dim 64)
+  // from registers (2); -1: the compiled default.
   int ws_pipeline = -1;
 };
 // The workspace for `kernels` (kAuto resolved as the backward resolves it):
@@ -127,8 +128,10 @@ Status attention_varlen_backward_delta(const AttentionVarlenBwdArgs& a);
 // A check of the two tensor-core products the wgmma backward is built from,
 // on one pair of row-major bf16 [64, head_dim] matrices A and B (Hopper,
 // head_dim 64 or 128): s[0:4096] = A·Bᵀ and s[4096:8192] = B·Aᵀ (row-major
-// f32 [64, 64]), o = bf16(A·Bᵀ)·B (row-major f32 [64, head_dim]). A test
-// compares them with host products, so a layout fault shows by itself.
+// f32 [64, 64]), o = bf16(A·Bᵀ)·B (row-major f32 [64, head_dim]), and
+// where s_regs is set, A·Bᵀ again with A's operand read from registers (the
+// warp-specialized backward's score products). A test compares them with
+// host products, so a layout fault shows by itself.
 struct AttentionWgmmaCheckArgs {
   const void* a = nullptr;  // bf16 [64, head_dim], device
   const void* b = nullptr;  // bf16 [64, head_dim], device
@@ -136,6 +139,7 @@ struct AttentionWgmmaCheckArgs {
   float* o = nullptr;       // f32 [64, head_dim], device
   int head_dim = 0;
   void* stream = nullptr;
+  float* s_regs = nullptr;  // f32 [64, 64], device; optional
 };
 Status attention_wgmma_check(const AttentionWgmmaCheckArgs& a);
 

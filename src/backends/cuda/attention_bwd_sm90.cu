@@ -179,7 +179,8 @@ __global__ void __launch_bounds__(WG* kThreads, WG == 2 ? 1 : 2) dkdv_sm90_kerne
 // pair: s = A·Bᵀ (shared × shared, K-major), then o = bf16(s)·B (registers
 // × shared, MN-major); also dp = B·Aᵀ.
 template <int D>
-__global__ void __launch_bounds__(kThreads) check_kernel(const bf16* a, const bf16* b, float* s_out, float* o_out) {
+__global__ void __launch_bounds__(kThreads)
+    check_kernel(const bf16* a, const bf16* b, float* s_out, float* o_out, float* sr_out) {
 #if LATHE_SM90A_DEVICE
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sA = aligned_smem(smem_raw);
@@ -213,6 +214,17 @@ __global__ void __launch_bounds__(kThreads) check_kernel(const bf16* a, const bf
   wg_wait<0>();
   pin(o);
   for (int i = 0; i < D / 2; ++i) o_out[(row + (i % 4 >= 2 ? 8 : 0)) * D + i / 4 * 8 + 2 * c + i % 2] = o[i];
+  if (sr_out) {  // A·Bᵀ again, A's fragments from registers (load_a_frags)
+    uint32_t fa[D / 16][4];
+    load_a_frags<D>(fa, sA);
+    pin(fa);
+    wg_fence();
+    issue_scores_rs<D>(s, fa, sB);
+    wg_commit();
+    wg_wait<0>();
+    pin(s);
+    for (int i = 0; i < 32; ++i) sr_out[(row + (i % 4 >= 2 ? 8 : 0)) * 64 + i / 4 * 8 + 2 * c + i % 2] = s[i];
+  }
 #else
   __trap();
 #endif
@@ -270,7 +282,7 @@ Status attention_wgmma_check(const AttentionWgmmaCheckArgs& a) {
   auto run = [&](auto kernel, int smem) {
     LATHE_TRY(attn::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                                "cudaFuncSetAttribute(check)"));
-    kernel<<<1, attn::kThreads, smem, st>>>(pa, pb, a.s, a.o);
+    kernel<<<1, attn::kThreads, smem, st>>>(pa, pb, a.s, a.o, a.s_regs);
     return attn::cuda_check(cudaGetLastError(), "attention_wgmma_check launch");
   };
   if (a.head_dim == 64) return run(attn::sm90::check_kernel<64>, 2 * attn::sm90::tile_bytes<64>() + 1024);

@@ -40,6 +40,8 @@
 #include "backends/cuda/attention_tma.cuh"
 #include "backends/cuda/gemv_ring.cuh"  // the mbarrier helpers
 
+#include <type_traits>
+
 // Consumer warpgroups per block (64 keys or query rows each) at head_dim
 // 64: 2 or 3 (head_dim 128: 2, its dK and dV accumulators take 128
 // registers a thread).
@@ -47,9 +49,10 @@
 #define LATHE_ATTN_BWD_WS_NC_64 2
 #endif
 
-// The next tile's score products issued behind the last product of this
-// one (1), or each tile's products waited for before the next tile's (0),
-// where AttentionVarlenBwdArgs::ws_pipeline leaves it open.
+// Where AttentionVarlenBwdArgs::ws_pipeline leaves it open: each tile's
+// products waited for before the next tile's are issued (0), the next
+// tile's score products issued behind the last product of this one (1),
+// and also the score products' A operands from registers (2).
 #ifndef LATHE_ATTN_BWD_WS_PIPE
 #define LATHE_ATTN_BWD_WS_PIPE 1
 #endif
@@ -249,8 +252,11 @@ __device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D /
 }
 
 // dkdv's consumer warpgroup c: keys r0 + 64c .. of the item. kPipe: the
-// next tile's score products are issued behind this one's last product.
-template <int D, int NC, bool kPipe>
+// next tile's score products are issued behind this one's last product;
+// kRegA: K and V, the A operands of the score products, are read from
+// registers (loaded once) instead of shared memory, at head_dim 64 only
+// (at 128 they would not fit beside dK and dV).
+template <int D, int NC, bool kPipe, bool kRegA>
 __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
                                              int c) {
   using L = WsBwdLayout<D, NC>;
@@ -274,11 +280,24 @@ __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned 
   };
   float s[32], dp[32];
   uint32_t a[4][4];  // the bf16 operand of dV's and dK's products (in the caller: dK's outlives the tile step)
+  constexpr bool kA = kRegA && D == 64;
+  uint32_t ka[kA ? D / 16 : 1][4], va[kA ? D / 16 : 1][4];
+  if constexpr (kA) {
+    sm90::load_a_frags<D>(ka, sK);
+    sm90::load_a_frags<D>(va, sV);
+  }
   // Tile it's score products, once its stage has landed.
   auto start = [&](int it) {
     const int st = ring_.stage(it);
     ring_.wait_full(it);
-    sm90::issue_score_products<D>(s, dp, sK, smem + L::kStream0 + st * L::kT, sV, smem + L::kStream1 + st * L::kT);
+    if constexpr (kA) {
+      sm90::pin(ka);
+      sm90::pin(va);
+      sm90::issue_score_products_rs<D>(s, dp, ka, smem + L::kStream0 + st * L::kT, va,
+                                       smem + L::kStream1 + st * L::kT);
+    } else {
+      sm90::issue_score_products<D>(s, dp, sK, smem + L::kStream0 + st * L::kT, sV, smem + L::kStream1 + st * L::kT);
+    }
   };
   // Gives back the tiles from `it` on that these keys do not see; the next one they do (or n_iter).
   auto skip = [&](int it) {
@@ -398,8 +417,9 @@ __device__ __forceinline__ void dq_tile_ws(float (&dq)[D / 2], float (&s)[32], f
 }
 
 // dq's consumer warpgroup c: query rows r0 + 64c .. of the item. kPipe:
-// the next tile's score products are issued behind this one's dQ += dS·K.
-template <int D, int NC, bool kPipe>
+// the next tile's score products are issued behind this one's dQ += dS·K;
+// kRegA: Q and dO, their A operands, are read from registers (loaded once).
+template <int D, int NC, bool kPipe, bool kRegA>
 __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b, int c) {
   using L = WsBwdLayout<D, NC>;
   const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
@@ -428,10 +448,22 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
   };
   float s[32], dp[32];
   uint32_t a[4][4];  // dS as the operand of dQ's product (in the caller: the product outlives the tile step)
+  uint32_t qa[kRegA ? D / 16 : 1][4], oa[kRegA ? D / 16 : 1][4];
+  if constexpr (kRegA) {
+    sm90::load_a_frags<D>(qa, sQ);
+    sm90::load_a_frags<D>(oa, sO);
+  }
   auto start = [&](int j) {
     const int st = ring_.stage(j);
     ring_.wait_full(j);
-    sm90::issue_score_products<D>(s, dp, sQ, smem + L::kStream0 + st * L::kT, sO, smem + L::kStream1 + st * L::kT);
+    if constexpr (kRegA) {
+      sm90::pin(qa);
+      sm90::pin(oa);
+      sm90::issue_score_products_rs<D>(s, dp, qa, smem + L::kStream0 + st * L::kT, oa,
+                                       smem + L::kStream1 + st * L::kT);
+    } else {
+      sm90::issue_score_products<D>(s, dp, sQ, smem + L::kStream0 + st * L::kT, sO, smem + L::kStream1 + st * L::kT);
+    }
   };
   auto skip = [&](int j) {
     for (; j < keys.n_tiles && !seen(j); ++j) {
@@ -497,7 +529,7 @@ __device__ __forceinline__ void init_barriers(uint32_t bars, int full_count) {
 // One block per item (a KV head's NC·64 keys of one document). Separate
 // paths after the register split: ptxas gives each side its budget only
 // when no code after it is shared.
-template <int D, int NC, bool kPipe>
+template <int D, int NC, bool kPipe, bool kRegA>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
 #if LATHE_SM90A_DEVICE
@@ -513,14 +545,14 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dkdv_consume<D, NC, kPipe>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  dkdv_consume<D, NC, kPipe, kRegA>(p, smem, b, threadIdx.x / attn::kThreads - 1);
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
 // One block per item (NC·64 query rows of one head of one document).
-template <int D, int NC, bool kPipe>
+template <int D, int NC, bool kPipe, bool kRegA>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dq_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
 #if LATHE_SM90A_DEVICE
@@ -536,13 +568,13 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dq_consume<D, NC, kPipe>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  dq_consume<D, NC, kPipe, kRegA>(p, smem, b, threadIdx.x / attn::kThreads - 1);
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
-template <int D, int NC, bool kPipe>
+template <int D, int NC, bool kPipe, bool kRegA>
 Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream) {
   using L = WsBwdLayout<D, NC>;
   constexpr const char* kWho = "attention backward (warp-specialized)";
@@ -556,15 +588,15 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
   const int64_t tiles = (max_seqlen + L::kRows - 1) / L::kRows;
   const int64_t dkdv_items = tiles * n_docs * p.n_head_kv, dq_items = tiles * n_docs * p.n_head;
   if (dq_items > INT32_MAX) return invalid_argument(kWho, ": ", dq_items, " row tiles exceed 2^31");
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv_ws_kernel<D, NC, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            L::kSmem),
+  auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, kRegA>;
+  auto* dq = dq_ws_kernel<D, NC, kPipe, kRegA>;
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
                        "cudaFuncSetAttribute(dkdv_ws)"));
-  LATHE_TRY(cuda_check(
-      cudaFuncSetAttribute(dq_ws_kernel<D, NC, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
-      "cudaFuncSetAttribute(dq_ws)"));
-  dkdv_ws_kernel<D, NC, kPipe><<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles));
+  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
+                       "cudaFuncSetAttribute(dq_ws)"));
+  dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles));
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
-  dq_ws_kernel<D, NC, kPipe><<<unsigned(dq_items), L::kThreads, L::kSmem, dq_stream>>>(maps, p, n_docs, int(tiles));
+  dq<<<unsigned(dq_items), L::kThreads, L::kSmem, dq_stream>>>(maps, p, n_docs, int(tiles));
   return cuda_check(cudaGetLastError(), "attention dq_ws launch");
 }
 
@@ -579,11 +611,15 @@ Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen,
   LATHE_ASSIGN_OR_RETURN(const SideStream* side, side_stream_for(st));
   const cudaStream_t dq_stream = side ? side->stream : st;
   constexpr int kNc64 = LATHE_ATTN_BWD_WS_NC_64 == 3 ? 3 : 2;
-  const bool pipe = pipelined < 0 ? LATHE_ATTN_BWD_WS_PIPE != 0 : pipelined != 0;
-  Status launched = d == 128 ? (pipe ? wsb::launch_ws<128, 2, true>(p, n_docs, max_seqlen, st, dq_stream)
-                                     : wsb::launch_ws<128, 2, false>(p, n_docs, max_seqlen, st, dq_stream))
-                             : (pipe ? wsb::launch_ws<64, kNc64, true>(p, n_docs, max_seqlen, st, dq_stream)
-                                     : wsb::launch_ws<64, kNc64, false>(p, n_docs, max_seqlen, st, dq_stream));
+  const int variant = pipelined < 0 ? LATHE_ATTN_BWD_WS_PIPE : pipelined;
+  auto run = [&](auto d_c, auto nc_c) {
+    constexpr int kD = decltype(d_c)::value, kNc = decltype(nc_c)::value;
+    if (variant == 0) return wsb::launch_ws<kD, kNc, false, false>(p, n_docs, max_seqlen, st, dq_stream);
+    if (variant == 1) return wsb::launch_ws<kD, kNc, true, false>(p, n_docs, max_seqlen, st, dq_stream);
+    return wsb::launch_ws<kD, kNc, true, true>(p, n_docs, max_seqlen, st, dq_stream);
+  };
+  Status launched = d == 128 ? run(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{})
+                             : run(std::integral_constant<int, 64>{}, std::integral_constant<int, kNc64>{});
   if (!side) return launched;
   Status joined = join_side_stream(*side, st);  // also after a failed launch: the fork is never left open
   return launched.is_ok() ? joined : launched;

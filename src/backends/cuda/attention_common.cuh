@@ -456,8 +456,9 @@ Status launch_backward_sm90(const BwdParams& p, int d, int rows, int n_docs, int
 // The warp-specialized Hopper kernels (attention_bwd_ws.cu; the caller
 // checked sm90_supported(d)): dkdv on st, dq on the side stream beside it
 // (or on st: LATHE_ATTN_BWD_STREAMS=1), joined back to st; delta must
-// already be in p.delta and p.n_tokens set. pipelined: 1 the next tile's
-// score products behind this one's last, 0 not, -1 the compiled default.
+// already be in p.delta and p.n_tokens set. pipelined: 0 each tile's
+// products waited for, 1 the next tile's score products behind this one's
+// last, 2 also their A operands from registers; -1 the compiled default.
 Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st, int pipelined);
 // The backward's first kernel (attention_delta.cu): p.delta = rowsum(dO ⊙ O)
 // per row and head at head_dim d, and turn[row] = 0 where turn is set (the

@@ -90,9 +90,10 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 // The same for register A operands: computed before the fence, not after.
-__device__ __forceinline__ void pin(uint32_t (&a)[4][4]) {
+template <int M>
+__device__ __forceinline__ void pin(uint32_t (&a)[M][4]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i / 4][i % 4])::"memory");
+  for (int i = 0; i < 4 * M; ++i) asm volatile("" : "+r"(a[i / 4][i % 4])::"memory");
 }
 
 #define LATHE_WG_F8(i)                                                                                         \
@@ -140,6 +141,40 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t a[4],
   }
 }
 
+// d[64×64] = A[64×16]·B[16×64] (+ d when accumulate), A from registers
+// (c_to_a layout per warp), B a K-major descriptor (its rows are the N
+// index: the K of Q·Kᵀ).
+__device__ __forceinline__ void wgmma_rs_n64_kmajor(float (&d)[32], const uint32_t a[4], uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LATHE_WG_R32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : LATHE_WG_F32
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// This warp's A fragments (the mma.sync A layout of its 16 rows, 16w..) of
+// a whole 64-row tile, one per 16 columns: what a score product reads from
+// registers instead of shared memory.
+template <int D>
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[D / 16][4], const unsigned char* tile) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, r = threadIdx.x % 128 / 32 * 16 + g;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    a[kk][0] = *reinterpret_cast<const uint32_t*>(tile + sw_offset(r, 2 * kk) + 4 * c);
+    a[kk][1] = *reinterpret_cast<const uint32_t*>(tile + sw_offset(r + 8, 2 * kk) + 4 * c);
+    a[kk][2] = *reinterpret_cast<const uint32_t*>(tile + sw_offset(r, 2 * kk + 1) + 4 * c);
+    a[kk][3] = *reinterpret_cast<const uint32_t*>(tile + sw_offset(r + 8, 2 * kk + 1) + 4 * c);
+  }
+}
+
+// issue_scores with A from registers (load_a_frags).
+template <int D>
+__device__ __forceinline__ void issue_scores_rs(float (&s)[32], const uint32_t (*a)[4], const unsigned char* b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) wgmma_rs_n64_kmajor(s, a[kk], desc_k(b, kk * 16), kk > 0);
+}
+
 // s[64×64] = A·Bᵀ over D columns, both tiles K-major (the first step
 // overwrites s). Issues only: the caller fences before and commits after.
 template <int D>
@@ -170,6 +205,18 @@ __device__ __forceinline__ void issue_score_products(float (&s)[32], float (&dp)
   issue_scores<D>(s, a1, b1);
   wg_commit();
   issue_scores<D>(dp, a2, b2);
+  wg_commit();
+}
+
+// issue_score_products with both A operands from registers.
+template <int D>
+__device__ __forceinline__ void issue_score_products_rs(float (&s)[32], float (&dp)[32], const uint32_t (*a1)[4],
+                                                        const unsigned char* b1, const uint32_t (*a2)[4],
+                                                        const unsigned char* b2) {
+  wg_fence();
+  issue_scores_rs<D>(s, a1, b1);
+  wg_commit();
+  issue_scores_rs<D>(dp, a2, b2);
   wg_commit();
 }
 
