@@ -1,5 +1,6 @@
 #include "core/env.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
@@ -49,7 +50,28 @@ Result<int64_t> cuda_lora_overlap() { return get_int("LATHE_CUDA_LORA_OVERLAP", 
 
 std::string cuda_lora_sums() { return get("LATHE_CUDA_LORA_SUMS"); }
 
-Result<int64_t> cuda_decode_l2_prefetch() { return get_int("LATHE_CUDA_DECODE_L2_PREFETCH", 0, 0, 64); }
+Result<std::vector<int64_t>> cuda_decode_l2_prefetch() {
+  const char* kName = "LATHE_CUDA_DECODE_L2_PREFETCH";
+  const std::string v = get(kName);
+  std::vector<int64_t> units;
+  for (size_t at = 0; !v.empty() && at <= v.size();) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    const std::string item = v.substr(at, comma - at);
+    errno = 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(item.c_str(), &end, 10);
+    if (errno != 0 || end == item.c_str() || *end != '\0' || n < 0 || n > 64)
+      return invalid_argument("environment: ", kName, "='", v, "': '", item, "' is not an integer in [0, 64]");
+    units.push_back(n);
+    at = comma + 1;
+  }
+  if (units.empty()) units.push_back(0);
+  if (units.size() == 1) units.resize(5, units[0]);
+  if (units.size() != 5)
+    return invalid_argument("environment: ", kName, "='", v, "' holds ", units.size(), " counts (1 or 5: q|k|v, o, ",
+                            "gate|up, down, LM head)");
+  return units;
+}
 
 std::string cuda_lora_rank() { return get("LATHE_CUDA_LORA_RANK"); }
 

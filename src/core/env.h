@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -83,12 +84,14 @@ Result<int64_t> cuda_lora_overlap();
 // an A/B switch). The same bits either way. Default: empty, joined.
 // Another value: the trainer fails naming the variable.
 std::string cuda_lora_sums();
-// LATHE_CUDA_DECODE_L2_PREFETCH: 0..64 — units (8 weight rows × 2048 k)
-// of each block of the next decode GEMV that a GEMV on the shared-memory
-// ring pulls into L2 (CudaModelOptions::l2_prefetch_units, when left -1);
-// 0: none. Default: 0. Another value: loading the model fails naming the
-// variable.
-Result<int64_t> cuda_decode_l2_prefetch();
+// LATHE_CUDA_DECODE_L2_PREFETCH: N, or five of them comma-separated, each
+// 0..64 — units (8 weight rows × 2048 k) of each block of the next decode
+// GEMV that a GEMV on the shared-memory ring pulls into L2
+// (CudaModelOptions::l2_prefetch_units where left -1): every GEMV N, or
+// q|k|v, o, gate|up, down and the LM head each its own; 0: none. Default:
+// 0. Another value: loading the model fails naming the variable. Returns
+// the five counts.
+Result<std::vector<int64_t>> cuda_decode_l2_prefetch();
 // LATHE_CUDA_LORA_RANK: gemm | fused | fused_da — how the GPU LoRA trainer
 // makes the rank products u = x·Aᵀ and du = s·dy·B: a GEMM into f32 parts
 // then a sum-and-split kernel (gemm), or one kernel that sums the three

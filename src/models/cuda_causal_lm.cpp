@@ -217,9 +217,11 @@ cuda::GemvArgs CudaCausalLmImpl::lm_head_gemv(int b) const {
                    decode_grids(b).lm_head);
 }
 
-cuda::GemvArgs CudaCausalLmImpl::prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next, unsigned from) const {
-  const int units = opts.l2_prefetch_units >= 0 ? opts.l2_prefetch_units : env_l2_prefetch_units;
-  if (units > 0 && (opts.l2_prefetch_from & from) && g.shape == cuda::kGemvBulkShape)
+cuda::GemvArgs CudaCausalLmImpl::prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next,
+                                             int CudaL2PrefetchUnits::*source) const {
+  const int each = opts.l2_prefetch_each.*source;
+  const int units = each >= 0 ? each : opts.l2_prefetch_units >= 0 ? opts.l2_prefetch_units : env_l2_prefetch.*source;
+  if (units > 0 && g.shape == cuda::kGemvBulkShape)
     g.prefetch = cuda::gemv_l2_prefetch(next, units, opts.device);
   return g;
 }
@@ -252,7 +254,7 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
                                          .k = ffn, .epilogue = GemvEpilogue::kAddF32, .x_f32 = buf.act},
                                         grids.down);
   const cuda::GemvArgs after = l + 1 < n_layer ? qkv_gemv(l + 1, b) : lm_head_gemv(b);
-  LATHE_TRY(norm_gemv(w.attn_norm, prefetching(qkv_gemv(l, b), o, kL2PrefetchFromQkv)));
+  LATHE_TRY(norm_gemv(w.attn_norm, prefetching(qkv_gemv(l, b), o, &CudaL2PrefetchUnits::qkv)));
   if (w.q_norm)
     LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
                                       .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
@@ -260,9 +262,9 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
                                       .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
                                       .max_ctx = opts.max_seq, .eps = cfg.rms_norm_eps, .overlap = overlap}));
   LATHE_TRY(decode_attention(l, b));
-  LATHE_TRY(cuda::gemv(ctx, prefetching(o, gu, kL2PrefetchFromO)));
-  LATHE_TRY(norm_gemv(w.mlp_norm, prefetching(gu, down, kL2PrefetchFromGateUp)));
-  return cuda::gemv(ctx, prefetching(down, after, kL2PrefetchFromDown));
+  LATHE_TRY(cuda::gemv(ctx, prefetching(o, gu, &CudaL2PrefetchUnits::o)));
+  LATHE_TRY(norm_gemv(w.mlp_norm, prefetching(gu, down, &CudaL2PrefetchUnits::gate_up)));
+  return cuda::gemv(ctx, prefetching(down, after, &CudaL2PrefetchUnits::down));
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
@@ -273,7 +275,7 @@ Status CudaCausalLmImpl::decode_step(int b) {
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
   // The LM head pulls layer 0's q|k|v into L2 for the next step.
-  return norm_gemv(final_norm, prefetching(lm_head_gemv(b), qkv_gemv(0, b), kL2PrefetchFromLmHead));
+  return norm_gemv(final_norm, prefetching(lm_head_gemv(b), qkv_gemv(0, b), &CudaL2PrefetchUnits::lm_head));
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
@@ -403,7 +405,7 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.register_gemv = d.register_gemv, o.bulk_gemv = d.bulk_gemv, o.bulk_ring_kib = d.bulk_ring_kib;
   o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
   o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
-  o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_from = d.l2_prefetch_from;
+  o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_each = d.l2_prefetch_each;
   o.ring_max_carveout = d.ring_max_carveout;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }

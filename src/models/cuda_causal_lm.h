@@ -69,9 +69,11 @@ inline constexpr const CudaDecodeShapes& cuda_decode_shapes(int64_t rows) {
   return rows <= 1 ? kCudaDecodeShapes : kCudaDecodeShapes2;
 }
 
-// CudaModelOptions::l2_prefetch_from: the GEMVs that prefetch their successor's weights.
-inline constexpr unsigned kL2PrefetchFromQkv = 1, kL2PrefetchFromO = 2, kL2PrefetchFromGateUp = 4,
-                          kL2PrefetchFromDown = 8, kL2PrefetchFromLmHead = 16, kL2PrefetchFromAll = 31;
+// CudaModelOptions::l2_prefetch_each: units of its successor each decode
+// GEMV pulls into L2, by source (-1: CudaModelOptions::l2_prefetch_units).
+struct CudaL2PrefetchUnits {
+  int qkv = -1, o = -1, gate_up = -1, down = -1, lm_head = -1;
+};
 
 struct CudaModelOptions {
   int device = 0;                // CUDA device index
@@ -102,10 +104,10 @@ struct CudaModelOptions {
   // (cuda::GemvPrefetch) once their own copies are issued: q|k|v the o
   // projection's, o gate|up's, gate|up down's, down the next layer's q|k|v
   // (the last layer's: the LM head's), the LM head layer 0's q|k|v (the
-  // next step's), each where its bit in l2_prefetch_from is set. -1:
-  // LATHE_CUDA_DECODE_L2_PREFETCH (default 0: none).
+  // next step's); l2_prefetch_each's counts, where >= 0, for one source
+  // each. -1: LATHE_CUDA_DECODE_L2_PREFETCH (default 0: none).
   int l2_prefetch_units = -1;
-  unsigned l2_prefetch_from = kL2PrefetchFromAll;
+  CudaL2PrefetchUnits l2_prefetch_each{};
   // The ring GEMVs launched with the largest shared-memory carveout (GemvArgs::max_carveout).
   bool ring_max_carveout = false;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
@@ -135,7 +137,7 @@ class CudaCausalLM {
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
   // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
-  // attention_cluster_heads, l2_prefetch_units (-1: the variable's again), l2_prefetch_from,
+  // attention_cluster_heads, l2_prefetch_units (-1: the variable's again), l2_prefetch_each,
   // ring_max_carveout; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
 

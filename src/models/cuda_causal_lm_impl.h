@@ -111,7 +111,7 @@ class CudaCausalLmImpl {
   int ptr_slots = 2;       // S above
   bool decode_gemv = true;  // the decode step's shapes suit gemv(); otherwise decode runs the prefill path
   bool overlap = false;     // decode kernels as programmatic dependent launches
-  int env_l2_prefetch_units = 0;  // LATHE_CUDA_DECODE_L2_PREFETCH, read at load
+  CudaL2PrefetchUnits env_l2_prefetch{0, 0, 0, 0, 0};  // LATHE_CUDA_DECODE_L2_PREFETCH, read at load
 
   std::vector<int> seq_len;             // [max_batch] tokens in each sequence's cache
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
@@ -146,8 +146,9 @@ class CudaCausalLmImpl {
   const CudaDecodeShapes& decode_grids(int b) const;
   cuda::GemvArgs qkv_gemv(int l, int b) const;  // layer l's q|k|v projection as the step launches it
   cuda::GemvArgs lm_head_gemv(int b) const;
-  // g with the L2 prefetch of next's first units when the options ask it of g (`from`: its bit).
-  cuda::GemvArgs prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next, unsigned from) const;
+  // g with the L2 prefetch of next's first units as the options ask of g's
+  // source (the member of CudaL2PrefetchUnits).
+  cuda::GemvArgs prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next, int CudaL2PrefetchUnits::*source) const;
   Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
   Status decode_step(int b);

@@ -72,8 +72,9 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   host_step.resize(2 * static_cast<size_t>(std::max(max_tokens, opts.max_batch)));
   LATHE_ASSIGN_OR_RETURN(ctx, cuda::CudaContext::create(opts.device));
   overlap = opts.overlap_launches && cuda::supports_overlap(opts.device);
-  LATHE_ASSIGN_OR_RETURN(const int64_t env_units, env::cuda_decode_l2_prefetch());
-  env_l2_prefetch_units = static_cast<int>(env_units);
+  LATHE_ASSIGN_OR_RETURN(const std::vector<int64_t> env_units, env::cuda_decode_l2_prefetch());
+  env_l2_prefetch = {static_cast<int>(env_units[0]), static_cast<int>(env_units[1]), static_cast<int>(env_units[2]),
+                     static_cast<int>(env_units[3]), static_cast<int>(env_units[4])};
   return allocate();
 }
 

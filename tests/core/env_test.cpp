@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/env.h"
 #include "core/scoped_env.h"
@@ -40,6 +42,25 @@ TEST(Env, LoraOverlap) {
   auto n = env::cuda_lora_overlap();
   ASSERT_FALSE(n.is_ok());
   EXPECT_NE(n.status().message().find("LATHE_CUDA_LORA_OVERLAP"), std::string::npos) << n.status().message();
+}
+
+// One count for every decode GEMV, or five (q|k|v, o, gate|up, down, LM head).
+TEST(Env, DecodeL2Prefetch) {
+  using Units = std::vector<int64_t>;
+  for (auto [value, want] : {std::pair<const char*, Units>{"", {0, 0, 0, 0, 0}}, {"3", {3, 3, 3, 3, 3}},
+                             {"0,1,2,64,1", {0, 1, 2, 64, 1}}}) {
+    ScopedEnv set("LATHE_CUDA_DECODE_L2_PREFETCH", value);
+    auto units = env::cuda_decode_l2_prefetch();
+    ASSERT_TRUE(units.is_ok()) << value << ": " << units.status().message();
+    EXPECT_EQ(*units, want) << value;
+  }
+  for (const char* bad : {"65", "-1", "1,2", "1,2,3,4,5,6", "3,,3,3,3", "all", "1,2,3,4,5,"}) {
+    ScopedEnv set("LATHE_CUDA_DECODE_L2_PREFETCH", bad);
+    auto units = env::cuda_decode_l2_prefetch();
+    ASSERT_FALSE(units.is_ok()) << bad;
+    EXPECT_NE(units.status().message().find("LATHE_CUDA_DECODE_L2_PREFETCH"), std::string::npos)
+        << units.status().message();
+  }
 }
 
 }  // namespace

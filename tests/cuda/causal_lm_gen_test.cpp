@@ -537,8 +537,9 @@ TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
 }
 
 // The ring GEMVs pulling their successors' first weights into L2
-// (CudaModelOptions::l2_prefetch_units: 3 units, and all of them with the
-// largest shared-memory carveout; from every GEMV, and from all but q|k|v)
+// (CudaModelOptions::l2_prefetch_units: 3 units from every GEMV; all of
+// them but none from q|k|v and one from o, with the largest shared-memory
+// carveout; the same from LATHE_CUDA_DECODE_L2_PREFETCH)
 // move bytes earlier, never change a sum: bitwise the logits of the step
 // without, eager and replayed; the CPU's within the same tolerance; batched
 // sequences bitwise their own logits alone.
@@ -555,9 +556,10 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
   const std::vector<float> want = decode_logits(*plain, prompt, true);
   for (const CudaModelOptions& o :
        {CudaModelOptions{.l2_prefetch_units = 3},
-        CudaModelOptions{.l2_prefetch_units = 64, .l2_prefetch_from = kL2PrefetchFromAll & ~kL2PrefetchFromQkv,
+        CudaModelOptions{.l2_prefetch_units = 64, .l2_prefetch_each = {.qkv = 0, .o = 1},
                          .ring_max_carveout = true}}) {
-    SCOPED_TRACE(::testing::Message() << "units " << o.l2_prefetch_units << ", from " << o.l2_prefetch_from);
+    SCOPED_TRACE(::testing::Message() << "units " << o.l2_prefetch_units << ", from q|k|v "
+                                      << o.l2_prefetch_each.qkv << ", from o " << o.l2_prefetch_each.o);
     CudaModelOptions opts = o;
     opts.max_seq = max_seq;
     auto on = load_gpu(dir.str(), opts);
@@ -567,9 +569,11 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
     check_batch_decode(dir.str(), prompt, /*simple=*/false, o);
   }
   {  // the variable sets the units where the options leave them (-1)
-    lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH", "3");
-    auto from_env = load_gpu(dir.str(), {.max_seq = max_seq});
-    EXPECT_TRUE(decode_logits(*from_env, prompt, true) == want) << "LATHE_CUDA_DECODE_L2_PREFETCH=3";
+    for (const char* units : {"3", "0,1,2,64,1"}) {
+      lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH", units);
+      auto from_env = load_gpu(dir.str(), {.max_seq = max_seq});
+      EXPECT_TRUE(decode_logits(*from_env, prompt, true) == want) << "LATHE_CUDA_DECODE_L2_PREFETCH=" << units;
+    }
   }
   lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH", "lots");
   auto bad = CudaCausalLM::load(dir.str(), {.max_seq = max_seq});
