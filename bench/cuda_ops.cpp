@@ -9,9 +9,8 @@
 // memory-bandwidth floor (~4.3 TB/s). At the two training shapes (1B: 16384
 // tokens, 8B: 8192) the small kernels of a training step, each beside the
 // kernel it replaced: the attention backward's delta, the q|k|v split and
-// merge with the LoRA columns in the row, one layer's LoRA part sums, its
-// LoRA rank products (GEMM + sum against the fused kernel), and the 4-term
-// copies of all the model's LoRA factors. Attention has its own bench. Times are the best of several
+// merge with the LoRA columns in the row, one layer's LoRA part sums, and
+// the 4-term copies of all the model's LoRA factors. Attention has its own bench. Times are the best of several
 // repetitions of a stream-synchronized batch of calls. Without a GPU it says
 // so and exits 0.
 // Usage: bench_cuda_ops [tokens, default 8192]
@@ -281,94 +280,6 @@ void bench_lora_sums(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh)
   report_bytes(name, each, bytes);
 }
 
-// One layer's LoRA rank products (u = x·Aᵀ of the four groups' forward,
-// du = s·dy·B of their members in the backward) both ways: a GEMM into f32
-// parts (four terms) and the part sum that writes the split, as
-// LATHE_CUDA_LORA_RANK=gemm makes them, against lora_rank_product (three
-// terms, sum and split in its epilogue). Bytes: x or dy read once and the
-// split written (the floor of either); FLOPs: the fused kernel's three
-// terms.
-void bench_lora_rank(CudaContext& ctx, DeviceArena& arena, const TrainShape& sh) {
-  arena.reset();
-  const int64_t T = sh.tokens, r = kRank, qd = sh.heads * sh.hd, kvd = sh.kv * sh.hd;
-  struct G {
-    int64_t in;
-    std::vector<int64_t> outs;
-  };
-  const G groups[] = {{sh.hidden, {qd, kvd, kvd}}, {qd, {sh.hidden}}, {sh.hidden, {sh.inter, sh.inter}},
-                      {sh.inter, {sh.hidden}}};
-  int64_t widest = 0, most_out = 0;
-  for (const G& g : groups) {
-    int64_t out = 0;
-    for (int64_t o : g.outs) out += o;
-    widest = std::max({widest, g.in + int64_t(g.outs.size()) * 4 * r, out + int64_t(g.outs.size()) * 4 * r});
-    most_out = std::max(most_out, out);
-  }
-  auto xb = arena.alloc_n<bf16_bits>(T * widest, "x_ext / dy_ext");
-  auto wb = arena.alloc_n<bf16_bits>(std::max(most_out, std::max(sh.hidden, sh.inter)) * 16 * r, "weights");
-  auto part = arena.alloc_n<float>(T * 12 * r, "parts");
-  if (!xb.is_ok() || !wb.is_ok() || !part.is_ok()) return;
-  for (const bool backward : {false, true}) {
-    double bytes = 0, flops = 0;
-    std::vector<LoraRankArgs> fused;
-    std::vector<GemmArgs> gemms;
-    std::vector<LoraPartsArgs> sums;
-    for (const G& g : groups) {
-      const int64_t nl = int64_t(g.outs.size()), lw = 4 * r * nl;
-      int64_t out = 0;
-      for (int64_t o : g.outs) out += o;
-      const int64_t ld = (backward ? out : g.in) + lw;
-      LoraRankArgs a{.job = {}, .n_jobs = backward ? int(nl) : 1, .rows = T, .r = r, .w_by_k = backward};
-      if (!backward) {
-        a.job[0] = {.x = *xb, .ldx = ld, .k = g.in, .w = *wb, .ldw = g.in, .term_stride = r, .member_stride = 4 * r,
-                    .n_members = int(nl), .out = *xb + g.in, .ld_out = ld};
-        for (int64_t m = 0; m < nl; ++m) a.job[0].out_col[m] = m * 4 * r;
-        gemms.push_back({.a = *xb, .b = *wb, .c = *part, .m = T, .n = lw, .k = g.in, .trans_b = true,
-                         .c_dtype = DType::F32, .lda = ld, .ldb = g.in});
-        bytes += double(T) * double(g.in) * 2, flops += 2.0 * double(T) * double(g.in) * double(3 * r * nl);
-      } else {
-        int64_t col = 0;
-        for (int64_t m = 0; m < nl; ++m) {
-          const int64_t o = g.outs[size_t(m)];
-          a.job[m] = {.x = *xb + col, .ldx = ld, .k = o, .w = *wb + col * lw, .ldw = lw, .term_stride = r,
-                      .member_stride = 4 * r, .n_members = 1, .out = *xb + out + m * 4 * r, .ld_out = ld};
-          gemms.push_back({.a = *xb + col, .b = *wb + col * lw, .c = *part + m * 4 * r, .m = T, .n = 4 * r, .k = o,
-                           .c_dtype = DType::F32, .lda = ld, .ldb = lw, .ldc = lw});
-          col += o;
-        }
-        bytes += double(T) * double(out) * 2, flops += 2.0 * double(T) * double(out) * double(3 * r);
-      }
-      bytes += double(T) * double(lw) * 2;
-      sums.push_back({.src = *part, .rows = T, .cols = r, .n_groups = nl, .n_parts = 3, .row_stride = lw,
-                      .group_stride = 4 * r, .part_stride = r, .split = *xb + (backward ? out : g.in),
-                      .split_ld = ld});
-      fused.push_back(a);
-    }
-    char name[64];
-    for (const int block_rows : {0, 64, 128}) {  // 0: the kernel's pick
-      for (LoraRankArgs& a : fused) a.block_rows = block_rows;
-      const double sf = time_calls(ctx, 20, [&]() -> Status {
-        for (const LoraRankArgs& a : fused) LATHE_TRY(lora_rank_product(ctx, a));
-        return Status::ok();
-      });
-      std::snprintf(name, sizeof(name), "%s LoRA %s fused/%d", sh.name, backward ? "du" : "u", block_rows);
-      report_bytes(name, sf, bytes);
-      std::printf("%-24s %10s %10.1f TFLOP/s\n", "", "", flops / sf / 1e12);
-    }
-    const double sg = time_calls(ctx, 20, [&]() -> Status {
-      size_t gi = 0;
-      for (size_t i = 0; i < std::size(groups); ++i) {
-        const int n = backward ? int(groups[i].outs.size()) : 1;
-        for (int j = 0; j < n; ++j) LATHE_TRY(gemm(ctx, gemms[gi++]));
-        LATHE_TRY(lora_sum_parts(ctx, sums[i]));
-      }
-      return Status::ok();
-    });
-    std::snprintf(name, sizeof(name), "%s LoRA %s gemm+sum", sh.name, backward ? "du" : "u");
-    report_bytes(name, sg, bytes);
-  }
-}
-
 // The 4-term bf16 copies of every LoRA factor of the model (A [r, in] as
 // planes, B [out, r] by row), rewritten after each optimizer step in one
 // launch: reads 4 bytes, writes 8 per parameter.
@@ -561,7 +472,6 @@ int main(int argc, char** argv) {
   for (const TrainShape& sh : kTrainShapes) {
     bench_step_rows(*ctx, *arena, sh);
     bench_lora_sums(*ctx, *arena, sh);
-    bench_lora_rank(*ctx, *arena, sh);
     bench_lora_split(*ctx, *arena, sh);
   }
   bench_cross_entropy(*ctx, *arena, tokens);

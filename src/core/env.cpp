@@ -73,8 +73,6 @@ Result<std::vector<int64_t>> cuda_decode_l2_prefetch() {
   return units;
 }
 
-std::string cuda_lora_rank() { return get("LATHE_CUDA_LORA_RANK"); }
-
 Result<int64_t> cuda_host_embedding() { return get_int("LATHE_CUDA_HOST_EMBED", 1, 0, 1); }
 
 Result<int64_t> cuda_act_from_backward() { return get_int("LATHE_CUDA_ACT_FROM_BWD", 1, 0, 1); }

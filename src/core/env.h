@@ -92,14 +92,6 @@ std::string cuda_lora_sums();
 // 0. Another value: loading the model fails naming the variable. Returns
 // the five counts.
 Result<std::vector<int64_t>> cuda_decode_l2_prefetch();
-// LATHE_CUDA_LORA_RANK: gemm | fused | fused_da — how the GPU LoRA trainer
-// makes the rank products u = x·Aᵀ and du = s·dy·B: a GEMM into f32 parts
-// then a sum-and-split kernel (gemm), or one kernel that sums the three
-// terms in its accumulator and writes the split (fused; f32-accurate either
-// way, not bitwise the same); fused_da also makes a group's dA one GEMM
-// from a compact copy of du (x read once, not once a member). Default:
-// empty, gemm. Another value: the trainer fails naming the variable.
-std::string cuda_lora_rank();
 // LATHE_CUDA_HOST_EMBED: 1 (default) | 0 — the GPU LoRA trainer keeps a
 // frozen, untied embedding table in pinned host memory (the forward
 // gathers the batch's rows over PCIe), which frees its device memory for

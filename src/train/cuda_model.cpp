@@ -468,11 +468,6 @@ Result<size_t> plan(CudaModelImpl& m) {
   if (!sums.empty() && sums != "joined" && sums != "separate")
     return invalid_argument("cuda trainer: LATHE_CUDA_LORA_SUMS='", sums, "' (joined or separate)");
   m.separate_lora_sums = sums == "separate";
-  const std::string rank = env::cuda_lora_rank();
-  if (!rank.empty() && rank != "gemm" && rank != "fused" && rank != "fused_da")
-    return invalid_argument("cuda trainer: LATHE_CUDA_LORA_RANK='", rank, "' (gemm, fused or fused_da)");
-  m.fused_lora_rank = rank == "fused" || rank == "fused_da";
-  m.merged_lora_da = rank == "fused_da";
   int64_t host_embed = m.o.host_embedding;
   if (host_embed < 0) {
     LATHE_ASSIGN_OR_RETURN(host_embed, env::cuda_host_embedding());

@@ -260,13 +260,6 @@ struct CudaModelImpl {
   // LATHE_CUDA_LORA_SUMS=separate: a group's dB sums right after dB's GEMMs,
   // not joined with dA's (cuda_model_pass.cpp; the same bits).
   bool separate_lora_sums = false;
-  // LATHE_CUDA_LORA_RANK=fused: u = x·Aᵀ and du = dy·B by
-  // cuda::lora_rank_product (the sum and split fused, three terms; not
-  // with dropout's u), else a GEMM into f32 parts and lora_sum_parts.
-  bool fused_lora_rank = false;
-  // LATHE_CUDA_LORA_RANK=fused_da: also a compact (hi, lo) copy of du,
-  // from which a group's dA is ONE GEMM reading x once (not one a member).
-  bool merged_lora_da = false;
   // The side stream runs this pass's LoRA gradients (not with dropout).
   bool overlap() const { return side.ctx.has_value() && !dropout(); }
   std::optional<cuda::PhaseTimer> timer;  // set while phase timing is on
@@ -339,12 +332,7 @@ struct CudaModelImpl {
   // the last); their sums are added to `sums` (the caller launches them).
   Status lora_db(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
                  int64_t ld_dy, int64_t n, CPartSums& sums);
-  // du's split into dy_ext (and its (hi, lo) into `pair`, [n, 2r·members],
-  // when non-null and the fused kernel ran: *paired says so).
-  Status lora_du(const CGroup& G, const bf16p dy_ext, int64_t ld_dy, int64_t n, bf16p pair, bool* paired);
-  // dA of all of G's members by one GEMM from lora_du's pair copy.
-  Status lora_da_pairs(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p pair,
-                       int64_t n, CPartSums& sums);
+  Status lora_du(const CGroup& G, const bf16p dy_ext, int64_t ld_dy, int64_t n);  // du's split into dy_ext
   Status lora_da(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p x_ext, const bf16p dy_ext,
                  int64_t ld_dy, int64_t n, CPartSums& sums);
   // With dropout (cuda_model_dropout.cpp): the members' x·A4ᵀ on their own

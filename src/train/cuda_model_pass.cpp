@@ -71,13 +71,6 @@ Status CudaModelImpl::lora_u_on(cuda::CudaContext& c, float* part, int64_t l, in
   if (G.loras.empty()) return Status::ok();
   LATHE_TRY(phase(kPhLora));
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size()), left = G.x_col > 0 ? 1 : 0;
-  if (fused_lora_rank && !dropout()) {  // the same s·u split, by one kernel
-    cuda::LoraRankArgs ra{.job = {}, .n_jobs = 1, .rows = n, .r = r};
-    ra.job[0] = {.x = xe + G.x_col, .ldx = G.ldx, .k = G.in, .w = G.a4(), .ldw = G.ldw, .term_stride = r,
-                 .member_stride = 4 * r, .n_members = int(nl), .out = xe, .ld_out = G.ldx, .scale = o.lora_scale};
-    for (int64_t m = 0; m < nl && m < 3; ++m) ra.job[0].out_col[m] = loras[size_t(G.loras[size_t(m)])].u_col;
-    if (cuda::lora_rank_supported(ra)) return cuda::lora_rank_product(c, ra);
-  }
   if (dropout())
     LATHE_TRY(lora_u_dropout_products(G, xe, n));  // main stream only (no side stream with dropout)
   else
@@ -163,27 +156,10 @@ Status CudaModelImpl::lora_da(cuda::CudaContext& c, float*& part, const CGroup& 
 }
 
 // du = s·dy·B of every member of G, split into dy_ext's columns [out, out +
-// lw): dy times B's three terms, by one lora_rank_product (a job per
-// member; with `pair` also writing (hi, lo) of member m at pair's columns
-// [2r·m, 2r·m + 2r), rows 2r·members apart) or a GEMM per member into f32
-// parts and one lora_sum_parts (no pair copy: *paired false).
-Status CudaModelImpl::lora_du(const CGroup& G, const bf16p dye, int64_t ld_dy, int64_t n, bf16p pair,
-                              bool* paired) {
+// lw): dy times B's three terms, a GEMM per member into f32 parts and one
+// lora_sum_parts.
+Status CudaModelImpl::lora_du(const CGroup& G, const bf16p dye, int64_t ld_dy, int64_t n) {
   const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  *paired = false;
-  if (fused_lora_rank && nl <= cuda::kLoraRankMaxJobs) {
-    cuda::LoraRankArgs ra{.job = {}, .n_jobs = int(nl), .rows = n, .r = r, .w_by_k = true};
-    for (int64_t m = 0; m < nl; ++m) {
-      const CLora& a = loras[size_t(G.loras[size_t(m)])];
-      ra.job[m] = {.x = dye + a.col, .ldx = ld_dy, .k = a.out, .w = a.b4, .ldw = G.ldw, .term_stride = r,
-                   .member_stride = 4 * r, .n_members = 1, .out = dye + G.out + a.slot * 4 * r, .ld_out = ld_dy,
-                   .scale = o.lora_scale, .pair = pair ? pair + m * 2 * r : nullptr, .ld_pair = nl * 2 * r};
-    }
-    if (cuda::lora_rank_supported(ra)) {
-      *paired = pair != nullptr;
-      return cuda::lora_rank_product(ctx, ra);
-    }
-  }
   for (int k : G.loras) {  // du = s·dy·B: dy times B's three terms
     const CLora& a = loras[size_t(k)];
     LATHE_TRY(cuda::gemm(ctx, {.a = dye + a.col, .b = a.b4, .c = x.lora_f32 + a.slot * 4 * r, .m = n, .n = 4 * r,
@@ -192,23 +168,6 @@ Status CudaModelImpl::lora_du(const CGroup& G, const bf16p dye, int64_t ld_dy, i
   return cuda::lora_sum_parts(ctx, {.src = x.lora_f32, .rows = n, .cols = r, .n_groups = nl, .n_parts = 3,
                                     .row_stride = G.lw, .group_stride = 4 * r, .part_stride = r,
                                     .scale = o.lora_scale, .split = dye + G.out, .split_ld = ld_dy});
-}
-
-// dA = [du_hi | du_lo]ᵀ·x of every member of G by one GEMM from the pair
-// copy (member m's rows [2r·m, 2r·m + 2r) of the f32 product), on c: x is
-// read once for the group; the members' sums to `sums`.
-Status CudaModelImpl::lora_da_pairs(cuda::CudaContext& c, float*& part, const CGroup& G, const bf16p xe,
-                                    const bf16p pair, int64_t n, CPartSums& sums) {
-  const int64_t r = o.lora_r, nl = int64_t(G.loras.size());
-  LATHE_TRY(cuda::gemm(c, {.a = pair, .b = xe + G.x_col, .c = part, .m = nl * 2 * r, .n = G.in, .k = n,
-                           .trans_a = true, .c_dtype = DType::F32, .lda = nl * 2 * r, .ldb = G.ldx}));
-  for (int64_t m = 0; m < nl; ++m) {
-    const CLora& a = loras[size_t(G.loras[size_t(m)])];
-    sums.add({.src = part + m * 2 * r * G.in, .rows = r, .cols = G.in, .n_parts = 2, .row_stride = G.in,
-              .part_stride = r * G.in, .sum = a.da, .accumulate = true});
-  }
-  part += lora_part_floats(nl * 2 * r * G.in);
-  return Status::ok();
 }
 
 // The backward of group_forward from dy_ext (dy in columns [0, out), rows
@@ -243,27 +202,14 @@ Status CudaModelImpl::group_backward(int64_t l, int g, bf16p xe, bf16p dye, int6
     part += lora_part_floats(n * G.lw);
     LATHE_TRY(lora_db(c, part, G, xe, dye, ld_dy, n, sums));
     if (separate_lora_sums) LATHE_TRY(sums.flush(c));
-    // With fused_da, du's pair copy goes to the main scratch, unused by the
-    // fused path: with the side stream in one of two slots (n·6r bf16
-    // each, as the side's done events alternate: the side reads a group's
-    // copy until the main stream waits for it before the next group's dx),
-    // else at its start.
-    bf16p pair = nullptr;
-    if (merged_lora_da && !dropout())
-      pair = reinterpret_cast<bf16p>(x.lora_f32) + (on_side ? side.slot * n * 6 * o.lora_r : 0);
-    bool paired = false;
-    LATHE_TRY(lora_du(G, dye, ld_dy, n, pair, &paired));
+    LATHE_TRY(lora_du(G, dye, ld_dy, n));
     if (dropout()) {  // dB's sums first (dA's parts start over at the scratch); dx with the masked du·A
       LATHE_TRY(sums.flush(c));
       LATHE_TRY(lora_da_dropout(G, xe, dye, ld_dy, n));
       return lora_dx_dropout(G, dye, ld_dy, dx, n);
     }
     if (on_side) LATHE_TRY(side_fork());  // du is split
-    if (paired) {
-      LATHE_TRY(lora_da_pairs(c, part, G, xe, pair, n, sums));
-    } else {
-      LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n, sums));
-    }
+    LATHE_TRY(lora_da(c, part, G, xe, dye, ld_dy, n, sums));
     LATHE_TRY(sums.flush(c));
   }
   LATHE_TRY(side_before_dx(on_side, dx_overlays(dx, G.in, xe, G.ldx, dye, ld_dy, n)));
@@ -404,8 +350,7 @@ Status CudaModelImpl::down_backward(int64_t l, int64_t n) {
   const bool on_side = overlap() && nl > 0;
   if (nl > 0) {
     LATHE_TRY(phase(kPhLora));
-    bool paired = false;  // no pair copy: down's one member reads x once either way
-    LATHE_TRY(lora_du(G, x.dh_bf, ld_dh_bf, n, nullptr, &paired));
+    LATHE_TRY(lora_du(G, x.dh_bf, ld_dh_bf, n));
   } else {
     LATHE_TRY(side_before_dx(false, false));
   }

@@ -152,55 +152,6 @@ TEST(CudaLoraOverlap, StepsAreBitwiseTheSerialOnes) {
   run_modes(small_shape(true), CudaRecompute::kSelective, 1, "selective, q|k|v bias and q/k norms, r 32", 32);
 }
 
-// The fused rank products (LATHE_CUDA_LORA_RANK=fused, and fused_da with a
-// group's dA as one GEMM from du's pair copy): the overlap must
-// give the serial bits with them too, and they must give the GEMM path's
-// model to f32 accuracy: the first pass's loss within 1e-4 and the first
-// step's gradients within 1e-2 (relative L2; the two paths round s·u and du
-// differently in the last f32 bit, which moves a few bf16 roundings of the
-// GEMM outputs downstream; a wrong column or term gives O(1)).
-// DISABLED: on the H200 (2026-11-30 22:15, main 622406e) fused and fused_da give LoRA gradients 1.31e-2
-// (relative L2) from the GEMM path at r 16, over this test's 1e-2; the path is opt-in, to be fixed or removed.
-TEST(CudaLoraOverlap, DISABLED_FusedRankStepsAreBitwiseTheSerialOnes) {
-  SKIP_WITHOUT_GPU();
-  struct Case {
-    bool qwen3;
-    CudaRecompute mode;
-    int64_t keep;
-    int r;
-    const char* what;
-  };
-  for (const Case& c : {Case{false, CudaRecompute::kSelective, 1, 16, "selective, r 16 (q|k|v: 48 columns)"},
-                        Case{true, CudaRecompute::kFull, -1, 32, "full, q|k|v bias and q/k norms, r 32"}}) {
-    SCOPED_TRACE(c.what);
-    const CudaModelShape shape = small_shape(c.qwen3);
-    const std::vector<MicroBatch> mbs = {batch(shape.vocab, 1024, 1), batch(shape.vocab, 777, 2)};
-    auto gemm = make(shape, options(c.mode, 0, c.keep, c.r));
-    ASSERT_TRUE(gemm);
-    const Trace base = train(*gemm, mbs, 1);
-    gemm.reset();
-    for (const char* mode : {"fused", "fused_da"}) {
-      SCOPED_TRACE(mode);
-      ScopedEnv fused("LATHE_CUDA_LORA_RANK", mode);
-      auto off = make(shape, options(c.mode, 0, c.keep, c.r));
-      ASSERT_TRUE(off);
-      const Trace serial = train(*off, mbs, 3);
-      off.reset();
-      EXPECT_NEAR(serial.losses[0], base.losses[0], 1e-4 * std::abs(base.losses[0]));
-      double d2 = 0.0, n2 = 0.0;
-      for (size_t i = 0; i < base.grads[0].size(); ++i) {
-        const double d = double(serial.grads[0][i]) - base.grads[0][i];
-        d2 += d * d, n2 += double(base.grads[0][i]) * base.grads[0][i];
-      }
-      ASSERT_GT(n2, 0.0);
-      EXPECT_LE(std::sqrt(d2 / n2), 1e-2);
-      auto on = make(shape, options(c.mode, 2, c.keep, c.r));
-      ASSERT_TRUE(on);
-      expect_same_trace(serial, train(*on, mbs, 3));
-    }
-  }
-}
-
 // The switch: an option, else the environment (0, 1 or 2; anything else is
 // refused naming the variable); the side stream's scratch is planned only
 // when it is on, and never with LoRA dropout (which stays on one stream).
@@ -265,18 +216,11 @@ TEST(CudaLoraOverlap, PlansTheSideScratchAndRefusesBadSwitches) {
   EXPECT_NE(from_env.status().message().find("LATHE_CUDA_LORA_OVERLAP"), std::string::npos)
       << from_env.status().message();
   EXPECT_EQ(env_on, on);
-  {
-    ScopedEnv sums("LATHE_CUDA_LORA_SUMS", "apart");
-    auto bad_sums = CudaTrainableModel::plan_arena(shape, options(CudaRecompute::kNone, 1));
-    ASSERT_FALSE(bad_sums.is_ok());
-    EXPECT_NE(bad_sums.status().message().find("LATHE_CUDA_LORA_SUMS"), std::string::npos)
-        << bad_sums.status().message();
-  }
-  ScopedEnv rank("LATHE_CUDA_LORA_RANK", "cublas");
-  auto bad_rank = CudaTrainableModel::plan_arena(shape, options(CudaRecompute::kNone, 1));
-  ASSERT_FALSE(bad_rank.is_ok());
-  EXPECT_NE(bad_rank.status().message().find("LATHE_CUDA_LORA_RANK"), std::string::npos)
-      << bad_rank.status().message();
+  ScopedEnv sums("LATHE_CUDA_LORA_SUMS", "apart");
+  auto bad_sums = CudaTrainableModel::plan_arena(shape, options(CudaRecompute::kNone, 1));
+  ASSERT_FALSE(bad_sums.is_ok());
+  EXPECT_NE(bad_sums.status().message().find("LATHE_CUDA_LORA_SUMS"), std::string::npos)
+      << bad_sums.status().message();
 }
 
 }  // namespace

@@ -76,52 +76,6 @@ Status lora_sum_parts(CudaContext& ctx, const LoraPartsArgs& a);
 // (an A/B switch for benches and tests; the same bits).
 Status lora_sum_parts_many(CudaContext& ctx, const LoraPartsArgs* jobs, int n_jobs, bool one_per_value = false);
 
-// The rank products of the LoRA branch with their sum and split fused
-// (lora_rank.cu): for each job and each of its members m (up to 3, r
-// columns each)
-//   v[row, m, c] = scale · Σ_k x[row, k] · (W_hi + W_mid + W_lo)[m, c, k]
-// with every product of the three terms added in ONE f32 accumulator (x is
-// exact bf16, so this is the f32 product x·Wᵀ), then the 4-term split
-// (hi, hi, hi, lo) of v written to out[row·ld_out + out_col[m] + p·r + c],
-// p = 0..3 (and optionally the pair (hi, lo) into a compact copy): what a
-// GEMM into f32 parts and lora_sum_parts make, without the
-// f32 parts and without the fourth term's products. Used for u = x·Aᵀ
-// (W = A4 planes: term p of member m, rank c at row m·member_stride +
-// p·term_stride + c, K along the row) and du = dy·B (W = B4: row k holds
-// column m·member_stride + p·term_stride + c; w_by_k). The jobs of one
-// call share rows, r and w_by_k; each its own x, K, W and outputs.
-// Deterministic (a fixed order of products), so a recomputation gives the
-// same bits; not bitwise the GEMM path (another order of f32 additions).
-struct LoraRankJob {
-  const bf16_bits* x = nullptr;  // [rows, k], rows ldx elements apart
-  int64_t ldx = 0, k = 0;
-  const bf16_bits* w = nullptr;  // the term copies, rows ldw elements apart
-  int64_t ldw = 0;
-  int64_t term_stride = 0, member_stride = 0;
-  int n_members = 1;
-  bf16_bits* out = nullptr;  // the split's row 0
-  int64_t ld_out = 0;
-  int64_t out_col[3] = {0, 0, 0};
-  float scale = 1.0f;
-  // Optional: (hi, lo) of v once more, member m's at pair[row·ld_pair +
-  // m·2r + c] and [+ r] (a compact copy a GEMM over several members reads).
-  bf16_bits* pair = nullptr;
-  int64_t ld_pair = 0;
-};
-inline constexpr int kLoraRankMaxJobs = 3;
-struct LoraRankArgs {
-  LoraRankJob job[kLoraRankMaxJobs];
-  int n_jobs = 1;
-  int64_t rows = 0, r = 0;
-  bool w_by_k = false;
-  int block_rows = 0;  // rows a thread block takes: 64 or 128; 0 picks by the grid's size
-};
-// Whether lora_rank_product takes a (r a multiple of 8, members·r ≤ 96,
-// K and every stride a multiple of 8 elements, 16-byte rows, 4-byte
-// output pairs); the caller keeps the GEMM path otherwise.
-bool lora_rank_supported(const LoraRankArgs& a);
-Status lora_rank_product(CudaContext& ctx, const LoraRankArgs& a);
-
 // One adapter's dropout mask in one pass.
 struct LoraDropoutMask {
   uint64_t seed = 0;  // the adapter's seed for the pass

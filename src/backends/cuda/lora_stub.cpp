@@ -10,8 +10,6 @@ Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA bac
 Status lora_split_weights(CudaContext&, const LoraSplitWeightsArgs&) { return no_cuda(); }
 Status lora_sum_parts(CudaContext&, const LoraPartsArgs&) { return no_cuda(); }
 Status lora_sum_parts_many(CudaContext&, const LoraPartsArgs*, int, bool) { return no_cuda(); }
-bool lora_rank_supported(const LoraRankArgs&) { return false; }
-Status lora_rank_product(CudaContext&, const LoraRankArgs&) { return no_cuda(); }
 Status lora_dropout_apply(CudaContext&, const LoraDropoutApplyArgs&) { return no_cuda(); }
 Status lora_dropout_add(CudaContext&, const LoraDropoutAddArgs&) { return no_cuda(); }
 
