@@ -71,10 +71,10 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   cuda::DeviceBuffer d_out = random_bf16(nq, 4), out = random_bf16(nq, 5);
   cuda::DeviceBuffer dq = random_bf16(nq, 6), dk = random_bf16(nkv, 7), dv = random_bf16(nkv, 8);
   cuda::DeviceBuffer lse = std::move(cuda::DeviceBuffer::alloc(0, size_t(n) * kHeads * 4).value());
-  cuda::DeviceBuffer ws = std::move(
-      cuda::DeviceBuffer::alloc(
-          0, cuda::attention_varlen_backward_workspace_bytes(n, kHeads, d, cuda::AttnBwdKernels::kFused))
-          .value());
+  const size_t ws_bytes =
+      std::max(cuda::attention_varlen_backward_workspace_bytes(n, kHeads, d, cuda::AttnBwdKernels::kFused),
+               cuda::attention_varlen_backward_workspace_bytes(n, kHeads, d, cuda::AttnBwdKernels::kWsDs, kSeq));
+  cuda::DeviceBuffer ws = std::move(cuda::DeviceBuffer::alloc(0, ws_bytes).value());
   std::vector<int32_t> cu(size_t(docs) + 1);
   for (int i = 0; i <= docs; ++i) cu[size_t(i)] = i * kSeq;
   cuda::DeviceBuffer cu_dev = std::move(cuda::DeviceBuffer::alloc(0, cu.size() * 4).value());
@@ -89,7 +89,7 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
     cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
                                    d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
                                    kHeads, kKvHeads, d, 0, scale, s.handle(), simple, kernels, wgmma_rows};
-    b.fused_load_store = load_store, b.ws_pipeline = ws_pipeline;
+    b.fused_load_store = load_store, b.ws_pipeline = ws_pipeline, b.workspace_bytes = ws_bytes;
     const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
     const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
     std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
@@ -135,6 +135,11 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
     for (int pipeline : {1, 2, 0}) {
       std::printf("  d=%-3d %-9s %48s", d, pipeline == 1 ? "ws" : pipeline == 2 ? "ws regs" : "ws serial", "");
       time_backward(false, cuda::AttnBwdKernels::kWs, 0, false, pipeline);
+    }
+    // d_q from the dS tiles the dk/dv kernel keeps (serial or pipelined dk/dv).
+    for (int pipeline : {0, 1}) {
+      std::printf("  d=%-3d %-9s %48s", d, pipeline == 0 ? "ws-ds" : "ws-ds pipe", "");
+      time_backward(false, cuda::AttnBwdKernels::kWsDs, 0, false, pipeline);
     }
     // The warp-specialized forward: query rows per block × keys per tile, a
     // block per tile or (p) one per SM taking tiles in turn.

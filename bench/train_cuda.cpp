@@ -180,7 +180,7 @@ int run_shape(const BenchShape& s, const Args& a) {
   for (int64_t i = 0; i < s.head_dim / 2; ++i)
     shape.inv_freq.push_back(float(std::pow(500000.0, -2.0 * double(i) / double(s.head_dim))));
   const double arena_gib = a.arena_gib >= 0 ? a.arena_gib : s.arena_gib;
-  CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
+  CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .max_seqlen = a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
                        .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30)),
                        .full_sft = a.full != 0, .lora_dropout = a.dropout};
   if (a.plan) return print_plan(s, shape, opt);

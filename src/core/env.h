@@ -39,7 +39,7 @@ int checkpoint_write_delay_ms();
 // operand on the CPU (benchmarks, tests). Default: empty, the fastest the
 // machine runs. An unknown value or one the machine cannot run falls back.
 std::string cpu_gemm();
-// LATHE_ATTN_BWD: mma | wgmma | fused | ws — the GPU attention backward's kernels
+// LATHE_ATTN_BWD: mma | wgmma | fused | ws | ws-ds — the GPU attention backward's kernels
 // where the caller leaves the choice open (cuda::AttnBwdKernels::kAuto).
 // Default: empty, the compiled default. Another value: the backward fails
 // naming the variable.

@@ -267,8 +267,11 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.cos, f32(T * hd / 2, "rope cos"));
   LATHE_ASSIGN_OR_RETURN(x.sin, f32(T * hd / 2, "rope sin"));
   LATHE_ASSIGN_OR_RETURN(x.inv_freq, f32(hd / 2, "inv_freq"));
-  LATHE_ASSIGN_OR_RETURN(x.attn_ws, alloc(cuda::attention_varlen_backward_workspace_bytes(T, int(s.n_head)),
-                                          "attention workspace"));
+  // The dS tiles of LATHE_ATTN_BWD=ws-ds go first into the layer's gate|up,
+  // dead by then (cuda_model_pass.cpp: attention_backward), the rest here.
+  x.attn_ws_bytes = cuda::attention_varlen_backward_workspace_bytes(
+      T, int(s.n_head), int(hd), cuda::AttnBwdKernels::kAuto, std::min(m.o.max_seqlen, T), 0, m.ds_first_bytes());
+  LATHE_ASSIGN_OR_RETURN(x.attn_ws, alloc(x.attn_ws_bytes, "attention workspace"));
   LATHE_ASSIGN_OR_RETURN(x.ce_counters, alloc(cuda::cross_entropy_counter_bytes(), "cross-entropy counters"));
   LATHE_ASSIGN_OR_RETURN(x.tokens, i32(T, "tokens"));
   LATHE_ASSIGN_OR_RETURN(x.targets, i32(T, "targets"));

@@ -97,6 +97,9 @@ Result<CudaRecompute> parse_recompute(const std::string& text);
 struct CudaTrainOptions {
   int device = 0;
   int64_t max_tokens = 0;  // tokens of the largest micro batch
+  // The longest document of a micro batch (0: not known): sizes the attention
+  // backward's workspace for the kernels that keep dS (LATHE_ATTN_BWD=ws-ds).
+  int64_t max_seqlen = 0;
   int lora_r = 32;
   float lora_scale = 1.0f;  // alpha / r (or alpha / sqrt(r) with rsLoRA)
   // Projections that carry LoRA, in HF order q, k, v, o, gate, up, down.

@@ -160,6 +160,7 @@ struct CScratch {
   float *drop_acc = nullptr, *drop_tmp = nullptr;
   float *dh = nullptr, *rstd_f = nullptr, *cos = nullptr, *sin = nullptr, *inv_freq = nullptr;
   void *ce_ws = nullptr, *attn_ws = nullptr;  // ce_ws overlays the layers' scratch (cuda_model.cpp)
+  size_t attn_ws_bytes = 0;
   void* ce_counters = nullptr;  // the head's loss counters, read at the end of a pass
   int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *cu_seqlens = nullptr;
 };
@@ -278,6 +279,12 @@ struct CudaModelImpl {
   // backward) runs the adapter whole, as PEFT's eval mode does. It still
   // counts as a pass, so the masks of later training passes do not move.
   bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft && training_pass; }
+  // What of a layer's gate|up the attention backward may use for its dS
+  // tiles: all of it once the MLP's backward has read it, except where
+  // LoRA dropout or full SFT may still read it beside the attention.
+  size_t ds_first_bytes() const {
+    return o.lora_dropout > 0.0f || o.full_sft ? 0 : size_t(o.max_tokens) * size_t(ld_gu) * 2;
+  }
   bool training_pass = true;  // set by run()
   int64_t max_lora_in() const;  // the widest input of a group with LoRA members
   void start_pass();            // draws dropout_base, counts the pass

@@ -74,7 +74,8 @@ Status upload_base(const TrainableModelImpl& h, CudaTrainableModel& g) {
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute,
-                                                           int64_t max_arena_bytes, int64_t keep_layers) {
+                                                           int64_t max_arena_bytes, int64_t keep_layers,
+                                                           int64_t max_seqlen) {
   const TrainableModelImpl& h = host.internals();
   LATHE_TRY(check_supported(h));
   CudaModelShape s{.vocab = h.cfg.vocab_size, .hidden = h.cfg.hidden_size, .inter = h.cfg.intermediate_size,
@@ -82,7 +83,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                    .n_kv = h.cfg.num_key_value_heads, .head_dim = h.cfg.head_dim, .eps = h.cfg.rms_norm_eps,
                    .tied = h.quirks.tied_embeddings, .qkv_bias = h.quirks.qkv_bias, .qk_norm = h.quirks.qk_norm,
                    .window = h.quirks.sliding_window, .inv_freq = h.inv_freq};
-  CudaTrainOptions o{.device = device, .max_tokens = max_tokens, .lora_r = h.opts.lora.r,
+  CudaTrainOptions o{.device = device, .max_tokens = max_tokens, .max_seqlen = max_seqlen, .lora_r = h.opts.lora.r,
                      .lora_scale = h.opts.lora.scale(), .targets = {},
                      .recompute = recompute.value_or(h.opts.activations_checkpoint ? CudaRecompute::kFull
                                                                                    : CudaRecompute::kNone),

@@ -33,6 +33,7 @@ Result<DeviceChoice> parse_device(const std::string& text);
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute = std::nullopt,
-                                                           int64_t max_arena_bytes = 0, int64_t keep_layers = -1);
+                                                           int64_t max_arena_bytes = 0, int64_t keep_layers = -1,
+                                                           int64_t max_seqlen = 0);
 
 }  // namespace lathe

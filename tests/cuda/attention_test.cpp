@@ -239,7 +239,7 @@ struct VarlenGrads {
 // kWs: the warp-specialized Hopper kernels (kWsSerial: each tile's products
 // waited for before the next tile's scores are issued; kWsRegs: the score
 // products' A operands from registers).
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsSerial, kWsRegs };
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsSerial, kWsRegs, kWsDs, kWsDsPipe };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
@@ -251,32 +251,38 @@ const char* bwd_name(Bwd k) {
     case Bwd::kWs: return "warp-specialized kernels";
     case Bwd::kWsSerial: return "warp-specialized kernels, serial tiles";
     case Bwd::kWsRegs: return "warp-specialized kernels, A operands from registers";
+    case Bwd::kWsDs: return "warp-specialized kernels, d_q from the stored dS";
+    case Bwd::kWsDsPipe: return "warp-specialized kernels, d_q from the stored dS, pipelined dk/dv";
   }
   return "?";
 }
 bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
-bool is_ws(Bwd k) { return k == Bwd::kWs || k == Bwd::kWsSerial || k == Bwd::kWsRegs; }
+bool is_ds(Bwd k) { return k == Bwd::kWsDs || k == Bwd::kWsDsPipe; }
+bool is_ws(Bwd k) { return k == Bwd::kWs || k == Bwd::kWsSerial || k == Bwd::kWsRegs || is_ds(k); }
 bool runs(Bwd k, int head_dim) { return !(is_wgmma(k) || is_ws(k)) || wgmma_runs(head_dim); }
 cuda::AttnBwdKernels kernels_of(Bwd k) {
-  return is_ws(k)      ? cuda::AttnBwdKernels::kWs
+  return is_ds(k)      ? cuda::AttnBwdKernels::kWsDs
+         : is_ws(k)    ? cuda::AttnBwdKernels::kWs
          : is_wgmma(k) ? cuda::AttnBwdKernels::kWgmma
                      : k == Bwd::kFused || k == Bwd::kFusedLoadStore ? cuda::AttnBwdKernels::kFused
                                                                       : cuda::AttnBwdKernels::kMma;
 }
 
-// `fill`: the byte d_q, d_k, d_v and the workspace hold before the call.
+// `fill`: the byte d_q, d_k, d_v and the workspace hold before the call;
+// ws_after: the workspace after it (kWsDs sizes it for this batch's dS).
 VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind,
-                            unsigned char fill = 0) {
+                            unsigned char fill = 0, std::vector<unsigned char>* ws_after = nullptr) {
   const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
   const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
   cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
   cuda::DeviceBuffer dq = device_zeros(q_bytes, fill), dk = device_zeros(kv_bytes, fill);
   cuda::DeviceBuffer dv = device_zeros(kv_bytes, fill);
-  cuda::DeviceBuffer ws = device_zeros(
-      cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head, c.head_dim, kernels_of(kind)), fill);
+  const int n_docs = int(c.lengths.size());
+  const size_t ws_bytes = cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head, c.head_dim, kernels_of(kind),
+                                                                          max_len(c), n_docs);
+  cuda::DeviceBuffer ws = device_zeros(ws_bytes, fill);
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   const auto* cu = static_cast<const int32_t*>(d.cu.data());
-  const int n_docs = int(c.lengths.size());
   cuda::AttentionVarlenFwdArgs f{d.q.dev.data(), d.k.dev.data(), d.v.dev.data(), out.data(),
                                  static_cast<float*>(lse.data()), cu, n_docs, max_len(c), int(d.n), c.n_head,
                                  c.n_head_kv, c.head_dim, c.window, scale, nullptr};
@@ -288,9 +294,17 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
                                  c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple, kernels_of(kind),
                                  kind == Bwd::kWgmma128 ? 128 : 64};
   b.fused_load_store = kind == Bwd::kFusedLoadStore;
-  b.ws_pipeline = kind == Bwd::kWsSerial ? 0 : kind == Bwd::kWs ? 1 : kind == Bwd::kWsRegs ? 2 : -1;
+  b.ws_pipeline = kind == Bwd::kWsSerial || kind == Bwd::kWsDs ? 0
+                  : kind == Bwd::kWs || kind == Bwd::kWsDsPipe ? 1
+                  : kind == Bwd::kWsRegs                       ? 2
+                                                               : -1;
+  b.workspace_bytes = ws_bytes;
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
+  if (ws_after) {
+    ws_after->resize(ws_bytes);
+    EXPECT_TRUE(ws.copy_to_host(ws_after->data(), ws_bytes).is_ok());
+  }
   return {download(dq, DType::BF16, {d.n, c.n_head, c.head_dim}),
           download(dk, DType::BF16, {d.n, c.n_head_kv, c.head_dim}),
           download(dv, DType::BF16, {d.n, c.n_head_kv, c.head_dim})};
@@ -310,9 +324,8 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (Bwd kind :
-         {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kFused,
-          Bwd::kFusedLoadStore, Bwd::kSimple}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kWsDs,
+                     Bwd::kWsDsPipe, Bwd::kFused, Bwd::kFusedLoadStore, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -336,7 +349,8 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kFused}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kWsDs,
+                     Bwd::kFused}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -365,7 +379,7 @@ TEST(CudaAttention, WsBackwardMatchesSimpleAcrossDocuments) {
       VarlenData d = make_varlen(c, 6161 + head_dim + window);
       Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6167 + head_dim + window);
       const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-      for (Bwd kind : {Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs}) {
+      for (Bwd kind : {Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kWsDs, Bwd::kWsDsPipe}) {
         SCOPED_TRACE(bwd_name(kind));
         const VarlenGrads ws = device_backward(c, d, d_out, kind, 0xff);
         const VarlenGrads again = device_backward(c, d, d_out, kind);
@@ -377,6 +391,47 @@ TEST(CudaAttention, WsBackwardMatchesSimpleAcrossDocuments) {
         EXPECT_EQ(testing::rel_error(again.dv, ws.dv), 0.0);
       }
     }
+}
+
+// kWsDs keeps the dS of every tile pair the keys see in the workspace, each
+// document's pairs after those of the documents before it: over a
+// workspace filled with 0xff, every word of those tiles must be written (an
+// all-ones word would be two bf16 NaNs, which dS never holds) and each
+// document's first pair must be the sum of the pairs before it, so the
+// d_q product read only tiles this call wrote.
+TEST(CudaAttention, WsDsBackwardWritesEveryTilePair) {
+  SKIP_WITHOUT_GPU();
+  if (!wgmma_runs(64)) GTEST_SKIP() << "needs a Hopper device";
+  for (int head_dim : {64, 128}) {
+    const VarlenCase c{{1000, 130, 64, 1, 700}, 8, 2, head_dim, 0};
+    SCOPED_TRACE(::testing::Message() << "d=" << head_dim);
+    VarlenData d = make_varlen(c, 7171 + uint32_t(head_dim));
+    Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 7177);
+    std::vector<unsigned char> ws;
+    const VarlenGrads got = device_backward(c, d, d_out, Bwd::kWsDs, 0xff, &ws);
+    const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
+    EXPECT_LE(testing::rel_error(got.dq, simple.dq), 5e-3);
+    auto round16 = [](size_t b) { return (b + 15) / 16 * 16; };
+    const size_t pair_base_at = round16(size_t(d.n) * size_t(c.n_head) * 4);
+    const size_t tiles_at = pair_base_at + round16((size_t(d.n) + 1) * 4);
+    int64_t pairs = 0;
+    for (size_t doc = 0; doc < c.lengths.size(); ++doc) {
+      int32_t base = 0;
+      std::memcpy(&base, ws.data() + pair_base_at + 4 * doc, 4);
+      EXPECT_EQ(base, pairs) << "document " << doc;
+      const int64_t t = (c.lengths[doc] + 63) / 64;
+      pairs += t * (t + 1) / 2;
+    }
+    const size_t tile_bytes = size_t(pairs) * size_t(c.n_head) * 64 * 64 * 2;
+    ASSERT_LE(tiles_at + tile_bytes, ws.size());
+    size_t unwritten = 0;
+    for (size_t at = tiles_at; at < tiles_at + tile_bytes; at += 4) {
+      uint32_t word;
+      std::memcpy(&word, ws.data() + at, 4);
+      unwritten += word == 0xffffffffu;
+    }
+    EXPECT_EQ(unwritten, 0u) << "of " << tile_bytes / 4 << " words";
+  }
 }
 
 // The fused backward sums each d_q tile's shares across thread blocks in a

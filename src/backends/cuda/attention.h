@@ -77,14 +77,17 @@ Status attention_varlen_forward(const AttentionVarlenFwdArgs& a);
 // blocks of one query tile taking turns in a fixed order, so the bits do not
 // depend on timing either).
 enum class AttnBwdKernels {
-  kAuto,   // the compiled default (mma.sync; LATHE_ATTN_BWD_FUSED_AUTO=64: fused up to head_dim 64;
-           // LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it runs; LATHE_ATTN_BWD_WS_AUTO=1: ws where it runs),
-           // or what the environment names: LATHE_ATTN_BWD=mma|wgmma|fused|ws (env.h)
+  kAuto,   // the compiled default (kWsDs where it runs, else mma.sync; LATHE_ATTN_BWD_WS_AUTO=0: mma.sync;
+           // LATHE_ATTN_BWD_FUSED_AUTO=64: fused up to head_dim 64; LATHE_ATTN_BWD_SM90_AUTO=1: wgmma where it
+           // runs), or what the environment names: LATHE_ATTN_BWD=mma|wgmma|fused|ws|ws-ds (env.h)
   kMma,    // the mma.sync kernels
   kWgmma,  // the Hopper kernels; refused where they do not run
   kFused,  // the one-kernel backward (its workspace is larger: see below)
   kWs,     // the warp-specialized Hopper kernels (attention_bwd_ws.cu: TMA producer, consumer warpgroups holding
            // their accumulators, d_q beside dk/dv as with kMma); head_dim 64 and 128; refused where they do not run
+  kWsDs,   // kWs whose dk/dv kernel also stores each tile pair's dS (bf16) in the workspace, d_q then one product
+           // of those tiles with K instead of a kernel recomputing S and dP; without a window and where the
+           // workspace holds the batch's pairs (attention_varlen_backward_workspace_bytes with max_seqlen), else kWs
 };
 struct AttentionVarlenBwdArgs {
   const void* q = nullptr;
@@ -112,12 +115,32 @@ struct AttentionVarlenBwdArgs {
   // issues them behind it (1), and also takes their A operands (Q and dO in dq; K and V in dkdv at head_dim 64)
   // from registers (2); -1: the compiled default.
   int ws_pipeline = -1;
+  size_t workspace_bytes = 0;  // the workspace's size (kWsDs: whether this batch's dS tiles fit; 0: they do not)
+  // kWsDs: memory that nothing reads or writes during the call, 16-byte aligned, where the first dS tiles go
+  // (the rest in the workspace); may be null.
+  void* ds_first = nullptr;
+  size_t ds_first_bytes = 0;
 };
 // The workspace for `kernels` (kAuto resolved as the backward resolves it):
 // the fused kernel adds an f32 [n_tokens, n_head, head_dim] d_q and a turn
 // counter per row and head; head_dim 0 sizes for the largest compiled (128).
+// kWsDs with max_seqlen > 0 adds the dS tiles (8 KiB each, per head) of
+// any batch of n_tokens rows whose documents are at most max_seqlen long
+// and number at most max_docs (0: ceil(n_tokens / max_seqlen)); more
+// documents fit when they are shorter (attention_ds_pair_bound), less
+// what ds_first_bytes (AttentionVarlenBwdArgs::ds_first) holds.
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim = 0,
-                                                 AttnBwdKernels kernels = AttnBwdKernels::kAuto);
+                                                 AttnBwdKernels kernels = AttnBwdKernels::kAuto,
+                                                 int64_t max_seqlen = 0, int64_t max_docs = 0,
+                                                 size_t ds_first_bytes = 0);
+// kWsDs: at most how many (64-row query tile, 64-key tile) pairs a batch of
+// n_tokens rows in n_docs documents of at most max_seqlen rows sees. A
+// document of n rows has t = ceil(n/64) query tiles and t(t + 1)/2 pairs
+// ≤ t·(t_max + 1)/2, and the t sum to at most (n_tokens + 63·n_docs)/64.
+inline int64_t attention_ds_pair_bound(int64_t n_tokens, int64_t n_docs, int64_t max_seqlen) {
+  const int64_t t_max = (max_seqlen + 63) / 64;
+  return ((t_max + 1) * (n_tokens + 63 * n_docs) + 127) / 128;
+}
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);
 // The backward's first kernel alone (for benches and tests): D =
 // rowsum(d_out ⊙ out) per token and head into the workspace's first

@@ -11,8 +11,8 @@
 // so one's exponentials and conversions run while the other's products
 // occupy the tensor cores:
 //   dkdv: a block owns NC·64 keys of one KV head; K and V arrive once, then
-//         for every query head of the group and every query tile its keys
-//         see, the producer streams the Q and dO tiles (TMA) and the
+//         for every query tile its keys see, and for each query head of
+//         the group, the producer streams the Q and dO tiles (TMA) and the
 //         tile's lse and D rows (the producer warp's lanes, plain loads,
 //         each lane arriving on the full barrier after its stores);
 //   dq:   a block owns NC·64 query rows of one head; Q and dO arrive once,
@@ -21,14 +21,14 @@
 // Every accumulator (dK and dV, or dQ) lives in its warpgroup's registers
 // for the whole walk and is written once, so the result does not depend on
 // timing. dq runs on the backward's second stream beside dkdv, as with the
-// other kernels. Work items are ordered with the longest first (dkdv: the
+// other kernels; or (AttnBwdKernels::kWsDs) dkdv also stores each tile
+// pair's dS, and d_q is one product of those with K after it (dq_ds). Work items are ordered with the longest first (dkdv: the
 // first key tiles, which the most query rows see; dq: the last query tiles),
 // the heads of one KV group side by side so their K/V tiles meet in L2.
 // Inside a consumer the products of a tile go out in two groups (Sᵀ and
 // dPᵀ, or S and dP), the exponentials run while the second is in flight,
-// dkdv issues dV += Pᵀ·dO before it forms dSᵀ, and (pipelined, the
-// default) the next tile's score products are issued behind the tile's
-// last product, so the warpgroup waits only for results it needs.
+// dkdv issues dV += Pᵀ·dO before it forms dSᵀ, and (pipelined) the next
+// tile's score products are issued behind the tile's last product.
 //
 // Rows past a document inside the packed tensors arrive as the next
 // document's rows (past the tensors' end as zeros); the masks drop them
@@ -50,11 +50,10 @@
 #endif
 
 // Where AttentionVarlenBwdArgs::ws_pipeline leaves it open: each tile's
-// products waited for before the next tile's are issued (0), the next
-// tile's score products issued behind the last product of this one (1),
-// and also the score products' A operands from registers (2).
+// products waited for before the next tile's are issued (0), or the next
+// tile's score products issued behind the last product of this one (1).
 #ifndef LATHE_ATTN_BWD_WS_PIPE
-#define LATHE_ATTN_BWD_WS_PIPE 1
+#define LATHE_ATTN_BWD_WS_PIPE 0
 #endif
 
 // Named, not anonymous: the sm_80 pass uses little of it and would warn.
@@ -65,6 +64,21 @@ namespace lathe::cuda::attn::wsb {
 struct BwdMaps {
   CUtensorMap q, d_out, k, v;
 };
+
+// kWsDs (attention.h): where dkdv leaves the dS of every tile pair its keys
+// see (bf16, 64 query rows × 64 keys, in the order store_ds_tile gives):
+// pairs below n_first in `first`, the others in `rest`; and each
+// document's first pair (ds_pair_base_kernel). A document's pairs follow
+// those of the documents before it, head by head, and a head's by query
+// tile: (qi, ki ≤ qi) is pair qi(qi + 1)/2 + ki.
+struct DsArgs {
+  uint32_t* rest = nullptr;
+  int* pair_base = nullptr;
+  uint32_t* first = nullptr;
+  int64_t n_first = 0;
+};
+constexpr int kDsTileWords = kDsTileBytes / 4;
+
 
 // Shared memory of a block: NC resident tiles of each of two tensors (dkdv:
 // K, V; dq: Q, dO), kStages stages of each of the two streamed ones (dkdv:
@@ -93,11 +107,26 @@ struct WsBwdLayout {
   static_assert(128 * kProducerRegs + NC * 128 * kConsumerRegs <= 65536);
 };
 
+// kWsDs's d_q kernel (dq_ds_consume below): a ring of stages, each K's tile
+// and one dS tile per consumer warpgroup.
+template <int D, int NC>
+struct DsLayout {
+  static constexpr int kStages = 4;
+  static constexpr int kT = sm90::tile_bytes<D>();
+  static constexpr int kStage = kT + NC * kDsTileBytes;  // K's tile, then each warpgroup's dS tile
+  static constexpr int kBars = kStages * kStage;
+  static constexpr int kFull = 0, kEmpty = kStages, kBarriers = 2 * kStages;
+  static constexpr int kSmem = kBars + kBarriers * 8 + 1024;
+  static constexpr int kRows = NC * kBlockRows;
+  static constexpr int kThreads = (NC + 1) * attn::kThreads;
+  static_assert(kSmem <= 227 * 1024 && kStage % 1024 == 0);
+};
+
 // A block's work: its document's first row and length, the head (dq) or KV
 // head (dkdv), and its first row (dq: query, dkdv: key).
 struct WsBwdItem {
   int64_t base;
-  int n, h, r0;
+  int n, h, r0, doc;
 };
 // Item w of the grid: the row tiles ordered as the header says; false
 // when the tile lies past its document's end.
@@ -105,10 +134,28 @@ template <int kRows, bool kLastFirst>
 __device__ __forceinline__ bool bwd_item(const BwdParams& p, int docs, int heads, int tiles, int w, WsBwdItem& b) {
   const int tile = w / (docs * heads), doc = w / heads % docs;
   b.h = w % heads;
+  b.doc = doc;
   b.base = p.cu[doc];
   b.n = p.cu[doc + 1] - p.cu[doc];
   b.r0 = (kLastFirst ? tiles - 1 - tile : tile) * kRows;
   return b.r0 < b.n;
+}
+
+// The pairs of one item's document and head (the first one's index), and a
+// pair's tile.
+struct DsHead {
+  const DsArgs* ds;
+  int64_t base;
+  __device__ __forceinline__ uint32_t* pair(int qi, int ki) const {
+    const int64_t at = base + int64_t(qi) * (qi + 1) / 2 + ki;
+    return at < ds->n_first ? ds->first + at * kDsTileWords : ds->rest + (at - ds->n_first) * kDsTileWords;
+  }
+};
+// doc_pairs: ds.pair_base[b.doc], read once by the caller.
+__device__ __forceinline__ DsHead ds_head(const DsArgs& ds, int doc_pairs, const BwdParams& p, const WsBwdItem& b,
+                                          int h) {
+  const int64_t t = (b.n + kBlockRows - 1) / kBlockRows;
+  return {&ds, int64_t(doc_pairs) * p.n_head + int64_t(h) * (t * (t + 1) / 2)};
 }
 
 #if LATHE_SM90A_DEVICE
@@ -180,7 +227,7 @@ __device__ __forceinline__ void dkdv_produce(const BwdMaps& maps, const BwdParam
   float* sL = reinterpret_cast<float*>(smem + L::kLse);
   float* sD = reinterpret_cast<float*>(smem + L::kDelta);
   for (int it = 0; it < n_iter; ++it) {
-    const int h = b.h * group + it / n_qt, qt = b.r0 + (it % n_qt) * kBlockRows, st = ring_.stage(it);
+    const int h = b.h * group + it % group, qt = b.r0 + it / group * kBlockRows, st = ring_.stage(it);
     ring_.wait_empty(it);
     float lse[2], dlt[2];
 #pragma unroll
@@ -204,6 +251,30 @@ __device__ __forceinline__ void dkdv_produce(const BwdMaps& maps, const BwdParam
       ring::mbar_arrive(bar);
     }
   }
+}
+
+// An 8×8 block of bf16 held as one register per thread (row lane/4,
+// columns 2(lane%4) and + 1), transposed across the warp.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
+  uint32_t t;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(t) : "r"(v));
+  return t;
+}
+
+// dkdv's dSᵀ operand of one tile pair (a[kc]: this warp's 16 keys, 16w ..,
+// by query columns 16kc .. 16kc + 15) stored as the d_q product's dS
+// operand: the warp of query rows 16kc .. reads, for its key chunk w, the
+// four A registers i (rows + 8 in bit 0, columns + 8 in bit 1) of each
+// lane at word ((kc·4 + w)·32 + lane)·4 + i. Each 8×8 block is transposed
+// (movmatrix), which swaps its row and column offsets, so register i comes
+// from a[kc][i with its two bits swapped]. A thread stores 16 contiguous
+// bytes per chunk, a warp 512.
+__device__ __forceinline__ void store_ds_tile(uint32_t* tile, const uint32_t (&a)[4][4]) {
+  const int w = threadIdx.x % attn::kThreads / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc)
+    *reinterpret_cast<uint4*>(tile + ((kc * 4 + w) * 32 + lane) * 4) =
+        make_uint4(transpose8x8(a[kc][0]), transpose8x8(a[kc][2]), transpose8x8(a[kc][1]), transpose8x8(a[kc][3]));
 }
 
 // dkdv for one query tile (sm90::dkdv_tile's arithmetic, its products
@@ -251,14 +322,17 @@ __device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D /
   wg_commit();
 }
 
-// dkdv's consumer warpgroup c: keys r0 + 64c .. of the item. kPipe: the
-// next tile's score products are issued behind this one's last product;
-// kRegA: K and V, the A operands of the score products, are read from
-// registers (loaded once) instead of shared memory, at head_dim 64 only
-// (at 128 they would not fit beside dK and dV).
-template <int D, int NC, bool kPipe, bool kRegA>
+// dkdv's consumer warpgroup c: keys r0 + 64c .. of the item. The ring
+// brings the query tiles in turn, each with the group's heads side by side
+// (dkdv_produce), so the tiles these keys see form one run, first ..
+// last − 1; the others are given back unread. kPipe: the next tile's score
+// products are issued behind this one's dK += dSᵀ·Q. Each product is
+// issued from one place in a loop whose branches are the same across the
+// warpgroup: ptxas then keeps them asynchronous (branching per tile around
+// the issue made it serialize every wgmma, warnings C7515 / C7518).
+template <int D, int NC, bool kPipe, bool kDs>
 __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
-                                             int c) {
+                                             int c, const DsArgs& ds) {
   using L = WsBwdLayout<D, NC>;
   const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
   const int t = threadIdx.x % attn::kThreads, group = p.n_head / p.n_head_kv, n = b.n;
@@ -273,65 +347,65 @@ __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int doc_pairs = kDs ? __ldg(ds.pair_base + b.doc) : 0;
   wait_consumer(ring_.bars + 8 * L::kResFull, 0);  // also where no key is used: no copy may land after the exit
+  auto qt_of = [&](int it) { return b.r0 + it / group * kBlockRows; };
   auto seen = [&](int it) {
-    const int qt = b.r0 + (it % n_qt) * kBlockRows;
+    const int qt = qt_of(it);
     return w0 < n && qt + kBlockRows - 1 >= w0 && (p.window <= 0 || qt <= w_last + p.window - 1);
   };
+  int first = 0;
+  while (first < n_iter && !seen(first)) ++first;
+  int last = first;
+  while (last < n_iter && seen(last)) ++last;
   float s[32], dp[32];
-  uint32_t a[4][4];  // the bf16 operand of dV's and dK's products (in the caller: dK's outlives the tile step)
-  constexpr bool kA = kRegA && D == 64;
-  uint32_t ka[kA ? D / 16 : 1][4], va[kA ? D / 16 : 1][4];
-  if constexpr (kA) {
-    sm90::load_a_frags<D>(ka, sK);
-    sm90::load_a_frags<D>(va, sV);
-  }
-  // Tile it's score products, once its stage has landed.
-  auto start = [&](int it) {
+  uint32_t a[4][4];  // the bf16 operand of dV's and dK's products (dK's outlives tile())
+  auto issue = [&](int it) {  // tile it's score products, once its stage has landed
     const int st = ring_.stage(it);
     ring_.wait_full(it);
-    if constexpr (kA) {
-      sm90::pin(ka);
-      sm90::pin(va);
-      sm90::issue_score_products_rs<D>(s, dp, ka, smem + L::kStream0 + st * L::kT, va,
-                                       smem + L::kStream1 + st * L::kT);
-    } else {
-      sm90::issue_score_products<D>(s, dp, sK, smem + L::kStream0 + st * L::kT, sV, smem + L::kStream1 + st * L::kT);
-    }
+    sm90::issue_score_products<D>(s, dp, sK, smem + L::kStream0 + st * L::kT, sV, smem + L::kStream1 + st * L::kT);
   };
-  // Gives back the tiles from `it` on that these keys do not see; the next one they do (or n_iter).
-  auto skip = [&](int it) {
-    for (; it < n_iter && !seen(it); ++it) {
-      ring_.wait_full(it);
-      ring_.release(it);
-    }
-    return it;
-  };
-  int it = skip(0);
-  if (it < n_iter) start(it);
-  while (it < n_iter) {
-    const int qt = b.r0 + (it % n_qt) * kBlockRows, st = ring_.stage(it);
+  auto tile = [&](int it) {  // from the score products in flight to dK's product issued
+    const int qt = qt_of(it), st = ring_.stage(it);
     const bool masked = p.window > 0 || qt < w0 + kBlockRows - 1 || qt + kBlockRows > n;
     dkdv_tile_ws<D>(dk, dv, s, dp, a, smem + L::kStream0 + st * L::kT, smem + L::kStream1 + st * L::kT,
                     sL + st * kBlockRows, sD + st * kBlockRows, masked, qt, key_a, key_b, n, p.window, sl2);
-    // The next tile's scores go in behind dK += dSᵀ·Q when the keys see it
-    // (its stage was filled once the tile before this one was given back).
-    const bool chain = kPipe && it + 1 < n_iter && seen(it + 1);
-    if (chain) {
-      start(it + 1);
-      sm90::wg_wait<2>();  // dK += dSᵀ·Q
-    } else {
-      sm90::wg_wait<0>();
-    }
+    if constexpr (kDs)
+      store_ds_tile(ds_head(ds, doc_pairs, p, b, b.h * group + it % group).pair(qt / kBlockRows, w0 / kBlockRows), a);
+  };
+  auto done = [&](int it) {  // after dK's product of tile it has completed
     sm90::pin(dk);
     sm90::pin(a);
     ring_.release(it);
-    if (chain) {
-      ++it;
-    } else {
-      it = skip(it + 1);
-      if (it < n_iter) start(it);
+  };
+  for (int it = 0; it < first; ++it) {
+    ring_.wait_full(it);
+    ring_.release(it);
+  }
+  if constexpr (kPipe) {
+    if (first < last) {
+      issue(first);
+      for (int it = first; it + 1 < last; ++it) {
+        tile(it);
+        issue(it + 1);
+        sm90::wg_wait<2>();  // dK += dSᵀ·Q of tile it
+        done(it);
+      }
+      tile(last - 1);
+      sm90::wg_wait<0>();
+      done(last - 1);
     }
+  } else {
+    for (int it = first; it < last; ++it) {
+      issue(it);
+      tile(it);
+      sm90::wg_wait<0>();
+      done(it);
+    }
+  }
+  for (int it = last; it < n_iter; ++it) {
+    ring_.wait_full(it);
+    ring_.release(it);
   }
   const int cc = t % 4;
 #pragma unroll
@@ -385,6 +459,24 @@ __device__ __forceinline__ void dq_produce(const BwdMaps& maps, const BwdParams&
   }
 }
 
+// A consumer warpgroup's d_q accumulator (this thread's rows row_a and
+// row_a + 8), scaled, as bf16 rows of head b.h; nothing past the document.
+template <int D>
+__device__ __forceinline__ void store_dq_rows(const BwdParams& p, const WsBwdItem& b, const float (&dq)[D / 2],
+                                              int row_a) {
+  const int cc = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_a + 8 * r;
+    if (row >= b.n) continue;
+    bf16* dst = p.d_q + ((b.base + row) * p.n_head + b.h) * D + 2 * cc;
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn)
+      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
+          __floats2bfloat162_rn(dq[4 * dn + 2 * r] * p.scale, dq[4 * dn + 2 * r + 1] * p.scale);
+  }
+}
+
 // dq for one key tile (sm90::dq_tile's arithmetic) from the moment S and
 // dP are in flight to the issue of dQ += dS·K, left in flight.
 template <int D>
@@ -416,10 +508,10 @@ __device__ __forceinline__ void dq_tile_ws(float (&dq)[D / 2], float (&s)[32], f
   wg_commit();
 }
 
-// dq's consumer warpgroup c: query rows r0 + 64c .. of the item. kPipe:
-// the next tile's score products are issued behind this one's dQ += dS·K;
-// kRegA: Q and dO, their A operands, are read from registers (loaded once).
-template <int D, int NC, bool kPipe, bool kRegA>
+// dq's consumer warpgroup c: query rows r0 + 64c .. of the item; the key
+// tiles these rows see form one run, walked as in dkdv_consume (kPipe: the
+// next tile's score products issued behind this one's dQ += dS·K).
+template <int D, int NC, bool kPipe>
 __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b, int c) {
   using L = WsBwdLayout<D, NC>;
   const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
@@ -446,67 +538,148 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
     const int kt = keys.k_first + j * kBlockRows;
     return w0 < n && kt <= w_last && (p.window <= 0 || kt + kBlockRows - 1 > w0 - p.window);
   };
+  int first = 0;
+  while (first < keys.n_tiles && !seen(first)) ++first;
+  int last = first;
+  while (last < keys.n_tiles && seen(last)) ++last;
   float s[32], dp[32];
-  uint32_t a[4][4];  // dS as the operand of dQ's product (in the caller: the product outlives the tile step)
-  uint32_t qa[kRegA ? D / 16 : 1][4], oa[kRegA ? D / 16 : 1][4];
-  if constexpr (kRegA) {
-    sm90::load_a_frags<D>(qa, sQ);
-    sm90::load_a_frags<D>(oa, sO);
-  }
-  auto start = [&](int j) {
+  uint32_t a[4][4];  // dS as the operand of dQ's product (which outlives tile())
+  auto issue = [&](int j) {
     const int st = ring_.stage(j);
     ring_.wait_full(j);
-    if constexpr (kRegA) {
-      sm90::pin(qa);
-      sm90::pin(oa);
-      sm90::issue_score_products_rs<D>(s, dp, qa, smem + L::kStream0 + st * L::kT, oa,
-                                       smem + L::kStream1 + st * L::kT);
-    } else {
-      sm90::issue_score_products<D>(s, dp, sQ, smem + L::kStream0 + st * L::kT, sO, smem + L::kStream1 + st * L::kT);
-    }
+    sm90::issue_score_products<D>(s, dp, sQ, smem + L::kStream0 + st * L::kT, sO, smem + L::kStream1 + st * L::kT);
   };
-  auto skip = [&](int j) {
-    for (; j < keys.n_tiles && !seen(j); ++j) {
-      ring_.wait_full(j);
-      ring_.release(j);
-    }
-    return j;
-  };
-  int j = skip(0);
-  if (j < keys.n_tiles) start(j);
-  while (j < keys.n_tiles) {
+  auto tile = [&](int j) {
     const int kt = keys.k_first + j * kBlockRows;
     const bool masked = p.window > 0 || kt + kBlockRows - 1 > w0;
     dq_tile_ws<D>(dq, s, dp, a, smem + L::kStream0 + ring_.stage(j) * L::kT, masked, kt, row_a, row_b, n, p.window,
                   sl2, lse2, dlt);
-    const bool chain = kPipe && j + 1 < keys.n_tiles && seen(j + 1);
-    if (chain) {
-      start(j + 1);
-      sm90::wg_wait<2>();  // dQ += dS·K
-    } else {
-      sm90::wg_wait<0>();
-    }
+  };
+  auto done = [&](int j) {
     sm90::pin(dq);
     sm90::pin(a);
     ring_.release(j);
-    if (chain) {
-      ++j;
-    } else {
-      j = skip(j + 1);
-      if (j < keys.n_tiles) start(j);
+  };
+  for (int j = 0; j < first; ++j) {
+    ring_.wait_full(j);
+    ring_.release(j);
+  }
+  if constexpr (kPipe) {
+    if (first < last) {
+      issue(first);
+      for (int j = first; j + 1 < last; ++j) {
+        tile(j);
+        issue(j + 1);
+        sm90::wg_wait<2>();  // dQ += dS·K of tile j
+        done(j);
+      }
+      tile(last - 1);
+      sm90::wg_wait<0>();
+      done(last - 1);
+    }
+  } else {
+    for (int j = first; j < last; ++j) {
+      issue(j);
+      tile(j);
+      sm90::wg_wait<0>();
+      done(j);
     }
   }
-  const int cc = t % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row_a : row_b;
-    if (row >= n) continue;
-    bf16* dst = p.d_q + ((b.base + row) * p.n_head + b.h) * D + 2 * cc;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn)
-      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-          __floats2bfloat162_rn(dq[4 * dn + 2 * r] * p.scale, dq[4 * dn + 2 * r + 1] * p.scale);
+  for (int j = last; j < keys.n_tiles; ++j) {
+    ring_.wait_full(j);
+    ring_.release(j);
   }
+  store_dq_rows<D>(p, b, dq, row_a);
+}
+
+// kWsDs's d_q product, d_q = scale·dS·K, from the tiles dkdv left: a block
+// per NC·64 query rows of one head (the dq kernel's items), its producer
+// thread streaming each key tile of K (TMA) and, for every consumer
+// warpgroup whose rows see it, that pair's dS tile (a 1-D bulk copy,
+// evict-first: each is read once) into one ring stage; the consumers take
+// their A fragments from it and accumulate with K as the MN-major operand.
+//
+// The key tiles a d_q block walks (0 .. its last query tile), and whether
+// warpgroup c's rows see key tile j (its query tile is in the document and
+// not before j).
+template <int kRows>
+__device__ __forceinline__ int ds_key_tiles(const WsBwdItem& b) {
+  return (min(b.r0 + kRows, b.n) - 1) / kBlockRows + 1;
+}
+__device__ __forceinline__ bool ds_sees(const WsBwdItem& b, int c, int j) {
+  const int w0 = b.r0 + c * kBlockRows;
+  return w0 < b.n && j <= w0 / kBlockRows;
+}
+
+template <int D, int NC>
+__device__ __forceinline__ void dq_ds_produce(const BwdMaps& maps, const BwdParams& p, const DsArgs& ds, uint32_t s0,
+                                              const WsBwdItem& b) {
+  using L = DsLayout<D, NC>;
+  const Ring<L> ring_{s0 + L::kBars};
+  const int hk = b.h / (p.n_head / p.n_head_kv), qi0 = b.r0 / kBlockRows;
+  const DsHead head = ds_head(ds, __ldg(ds.pair_base + b.doc), p, b, b.h);
+  const uint64_t policy = gemv_detail::evict_first_policy();
+  const int n_kt = ds_key_tiles<L::kRows>(b);
+  for (int j = 0; j < n_kt; ++j) {
+    const uint32_t stage = s0 + ring_.stage(j) * L::kStage;
+    ring_.wait_empty(j);
+    int uses = 0;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) uses += ds_sees(b, c, j);
+    ring::mbar_expect(ring_.full(j), L::kT + uses * kDsTileBytes);
+    load_tile_tma<D>(stage, &maps.k, hk, b.base + int64_t(j) * kBlockRows, ring_.full(j));
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+      if (ds_sees(b, c, j))
+        ring::bulk_copy(stage + L::kT + c * kDsTileBytes, head.pair(qi0 + c, j), kDsTileBytes, ring_.full(j), policy);
+  }
+}
+
+template <int D, int NC>
+__device__ __forceinline__ void dq_ds_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
+                                              int c) {
+  using L = DsLayout<D, NC>;
+  const uint32_t s0 = ring::smem_addr(smem);
+  const Ring<L> ring_{s0 + L::kBars};
+  const int t = threadIdx.x % attn::kThreads, lane = t % 32;
+  const int n_kt = ds_key_tiles<L::kRows>(b);
+  // This thread's 16 bytes of each k16 chunk of its warp's rows (store_ds_tile's order).
+  const uint32_t frag = L::kT + c * kDsTileBytes + (t / 32 * 4 * 32 + lane) * 16;
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+  uint32_t a[4][4];
+  for (int j = 0; j < n_kt; ++j) {
+    ring_.wait_full(j);
+    if (ds_sees(b, c, j)) {
+      const int st = ring_.stage(j);
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+        const uint4 v = ring::lds128(s0 + st * L::kStage + frag + kc * 32 * 16);
+        a[kc][0] = v.x, a[kc][1] = v.y, a[kc][2] = v.z, a[kc][3] = v.w;
+      }
+      sm90::pin(a);
+      sm90::pin(dq);
+      sm90::wg_fence();
+      sm90::accumulate_rows<D>(dq, a, smem + st * L::kStage);
+      sm90::wg_commit();
+      sm90::wg_wait<0>();
+      sm90::pin(dq);
+      sm90::pin(a);
+    }
+    ring_.release(j);
+  }
+  store_dq_rows<D>(p, b, dq, b.r0 + c * kBlockRows + t / 32 * 16 + lane / 4);
+}
+
+// This thread's consumer warpgroup, 0 .. NC − 1, as a value ptxas knows to
+// be the same across the warp (a shuffle from lane 0). Computed from
+// threadIdx directly, every branch on it (the keys or rows a warpgroup
+// sees) counts as divergent, and ptxas then serializes each wgmma behind
+// the one before it (warning C7518), which cost the kernels most of their
+// overlap of products and exponentials.
+__device__ __forceinline__ int consumer_index() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x / attn::kThreads) - 1, 0);
 }
 
 // Barrier set-up shared by both kernels: the resident tiles' barrier and
@@ -529,9 +702,9 @@ __device__ __forceinline__ void init_barriers(uint32_t bars, int full_count) {
 // One block per item (a KV head's NC·64 keys of one document). Separate
 // paths after the register split: ptxas gives each side its budget only
 // when no code after it is shared.
-template <int D, int NC, bool kPipe, bool kRegA>
+template <int D, int NC, bool kPipe, bool kDs>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
-    dkdv_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
+    dkdv_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles, DsArgs ds) {
 #if LATHE_SM90A_DEVICE
   using L = WsBwdLayout<D, NC>;
   extern __shared__ unsigned char smem_raw[];
@@ -545,14 +718,14 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dkdv_consume<D, NC, kPipe, kRegA>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  dkdv_consume<D, NC, kPipe, kDs>(p, smem, b, consumer_index(), ds);
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
 // One block per item (NC·64 query rows of one head of one document).
-template <int D, int NC, bool kPipe, bool kRegA>
+template <int D, int NC, bool kPipe>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dq_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
 #if LATHE_SM90A_DEVICE
@@ -568,14 +741,70 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dq_consume<D, NC, kPipe, kRegA>(p, smem, b, threadIdx.x / attn::kThreads - 1);
+  dq_consume<D, NC, kPipe>(p, smem, b, consumer_index());
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
-template <int D, int NC, bool kPipe, bool kRegA>
-Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream) {
+// kWsDs's d_q product (dq_ds_consume): one block per item of the dq kernel.
+template <int D, int NC>
+__global__ void __launch_bounds__(DsLayout<D, NC>::kThreads, 1)
+    dq_ds_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles, DsArgs ds) {
+#if LATHE_SM90A_DEVICE
+  using L = DsLayout<D, NC>;
+  using R = WsBwdLayout<D, NC>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = sm90::aligned_smem(smem_raw);
+  WsBwdItem b;
+  if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, blockIdx.x, b)) return;
+  const uint32_t bars = ring::smem_addr(smem) + L::kBars;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      ring::mbar_init(bars + 8 * (L::kFull + s), 1);
+      ring::mbar_init(bars + 8 * (L::kEmpty + s), NC * 4);
+    }
+    ring::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < attn::kThreads) {
+    regs_release<R::kProducerRegs>();
+    if (threadIdx.x == 0) dq_ds_produce<D, NC>(maps, p, ds, ring::smem_addr(smem), b);
+    return;
+  }
+  regs_claim<R::kConsumerRegs>();
+  dq_ds_consume<D, NC>(p, smem, b, consumer_index());
+#else
+  __trap();  // launched only where sm90_supported() holds
+#endif
+}
+
+// kWsDs: each document's first tile pair (DsArgs), one warp scanning the
+// documents 32 at a time.
+__global__ void ds_pair_base_kernel(const int32_t* cu, int n_docs, int* pair_base) {
+  const int lane = threadIdx.x;
+  int carry = 0;
+  for (int d0 = 0; d0 < n_docs; d0 += 32) {
+    const int d = d0 + lane;
+    int pairs = 0;
+    if (d < n_docs) {
+      const int t = (cu[d + 1] - cu[d] + kBlockRows - 1) / kBlockRows;
+      pairs = t * (t + 1) / 2;
+    }
+    int sum = pairs;  // inclusive prefix over the warp
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, sum, o);
+      if (lane >= o) sum += v;
+    }
+    if (d < n_docs) pair_base[d] = carry + sum - pairs;
+    carry += __shfl_sync(0xffffffffu, sum, 31);
+  }
+}
+
+template <int D, int NC, bool kPipe>
+Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream,
+                 const DsArgs& ds) {
   using L = WsBwdLayout<D, NC>;
   constexpr const char* kWho = "attention backward (warp-specialized)";
   const tma::EncodeTiled encode = tma::tensor_map_encoder();
@@ -588,13 +817,26 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
   const int64_t tiles = (max_seqlen + L::kRows - 1) / L::kRows;
   const int64_t dkdv_items = tiles * n_docs * p.n_head_kv, dq_items = tiles * n_docs * p.n_head;
   if (dq_items > INT32_MAX) return invalid_argument(kWho, ": ", dq_items, " row tiles exceed 2^31");
-  auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, kRegA>;
-  auto* dq = dq_ws_kernel<D, NC, kPipe, kRegA>;
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
-                       "cudaFuncSetAttribute(dkdv_ws)"));
-  LATHE_TRY(cuda_check(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
-                       "cudaFuncSetAttribute(dq_ws)"));
-  dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles));
+  auto set_smem = [](auto* kernel, int bytes, const char* what) {
+    return cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  };
+  if (ds.rest) {  // dkdv leaves dS; d_q after it on st
+    using LD = DsLayout<D, NC>;
+    auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, true>;
+    LATHE_TRY(set_smem(dkdv, L::kSmem, "cudaFuncSetAttribute(dkdv_ws)"));
+    LATHE_TRY(set_smem(dq_ds_kernel<D, NC>, LD::kSmem, "cudaFuncSetAttribute(dq_ds)"));
+    ds_pair_base_kernel<<<1, 32, 0, st>>>(p.cu, n_docs, ds.pair_base);
+    LATHE_TRY(cuda_check(cudaGetLastError(), "attention ds_pair_base launch"));
+    dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
+    LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
+    dq_ds_kernel<D, NC><<<unsigned(dq_items), LD::kThreads, LD::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
+    return cuda_check(cudaGetLastError(), "attention dq_ds launch");
+  }
+  auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, false>;
+  auto* dq = dq_ws_kernel<D, NC, kPipe>;
+  LATHE_TRY(set_smem(dkdv, L::kSmem, "cudaFuncSetAttribute(dkdv_ws)"));
+  LATHE_TRY(set_smem(dq, L::kSmem, "cudaFuncSetAttribute(dq_ws)"));
+  dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles), DsArgs{});
   LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
   dq<<<unsigned(dq_items), L::kThreads, L::kSmem, dq_stream>>>(maps, p, n_docs, int(tiles));
   return cuda_check(cudaGetLastError(), "attention dq_ws launch");
@@ -604,19 +846,24 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
 
 namespace lathe::cuda::attn {
 
-Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st, int pipelined) {
+Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st, int pipelined,
+                          const DsTiles& tiles) {
   if (d != 64 && d != 128)
     return unsupported("attention backward (warp-specialized): head_dim ", d, " (64 and 128 are compiled)");
   if (p.n_tokens <= 0) return invalid_argument("attention backward (warp-specialized): n_tokens is not set");
-  LATHE_ASSIGN_OR_RETURN(const SideStream* side, side_stream_for(st));
+  const wsb::DsArgs ds{static_cast<uint32_t*>(tiles.tiles), tiles.pair_base, static_cast<uint32_t*>(tiles.first),
+                       tiles.first ? tiles.n_first : 0};
+  const SideStream* side = nullptr;
+  if (!ds.rest) {  // d_q from dS runs after dkdv, on st
+    LATHE_ASSIGN_OR_RETURN(side, side_stream_for(st));
+  }
   const cudaStream_t dq_stream = side ? side->stream : st;
   constexpr int kNc64 = LATHE_ATTN_BWD_WS_NC_64 == 3 ? 3 : 2;
   const int variant = pipelined < 0 ? LATHE_ATTN_BWD_WS_PIPE : pipelined;
   auto run = [&](auto d_c, auto nc_c) {
     constexpr int kD = decltype(d_c)::value, kNc = decltype(nc_c)::value;
-    if (variant == 0) return wsb::launch_ws<kD, kNc, false, false>(p, n_docs, max_seqlen, st, dq_stream);
-    if (variant == 1) return wsb::launch_ws<kD, kNc, true, false>(p, n_docs, max_seqlen, st, dq_stream);
-    return wsb::launch_ws<kD, kNc, true, true>(p, n_docs, max_seqlen, st, dq_stream);
+    if (variant == 0) return wsb::launch_ws<kD, kNc, false>(p, n_docs, max_seqlen, st, dq_stream, ds);
+    return wsb::launch_ws<kD, kNc, true>(p, n_docs, max_seqlen, st, dq_stream, ds);
   };
   Status launched = d == 128 ? run(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{})
                              : run(std::integral_constant<int, 64>{}, std::integral_constant<int, kNc64>{});
