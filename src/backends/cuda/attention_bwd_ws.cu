@@ -40,6 +40,7 @@
 #include "backends/cuda/attention_tma.cuh"
 #include "backends/cuda/gemv_ring.cuh"  // the mbarrier helpers
 
+#include <algorithm>
 #include <type_traits>
 
 // Consumer warpgroups per block (64 keys or query rows each) at head_dim
@@ -613,7 +614,7 @@ __device__ __forceinline__ bool ds_sees(const WsBwdItem& b, int c, int j) {
 
 template <int D, int NC>
 __device__ __forceinline__ void dq_ds_produce(const BwdMaps& maps, const BwdParams& p, const DsArgs& ds, uint32_t s0,
-                                              const WsBwdItem& b) {
+                                              const WsBwdItem& b, int g0) {
   using L = DsLayout<D, NC>;
   const Ring<L> ring_{s0 + L::kBars};
   const int hk = b.h / (p.n_head / p.n_head_kv), qi0 = b.r0 / kBlockRows;
@@ -621,23 +622,24 @@ __device__ __forceinline__ void dq_ds_produce(const BwdMaps& maps, const BwdPara
   const uint64_t policy = gemv_detail::evict_first_policy();
   const int n_kt = ds_key_tiles<L::kRows>(b);
   for (int j = 0; j < n_kt; ++j) {
-    const uint32_t stage = s0 + ring_.stage(j) * L::kStage;
-    ring_.wait_empty(j);
+    const int g = g0 + j;  // the ring's fill
+    const uint32_t stage = s0 + ring_.stage(g) * L::kStage;
+    ring_.wait_empty(g);
     int uses = 0;
 #pragma unroll
     for (int c = 0; c < NC; ++c) uses += ds_sees(b, c, j);
-    ring::mbar_expect(ring_.full(j), L::kT + uses * kDsTileBytes);
-    load_tile_tma<D>(stage, &maps.k, hk, b.base + int64_t(j) * kBlockRows, ring_.full(j));
+    ring::mbar_expect(ring_.full(g), L::kT + uses * kDsTileBytes);
+    load_tile_tma<D>(stage, &maps.k, hk, b.base + int64_t(j) * kBlockRows, ring_.full(g));
 #pragma unroll
     for (int c = 0; c < NC; ++c)
       if (ds_sees(b, c, j))
-        ring::bulk_copy(stage + L::kT + c * kDsTileBytes, head.pair(qi0 + c, j), kDsTileBytes, ring_.full(j), policy);
+        ring::bulk_copy(stage + L::kT + c * kDsTileBytes, head.pair(qi0 + c, j), kDsTileBytes, ring_.full(g), policy);
   }
 }
 
 template <int D, int NC>
 __device__ __forceinline__ void dq_ds_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
-                                              int c) {
+                                              int c, int g0) {
   using L = DsLayout<D, NC>;
   const uint32_t s0 = ring::smem_addr(smem);
   const Ring<L> ring_{s0 + L::kBars};
@@ -650,9 +652,9 @@ __device__ __forceinline__ void dq_ds_consume(const BwdParams& p, const unsigned
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
   uint32_t a[4][4];
   for (int j = 0; j < n_kt; ++j) {
-    ring_.wait_full(j);
+    ring_.wait_full(g0 + j);
     if (ds_sees(b, c, j)) {
-      const int st = ring_.stage(j);
+      const int st = ring_.stage(g0 + j);
 #pragma unroll
       for (int kc = 0; kc < 4; ++kc) {
         const uint4 v = ring::lds128(s0 + st * L::kStage + frag + kc * 32 * 16);
@@ -667,7 +669,7 @@ __device__ __forceinline__ void dq_ds_consume(const BwdParams& p, const unsigned
       sm90::pin(dq);
       sm90::pin(a);
     }
-    ring_.release(j);
+    ring_.release(g0 + j);
   }
   store_dq_rows<D>(p, b, dq, b.r0 + c * kBlockRows + t / 32 * 16 + lane / 4);
 }
@@ -747,7 +749,9 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
 #endif
 }
 
-// kWsDs's d_q product (dq_ds_consume): one block per item of the dq kernel.
+// kWsDs's d_q product (dq_ds_consume): one block per SM, each taking the
+// dq kernel's items in turn (longest first), its ring running on from one
+// item to the next, so no item waits for a block to start.
 template <int D, int NC>
 __global__ void __launch_bounds__(DsLayout<D, NC>::kThreads, 1)
     dq_ds_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles, DsArgs ds) {
@@ -756,8 +760,6 @@ __global__ void __launch_bounds__(DsLayout<D, NC>::kThreads, 1)
   using R = WsBwdLayout<D, NC>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = sm90::aligned_smem(smem_raw);
-  WsBwdItem b;
-  if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, blockIdx.x, b)) return;
   const uint32_t bars = ring::smem_addr(smem) + L::kBars;
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
@@ -767,13 +769,26 @@ __global__ void __launch_bounds__(DsLayout<D, NC>::kThreads, 1)
     ring::fence_barrier_init();
   }
   __syncthreads();
+  const int n_items = tiles * docs * p.n_head;
+  WsBwdItem b;
+  int g = 0;  // fills of the ring so far
   if (threadIdx.x < attn::kThreads) {
     regs_release<R::kProducerRegs>();
-    if (threadIdx.x == 0) dq_ds_produce<D, NC>(maps, p, ds, ring::smem_addr(smem), b);
+    if (threadIdx.x != 0) return;
+    for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+      if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, w, b)) continue;
+      dq_ds_produce<D, NC>(maps, p, ds, ring::smem_addr(smem), b, g);
+      g += ds_key_tiles<L::kRows>(b);
+    }
     return;
   }
   regs_claim<R::kConsumerRegs>();
-  dq_ds_consume<D, NC>(p, smem, b, consumer_index());
+  const int c = consumer_index();
+  for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
+    if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, w, b)) continue;
+    dq_ds_consume<D, NC>(p, smem, b, c, g);
+    g += ds_key_tiles<L::kRows>(b);
+  }
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
@@ -829,7 +844,12 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
     LATHE_TRY(cuda_check(cudaGetLastError(), "attention ds_pair_base launch"));
     dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
     LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
-    dq_ds_kernel<D, NC><<<unsigned(dq_items), LD::kThreads, LD::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
+    int dev = 0, sms = 0;
+    LATHE_TRY(cuda_check(cudaGetDevice(&dev), "cudaGetDevice"));
+    LATHE_TRY(cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                         "cudaDeviceGetAttribute(multiprocessors)"));
+    const unsigned grid = unsigned(std::min<int64_t>(dq_items, std::max(sms, 1)));
+    dq_ds_kernel<D, NC><<<grid, LD::kThreads, LD::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
     return cuda_check(cudaGetLastError(), "attention dq_ds launch");
   }
   auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, false>;
