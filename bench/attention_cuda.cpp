@@ -84,12 +84,11 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
   // Causal: half of the S×S scores, 2 FLOPs per multiply-add, 2 matmuls.
   const double fwd_tflop = double(docs) * kHeads * 2.0 * 2.0 * kSeq * double(kSeq) / 2.0 * d * 1e-12;
 
-  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels, int wgmma_rows, bool load_store = false,
-                           int ws_pipeline = -1) {
+  auto time_backward = [&](bool simple, cuda::AttnBwdKernels kernels, int wgmma_rows, bool load_store = false) {
     cuda::AttentionVarlenBwdArgs b{q.data(), k.data(), v.data(), out.data(), static_cast<const float*>(lse.data()),
                                    d_out.data(), dq.data(), dk.data(), dv.data(), cu_ptr, ws.data(), docs, kSeq, n,
                                    kHeads, kKvHeads, d, 0, scale, s.handle(), simple, kernels, wgmma_rows};
-    b.fused_load_store = load_store, b.ws_pipeline = ws_pipeline, b.workspace_bytes = ws_bytes;
+    b.fused_load_store = load_store, b.workspace_bytes = ws_bytes;
     const double t_bwd = time_it(s, [&] { return cuda::attention_varlen_backward(b); });
     const double bwd_rate = 2.5 * fwd_tflop / t_bwd;
     std::printf("  backward %7.3f ms %6.1f TFLOP/s (%4.1f%%)\n", t_bwd * 1e3, bwd_rate,
@@ -128,19 +127,12 @@ void bench_training(const cuda::CudaStream& s, int docs, int d) {
                   kPeakTflops);
       time_backward(false, cuda::AttnBwdKernels::kWgmma, rows);
     }
-    // The warp-specialized backward (TMA producer, consumer warpgroups): the
-    // next tile's scores issued behind this tile's last product (ws), also
-    // with the score products' A operands from registers (ws regs), or each
-    // tile waited for (ws serial).
-    for (int pipeline : {1, 2, 0}) {
-      std::printf("  d=%-3d %-9s %48s", d, pipeline == 1 ? "ws" : pipeline == 2 ? "ws regs" : "ws serial", "");
-      time_backward(false, cuda::AttnBwdKernels::kWs, 0, false, pipeline);
-    }
-    // d_q from the dS tiles the dk/dv kernel keeps (serial or pipelined dk/dv).
-    for (int pipeline : {0, 1}) {
-      std::printf("  d=%-3d %-9s %48s", d, pipeline == 0 ? "ws-ds" : "ws-ds pipe", "");
-      time_backward(false, cuda::AttnBwdKernels::kWsDs, 0, false, pipeline);
-    }
+    // The warp-specialized backward (TMA producer, consumer warpgroups), d_q
+    // in a kernel of its own (ws) or from the dS tiles dk/dv keeps (ws-ds).
+    std::printf("  d=%-3d %-9s %48s", d, "ws", "");
+    time_backward(false, cuda::AttnBwdKernels::kWs, 0);
+    std::printf("  d=%-3d %-9s %48s", d, "ws-ds", "");
+    time_backward(false, cuda::AttnBwdKernels::kWsDs, 0);
     // The warp-specialized forward: query rows per block × keys per tile, a
     // block per tile or (p) one per SM taking tiles in turn.
     const int shapes[4][2] = {{128, 64}, {128, 128}, {192, 64}, {192, 128}};

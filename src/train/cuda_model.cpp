@@ -267,10 +267,12 @@ Status carve_scratch(CudaModelImpl& m, C& c, Alloc& alloc) {
   LATHE_ASSIGN_OR_RETURN(x.cos, f32(T * hd / 2, "rope cos"));
   LATHE_ASSIGN_OR_RETURN(x.sin, f32(T * hd / 2, "rope sin"));
   LATHE_ASSIGN_OR_RETURN(x.inv_freq, f32(hd / 2, "inv_freq"));
-  // The dS tiles of LATHE_ATTN_BWD=ws-ds go first into the layer's gate|up,
-  // dead by then (cuda_model_pass.cpp: attention_backward), the rest here.
+  // The dS tiles of the Hopper backward go first into the layer's gate|up
+  // and h_mid, dead by then (CudaModelImpl::ds_spare_bytes), the rest here.
+  const std::array<size_t, 2> spare = m.ds_spare_bytes();
   x.attn_ws_bytes = cuda::attention_varlen_backward_workspace_bytes(
-      T, int(s.n_head), int(hd), cuda::AttnBwdKernels::kAuto, std::min(m.o.max_seqlen, T), 0, m.ds_first_bytes());
+      T, int(s.n_head), int(hd), cuda::AttnBwdKernels::kAuto, std::min(m.o.max_seqlen, T), 0,
+      cuda::attention_ds_spare_tiles(spare[0]) + cuda::attention_ds_spare_tiles(spare[1]));
   LATHE_ASSIGN_OR_RETURN(x.attn_ws, alloc(x.attn_ws_bytes, "attention workspace"));
   LATHE_ASSIGN_OR_RETURN(x.ce_counters, alloc(cuda::cross_entropy_counter_bytes(), "cross-entropy counters"));
   LATHE_ASSIGN_OR_RETURN(x.tokens, i32(T, "tokens"));

@@ -279,11 +279,14 @@ struct CudaModelImpl {
   // backward) runs the adapter whole, as PEFT's eval mode does. It still
   // counts as a pass, so the masks of later training passes do not move.
   bool dropout() const { return o.lora_dropout > 0.0f && !o.full_sft && training_pass; }
-  // What of a layer's gate|up the attention backward may use for its dS
-  // tiles: all of it once the MLP's backward has read it, except where
-  // LoRA dropout or full SFT may still read it beside the attention.
-  size_t ds_first_bytes() const {
-    return o.lora_dropout > 0.0f || o.full_sft ? 0 : size_t(o.max_tokens) * size_t(ld_gu) * 2;
+  // What the attention backward of a layer may use for its dS tiles: its
+  // gate|up (region 0) and h_mid (region 1), both read for the last time
+  // by the MLP's backward (the LoRA side stream's reads of gate|up are
+  // waited for by o's backward before it), except with LoRA dropout or
+  // full SFT, whose reads of them are not ordered that way.
+  std::array<size_t, 2> ds_spare_bytes() const {
+    if (o.lora_dropout > 0.0f || o.full_sft) return {0, 0};
+    return {size_t(o.max_tokens) * size_t(ld_gu) * 2, size_t(o.max_tokens) * size_t(s.hidden) * 2};
   }
   bool training_pass = true;  // set by run()
   int64_t max_lora_in() const;  // the widest input of a group with LoRA members

@@ -383,13 +383,14 @@ Status CudaModelImpl::attention_backward(int64_t l, int64_t n, int n_docs, int m
   const int64_t H = s.hidden, hd = s.head_dim, nh = s.n_head, nkv = s.n_kv;
   LATHE_TRY(group_backward(l, kGo, a.attn, x.dh_bf, ld_dh_bf, x.d_attn, n));
   LATHE_TRY(phase(kPhAttnBwd));
+  const std::array<size_t, 2> spare = ds_spare_bytes();
   LATHE_TRY(cuda::attention_varlen_backward(
       {.q = a.q, .k = a.k, .v = a.v, .out = x_of(a.attn, kGo), .lse = a.lse, .d_out = x.d_attn, .d_q = x.dq, .d_k = x.dk,
        .d_v = x.dv, .cu_seqlens = x.cu_seqlens, .workspace = x.attn_ws, .n_docs = n_docs, .max_seqlen = max_seqlen,
        .n_tokens = int(n), .n_head = int(nh), .n_head_kv = int(nkv), .head_dim = int(hd), .window = s.window,
        .scale = 1.0f / std::sqrt(float(hd)), .stream = ctx.stream(), .ld_out = group(kGo).ldx,
-       .workspace_bytes = x.attn_ws_bytes, .ds_first = ds_first_bytes() ? a.gu : nullptr,
-       .ds_first_bytes = ds_first_bytes()}));
+       .workspace_bytes = x.attn_ws_bytes, .ds_spare = {spare[0] ? a.gu : nullptr, spare[1] ? a.h_mid : nullptr},
+       .ds_spare_bytes = {spare[0], spare[1]}}));
   LATHE_TRY(phase(kPhElementwise));
   cuda::QkvSplitArgs merge{.qkv = x.qkv, .q = x.dq, .k = x.dk, .v = x.dv, .cos = x.cos, .sin = x.sin,
                            .n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .ld_qkv = ld_qkv};

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -236,10 +237,9 @@ struct VarlenGrads {
 
 // The wgmma kernels with 64 rows (one warpgroup) and 128 rows (two) per block;
 // kFused: the one-kernel backward (mma.sync, d_q summed in a fixed order);
-// kWs: the warp-specialized Hopper kernels (kWsSerial: each tile's products
-// waited for before the next tile's scores are issued; kWsRegs: the score
-// products' A operands from registers).
-enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsSerial, kWsRegs, kWsDs, kWsDsPipe };
+// kWs: the warp-specialized Hopper kernels (kWsDs: d_q from the dS tiles
+// dk/dv keeps).
+enum class Bwd { kSimple, kMma, kWgmma64, kWgmma128, kFused, kFusedLoadStore, kWs, kWsDs };
 const char* bwd_name(Bwd k) {
   switch (k) {
     case Bwd::kSimple: return "simple kernels";
@@ -249,16 +249,13 @@ const char* bwd_name(Bwd k) {
     case Bwd::kFused: return "fused kernel";
     case Bwd::kFusedLoadStore: return "fused kernel, load-add-store";
     case Bwd::kWs: return "warp-specialized kernels";
-    case Bwd::kWsSerial: return "warp-specialized kernels, serial tiles";
-    case Bwd::kWsRegs: return "warp-specialized kernels, A operands from registers";
     case Bwd::kWsDs: return "warp-specialized kernels, d_q from the stored dS";
-    case Bwd::kWsDsPipe: return "warp-specialized kernels, d_q from the stored dS, pipelined dk/dv";
   }
   return "?";
 }
 bool is_wgmma(Bwd k) { return k == Bwd::kWgmma64 || k == Bwd::kWgmma128; }
-bool is_ds(Bwd k) { return k == Bwd::kWsDs || k == Bwd::kWsDsPipe; }
-bool is_ws(Bwd k) { return k == Bwd::kWs || k == Bwd::kWsSerial || k == Bwd::kWsRegs || is_ds(k); }
+bool is_ds(Bwd k) { return k == Bwd::kWsDs; }
+bool is_ws(Bwd k) { return k == Bwd::kWs || is_ds(k); }
 bool runs(Bwd k, int head_dim) { return !(is_wgmma(k) || is_ws(k)) || wgmma_runs(head_dim); }
 cuda::AttnBwdKernels kernels_of(Bwd k) {
   return is_ds(k)      ? cuda::AttnBwdKernels::kWsDs
@@ -269,17 +266,21 @@ cuda::AttnBwdKernels kernels_of(Bwd k) {
 }
 
 // `fill`: the byte d_q, d_k, d_v and the workspace hold before the call;
-// ws_after: the workspace after it (kWsDs sizes it for this batch's dS).
+// ws_after: the workspace after it (kWsDs sizes it for this batch's dS,
+// less the tiles of spare regions of spare_tiles[r] tiles each).
 VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input& d_out, Bwd kind,
-                            unsigned char fill = 0, std::vector<unsigned char>* ws_after = nullptr) {
+                            unsigned char fill = 0, std::vector<unsigned char>* ws_after = nullptr,
+                            std::array<int64_t, 2> spare_tiles = {0, 0}) {
   const size_t q_bytes = size_t(d.n * c.n_head * c.head_dim * 2);
   const size_t kv_bytes = size_t(d.n * c.n_head_kv * c.head_dim * 2);
   cuda::DeviceBuffer out = device_zeros(q_bytes), lse = device_zeros(size_t(d.n * c.n_head * 4));
   cuda::DeviceBuffer dq = device_zeros(q_bytes, fill), dk = device_zeros(kv_bytes, fill);
   cuda::DeviceBuffer dv = device_zeros(kv_bytes, fill);
   const int n_docs = int(c.lengths.size());
-  const size_t ws_bytes = cuda::attention_varlen_backward_workspace_bytes(d.n, c.n_head, c.head_dim, kernels_of(kind),
-                                                                          max_len(c), n_docs);
+  const size_t ws_bytes = cuda::attention_varlen_backward_workspace_bytes(
+      d.n, c.n_head, c.head_dim, kernels_of(kind), max_len(c), n_docs, spare_tiles[0] + spare_tiles[1]);
+  cuda::DeviceBuffer spare0 = device_zeros(size_t(spare_tiles[0]) * 8192 + 16, fill);
+  cuda::DeviceBuffer spare1 = device_zeros(size_t(spare_tiles[1]) * 8192 + 16, fill);
   cuda::DeviceBuffer ws = device_zeros(ws_bytes, fill);
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   const auto* cu = static_cast<const int32_t*>(d.cu.data());
@@ -294,11 +295,9 @@ VarlenGrads device_backward(const VarlenCase& c, VarlenData& d, const Bf16Input&
                                  c.head_dim, c.window, scale, nullptr, kind == Bwd::kSimple, kernels_of(kind),
                                  kind == Bwd::kWgmma128 ? 128 : 64};
   b.fused_load_store = kind == Bwd::kFusedLoadStore;
-  b.ws_pipeline = kind == Bwd::kWsSerial || kind == Bwd::kWsDs ? 0
-                  : kind == Bwd::kWs || kind == Bwd::kWsDsPipe ? 1
-                  : kind == Bwd::kWsRegs                       ? 2
-                                                               : -1;
   b.workspace_bytes = ws_bytes;
+  if (spare_tiles[0] > 0) b.ds_spare[0] = spare0.data(), b.ds_spare_bytes[0] = size_t(spare_tiles[0]) * 8192 + 16;
+  if (spare_tiles[1] > 0) b.ds_spare[1] = spare1.data(), b.ds_spare_bytes[1] = size_t(spare_tiles[1]) * 8192 + 16;
   st = cuda::attention_varlen_backward(b);
   EXPECT_TRUE(st.is_ok()) << st.message();
   if (ws_after) {
@@ -324,8 +323,8 @@ TEST(CudaAttention, VarlenBackwardMatchesReference) {
                                   .d_out = d_out.host, .d_q = want_dq, .d_k = want_dk, .d_v = want_dv,
                                   .window = c.window, .scale = 1.0f / std::sqrt(float(c.head_dim))};
     ref::attention_varlen_backward(r);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kWsDs,
-                     Bwd::kWsDsPipe, Bwd::kFused, Bwd::kFusedLoadStore, Bwd::kSimple}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsDs, Bwd::kFused,
+                     Bwd::kFusedLoadStore, Bwd::kSimple}) {
       if (!runs(kind, c.head_dim)) continue;
       SCOPED_TRACE(bwd_name(kind));
       VarlenGrads got = device_backward(c, d, d_out, kind);
@@ -349,8 +348,7 @@ TEST(CudaAttention, FastBackwardMatchesSimpleAtLength) {
     VarlenData d = make_varlen(c, 5151);
     Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 5155);
     const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kWsDs,
-                     Bwd::kFused}) {
+    for (Bwd kind : {Bwd::kMma, Bwd::kWgmma64, Bwd::kWgmma128, Bwd::kWs, Bwd::kWsDs, Bwd::kFused}) {
       if (!runs(kind, head_dim)) continue;
       SCOPED_TRACE(::testing::Message() << "d=" << head_dim << " " << bwd_name(kind));
       const VarlenGrads fast = device_backward(c, d, d_out, kind), again = device_backward(c, d, d_out, kind);
@@ -379,7 +377,7 @@ TEST(CudaAttention, WsBackwardMatchesSimpleAcrossDocuments) {
       VarlenData d = make_varlen(c, 6161 + head_dim + window);
       Bf16Input d_out = upload({d.n, c.n_head, c.head_dim}, 6167 + head_dim + window);
       const VarlenGrads simple = device_backward(c, d, d_out, Bwd::kSimple);
-      for (Bwd kind : {Bwd::kWs, Bwd::kWsSerial, Bwd::kWsRegs, Bwd::kWsDs, Bwd::kWsDsPipe}) {
+      for (Bwd kind : {Bwd::kWs, Bwd::kWsDs}) {
         SCOPED_TRACE(bwd_name(kind));
         const VarlenGrads ws = device_backward(c, d, d_out, kind, 0xff);
         const VarlenGrads again = device_backward(c, d, d_out, kind);
@@ -431,6 +429,15 @@ TEST(CudaAttention, WsDsBackwardWritesEveryTilePair) {
       unwritten += word == 0xffffffffu;
     }
     EXPECT_EQ(unwritten, 0u) << "of " << tile_bytes / 4 << " words";
+    // With the first tiles in two spare regions (13 and 29 tiles, the rest
+    // in a smaller workspace): the same products on the same tiles, so the
+    // same bits.
+    std::vector<unsigned char> small;
+    const VarlenGrads split = device_backward(c, d, d_out, Bwd::kWsDs, 0xff, &small, {13, 29});
+    EXPECT_EQ(small.size() + 42 * 8192, ws.size());
+    EXPECT_EQ(testing::rel_error(split.dq, got.dq), 0.0);
+    EXPECT_EQ(testing::rel_error(split.dk, got.dk), 0.0);
+    EXPECT_EQ(testing::rel_error(split.dv, got.dv), 0.0);
   }
 }
 

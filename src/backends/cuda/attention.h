@@ -111,15 +111,12 @@ struct AttentionVarlenBwdArgs {
   int wgmma_rows = 0;  // query / key rows per thread block of the wgmma kernels: 64, 128; 0: the compiled default
   int64_t ld_out = 0;  // out's row stride in elements; 0: n_head·head_dim
   bool fused_load_store = false;  // fused: add the d_q shares by load, add, store (default: reductions in L2)
-  // kWs: each consumer warpgroup waits for a tile's last product before the next tile's score products (0),
-  // issues them behind it (1), and also takes their A operands (Q and dO in dq; K and V in dkdv at head_dim 64)
-  // from registers (2); -1: the compiled default.
-  int ws_pipeline = -1;
   size_t workspace_bytes = 0;  // the workspace's size (kWsDs: whether this batch's dS tiles fit; 0: they do not)
-  // kWsDs: memory that nothing reads or writes during the call, 16-byte aligned, where the first dS tiles go
-  // (the rest in the workspace); may be null.
-  void* ds_first = nullptr;
-  size_t ds_first_bytes = 0;
+  // kWsDs: up to two regions of memory that nothing reads or writes during the call, 16-byte aligned, where
+  // the first dS tiles go (whole 8 KiB tiles: region 0's, then region 1's; the rest in the workspace); may
+  // be null.
+  void* ds_spare[2] = {nullptr, nullptr};
+  size_t ds_spare_bytes[2] = {0, 0};
 };
 // The workspace for `kernels` (kAuto resolved as the backward resolves it):
 // the fused kernel adds an f32 [n_tokens, n_head, head_dim] d_q and a turn
@@ -127,19 +124,26 @@ struct AttentionVarlenBwdArgs {
 // kWsDs with max_seqlen > 0 adds the dS tiles (8 KiB each, per head) of
 // any batch of n_tokens rows whose documents are at most max_seqlen long
 // and number at most max_docs (0: ceil(n_tokens / max_seqlen)); more
-// documents fit when they are shorter (attention_ds_pair_bound), less
-// what ds_first_bytes (AttentionVarlenBwdArgs::ds_first) holds.
+// documents fit when they are shorter (attention_ds_pair_bound), less the
+// tiles the spare regions of AttentionVarlenBwdArgs::ds_spare hold
+// (attention_ds_spare_tiles of their sizes).
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim = 0,
                                                  AttnBwdKernels kernels = AttnBwdKernels::kAuto,
                                                  int64_t max_seqlen = 0, int64_t max_docs = 0,
-                                                 size_t ds_first_bytes = 0);
+                                                 int64_t ds_spare_tiles = 0);
+// The dS tiles (8 KiB each) a spare region of `bytes` holds.
+inline int64_t attention_ds_spare_tiles(size_t bytes) { return int64_t(bytes / 8192); }
 // kWsDs: at most how many (64-row query tile, 64-key tile) pairs a batch of
 // n_tokens rows in n_docs documents of at most max_seqlen rows sees. A
-// document of n rows has t = ceil(n/64) query tiles and t(t + 1)/2 pairs
-// ≤ t·(t_max + 1)/2, and the t sum to at most (n_tokens + 63·n_docs)/64.
+// document of n rows has t = ceil(n/64) ≤ t_max query tiles and t(t + 1)/2
+// pairs, and the t sum to at most s = floor((n_tokens + 63·n_docs)/64);
+// t(t + 1)/2 being convex, the sum is largest with as many documents as
+// possible at t_max and one holding the rest.
 inline int64_t attention_ds_pair_bound(int64_t n_tokens, int64_t n_docs, int64_t max_seqlen) {
-  const int64_t t_max = (max_seqlen + 63) / 64;
-  return ((t_max + 1) * (n_tokens + 63 * n_docs) + 127) / 128;
+  const int64_t t_max = (max_seqlen + 63) / 64, s = (n_tokens + 63 * n_docs) / 64;
+  if (t_max <= 0) return 0;
+  const int64_t full = s / t_max, rest = s % t_max;
+  return full * (t_max * (t_max + 1) / 2) + rest * (rest + 1) / 2;
 }
 Status attention_varlen_backward(const AttentionVarlenBwdArgs& a);
 // The backward's first kernel alone (for benches and tests): D =

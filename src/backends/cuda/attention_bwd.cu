@@ -52,6 +52,8 @@
 // before passing the turn on (the load-add-store build, a third round trip
 // per step, is slower again by about that much).
 #include "backends/cuda/attention.h"
+
+#include <algorithm>
 #include "backends/cuda/attention_common.cuh"
 
 #include <cmath>
@@ -639,14 +641,14 @@ Status launch_fused(const BwdParams& p, const FusedSum& f, int n_docs, int max_s
 
 // sm90_rows: 0 for the mma.sync kernels, else the rows per block of the
 // wgmma ones, or kWsRows for the warp-specialized ones; f.dq_acc set: the
-// one-kernel backward; ws_pipeline: AttentionVarlenBwdArgs::ws_pipeline.
+// one-kernel backward; ds: kWsDs's tiles.
 constexpr int kWsRows = -1;
 template <int D, class Path>
 Status launch(const BwdParams& p, const FusedSum& f, int n_docs, int max_seqlen, cudaStream_t st, int sm90_rows,
-              int ws_pipeline = -1, const DsTiles& ds = {}) {
+              const DsTiles& ds = {}) {
   LATHE_TRY(launch_delta(p, D, f.turn, std::is_same_v<Path, SimplePath>, st));  // attention_delta.cu
   if (f.dq_acc) return launch_fused<D>(p, f, n_docs, max_seqlen, st);
-  if (sm90_rows == kWsRows) return launch_backward_ws(p, D, n_docs, max_seqlen, st, ws_pipeline, ds);
+  if (sm90_rows == kWsRows) return launch_backward_ws(p, D, n_docs, max_seqlen, st, ds);
   if (sm90_rows != 0) return launch_backward_sm90(p, D, sm90_rows, n_docs, max_seqlen, st);
   const int tiles = (max_seqlen + kBlockRows - 1) / kBlockRows;
   const int tile_bytes = kBlockRows * (D + 8) * int(sizeof(bf16));
@@ -699,7 +701,7 @@ Result<AttnBwdKernels> resolve_kernels(AttnBwdKernels k, int head_dim) {
 }  // namespace
 
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim, AttnBwdKernels kernels,
-                                                 int64_t max_seqlen, int64_t max_docs, size_t ds_first_bytes) {
+                                                 int64_t max_seqlen, int64_t max_docs, int64_t ds_spare_tiles) {
   const size_t rows = size_t(n_tokens > 0 ? n_tokens : 0) * size_t(n_head > 0 ? n_head : 0);
   bool fused = false, ds = false;  // for head_dim 0: at any compiled head_dim
   for (int d : {32, 64, 128}) {
@@ -708,12 +710,11 @@ size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, i
     fused = fused || (k.is_ok() && k.value() == AttnBwdKernels::kFused);
     ds = ds || (k.is_ok() && k.value() == AttnBwdKernels::kWsDs);
   }
-  if (ds && max_seqlen > 0 && n_tokens > 0) {  // delta, each document's first pair, the tiles ds_first lacks
+  if (ds && max_seqlen > 0 && n_tokens > 0) {  // delta, each document's first pair, the tiles the spares lack
     const int64_t docs = max_docs > 0 ? max_docs : (n_tokens + max_seqlen - 1) / max_seqlen;
-    const size_t tiles = size_t(attention_ds_pair_bound(n_tokens, docs, max_seqlen)) * size_t(n_head);
-    const size_t in_first = ds_first_bytes / attn::kDsTileBytes;
+    const int64_t tiles = attention_ds_pair_bound(n_tokens, docs, max_seqlen) * n_head;
     return fused_section_bytes(rows) + fused_section_bytes(size_t(n_tokens) + 1) +
-           (tiles > in_first ? tiles - in_first : 0) * attn::kDsTileBytes;
+           size_t(std::max<int64_t>(tiles - std::max<int64_t>(ds_spare_tiles, 0), 0)) * attn::kDsTileBytes;
   }
   if (!fused) return rows * sizeof(float);
   return 2 * fused_section_bytes(rows) + rows * size_t(head_dim > 0 ? head_dim : 128) * sizeof(float);
@@ -773,14 +774,17 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
     const size_t head = fused_section_bytes(rows) + fused_section_bytes(size_t(a.n_tokens) + 1);
     const size_t need = size_t(attention_ds_pair_bound(a.n_tokens, a.n_docs, a.max_seqlen)) * size_t(a.n_head) *
                         attn::kDsTileBytes;
-    if (!attn::aligned16(a.workspace) || !attn::aligned16(a.ds_first))
-      return invalid_argument(kName, "the workspace and ds_first must be 16-byte aligned");
-    const size_t in_first = a.ds_first ? a.ds_first_bytes / attn::kDsTileBytes * attn::kDsTileBytes : 0;
-    if (a.workspace_bytes >= head && (a.workspace_bytes - head) + in_first >= need) {
+    if (!attn::aligned16(a.workspace) || !attn::aligned16(a.ds_spare[0]) || !attn::aligned16(a.ds_spare[1]))
+      return invalid_argument(kName, "the workspace and ds_spare must be 16-byte aligned");
+    int64_t end = 0;
+    for (int r = 0; r < 2; ++r) {
+      ds.spare[r] = a.ds_spare[r];
+      end += a.ds_spare[r] ? attention_ds_spare_tiles(a.ds_spare_bytes[r]) : 0;
+      ds.end[r] = end;
+    }
+    if (a.workspace_bytes >= head && (a.workspace_bytes - head) + size_t(end) * attn::kDsTileBytes >= need) {
       ds.pair_base = reinterpret_cast<int*>(static_cast<char*>(a.workspace) + fused_section_bytes(rows));
       ds.tiles = static_cast<char*>(a.workspace) + head;
-      ds.first = a.ds_first;
-      ds.n_first = int64_t(in_first / attn::kDsTileBytes);
     }
   }
   const int sm90_rows = !sm90 ? 0 : ws ? attn::kWsRows : a.wgmma_rows != 0 ? a.wgmma_rows : LATHE_ATTN_BWD_SM90_ROWS;
@@ -788,8 +792,7 @@ Status attention_varlen_backward(const AttentionVarlenBwdArgs& a) {
   return attn::with_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
     return a.simple ? attn::launch<D, attn::SimplePath>(p, {}, a.n_docs, a.max_seqlen, st, 0)
-                    : attn::launch<D, attn::FastPath>(p, sum, a.n_docs, a.max_seqlen, st, sm90_rows, a.ws_pipeline,
-                                                      ds);
+                    : attn::launch<D, attn::FastPath>(p, sum, a.n_docs, a.max_seqlen, st, sm90_rows, ds);
   });
 }
 

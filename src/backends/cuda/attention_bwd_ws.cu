@@ -27,8 +27,10 @@
 // the heads of one KV group side by side so their K/V tiles meet in L2.
 // Inside a consumer the products of a tile go out in two groups (Sᵀ and
 // dPᵀ, or S and dP), the exponentials run while the second is in flight,
-// dkdv issues dV += Pᵀ·dO before it forms dSᵀ, and (pipelined) the next
-// tile's score products are issued behind the tile's last product.
+// and dkdv issues dV += Pᵀ·dO before it forms dSᵀ. (Issuing the next
+// tile's score products behind a tile's last product was slower: at
+// head_dim 128 the extra live registers spill, and ptxas then serializes
+// the products, warning C7514.)
 //
 // Rows past a document inside the packed tensors arrive as the next
 // document's rows (past the tensors' end as zeros); the masks drop them
@@ -50,13 +52,6 @@
 #define LATHE_ATTN_BWD_WS_NC_64 2
 #endif
 
-// Where AttentionVarlenBwdArgs::ws_pipeline leaves it open: each tile's
-// products waited for before the next tile's are issued (0), or the next
-// tile's score products issued behind the last product of this one (1).
-#ifndef LATHE_ATTN_BWD_WS_PIPE
-#define LATHE_ATTN_BWD_WS_PIPE 0
-#endif
-
 // Named, not anonymous: the sm_80 pass uses little of it and would warn.
 namespace lathe::cuda::attn::wsb {
 
@@ -68,15 +63,15 @@ struct BwdMaps {
 
 // kWsDs (attention.h): where dkdv leaves the dS of every tile pair its keys
 // see (bf16, 64 query rows × 64 keys, in the order store_ds_tile gives):
-// pairs below n_first in `first`, the others in `rest`; and each
-// document's first pair (ds_pair_base_kernel). A document's pairs follow
-// those of the documents before it, head by head, and a head's by query
-// tile: (qi, ki ≤ qi) is pair qi(qi + 1)/2 + ki.
+// pairs below end[0] in spare[0], then below end[1] in spare[1], the others
+// in `rest`; and each document's first pair (ds_pair_base_kernel). A
+// document's pairs follow those of the documents before it, head by head,
+// and a head's by query tile: (qi, ki ≤ qi) is pair qi(qi + 1)/2 + ki.
 struct DsArgs {
   uint32_t* rest = nullptr;
   int* pair_base = nullptr;
-  uint32_t* first = nullptr;
-  int64_t n_first = 0;
+  uint32_t* spare[2] = {nullptr, nullptr};
+  int64_t end[2] = {0, 0};
 };
 constexpr int kDsTileWords = kDsTileBytes / 4;
 
@@ -87,7 +82,7 @@ constexpr int kDsTileWords = kDsTileBytes / 4;
 // (resident: one; full and empty per stage), from a 1024-byte aligned base.
 template <int D, int NC>
 struct WsBwdLayout {
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
   static constexpr int kRows = NC * kBlockRows;
   static constexpr int kThreads = (NC + 1) * attn::kThreads;
   static constexpr int kT = sm90::tile_bytes<D>();
@@ -149,7 +144,9 @@ struct DsHead {
   int64_t base;
   __device__ __forceinline__ uint32_t* pair(int qi, int ki) const {
     const int64_t at = base + int64_t(qi) * (qi + 1) / 2 + ki;
-    return at < ds->n_first ? ds->first + at * kDsTileWords : ds->rest + (at - ds->n_first) * kDsTileWords;
+    if (at < ds->end[0]) return ds->spare[0] + at * kDsTileWords;
+    if (at < ds->end[1]) return ds->spare[1] + (at - ds->end[0]) * kDsTileWords;
+    return ds->rest + (at - ds->end[1]) * kDsTileWords;
   }
 };
 // doc_pairs: ds.pair_base[b.doc], read once by the caller.
@@ -326,12 +323,11 @@ __device__ __forceinline__ void dkdv_tile_ws(float (&dk)[D / 2], float (&dv)[D /
 // dkdv's consumer warpgroup c: keys r0 + 64c .. of the item. The ring
 // brings the query tiles in turn, each with the group's heads side by side
 // (dkdv_produce), so the tiles these keys see form one run, first ..
-// last − 1; the others are given back unread. kPipe: the next tile's score
-// products are issued behind this one's dK += dSᵀ·Q. Each product is
+// last − 1; the others are given back unread. Each product is
 // issued from one place in a loop whose branches are the same across the
 // warpgroup: ptxas then keeps them asynchronous (branching per tile around
 // the issue made it serialize every wgmma, warnings C7515 / C7518).
-template <int D, int NC, bool kPipe, bool kDs>
+template <int D, int NC, bool kDs>
 __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
                                              int c, const DsArgs& ds) {
   using L = WsBwdLayout<D, NC>;
@@ -383,26 +379,11 @@ __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned 
     ring_.wait_full(it);
     ring_.release(it);
   }
-  if constexpr (kPipe) {
-    if (first < last) {
-      issue(first);
-      for (int it = first; it + 1 < last; ++it) {
-        tile(it);
-        issue(it + 1);
-        sm90::wg_wait<2>();  // dK += dSᵀ·Q of tile it
-        done(it);
-      }
-      tile(last - 1);
-      sm90::wg_wait<0>();
-      done(last - 1);
-    }
-  } else {
-    for (int it = first; it < last; ++it) {
-      issue(it);
-      tile(it);
-      sm90::wg_wait<0>();
-      done(it);
-    }
+  for (int it = first; it < last; ++it) {
+    issue(it);
+    tile(it);
+    sm90::wg_wait<0>();
+    done(it);
   }
   for (int it = last; it < n_iter; ++it) {
     ring_.wait_full(it);
@@ -510,9 +491,8 @@ __device__ __forceinline__ void dq_tile_ws(float (&dq)[D / 2], float (&s)[32], f
 }
 
 // dq's consumer warpgroup c: query rows r0 + 64c .. of the item; the key
-// tiles these rows see form one run, walked as in dkdv_consume (kPipe: the
-// next tile's score products issued behind this one's dQ += dS·K).
-template <int D, int NC, bool kPipe>
+// tiles these rows see form one run, walked as in dkdv_consume.
+template <int D, int NC>
 __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b, int c) {
   using L = WsBwdLayout<D, NC>;
   const Ring<L> ring_{ring::smem_addr(smem) + L::kBars};
@@ -565,26 +545,11 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
     ring_.wait_full(j);
     ring_.release(j);
   }
-  if constexpr (kPipe) {
-    if (first < last) {
-      issue(first);
-      for (int j = first; j + 1 < last; ++j) {
-        tile(j);
-        issue(j + 1);
-        sm90::wg_wait<2>();  // dQ += dS·K of tile j
-        done(j);
-      }
-      tile(last - 1);
-      sm90::wg_wait<0>();
-      done(last - 1);
-    }
-  } else {
-    for (int j = first; j < last; ++j) {
-      issue(j);
-      tile(j);
-      sm90::wg_wait<0>();
-      done(j);
-    }
+  for (int j = first; j < last; ++j) {
+    issue(j);
+    tile(j);
+    sm90::wg_wait<0>();
+    done(j);
   }
   for (int j = last; j < keys.n_tiles; ++j) {
     ring_.wait_full(j);
@@ -704,7 +669,7 @@ __device__ __forceinline__ void init_barriers(uint32_t bars, int full_count) {
 // One block per item (a KV head's NC·64 keys of one document). Separate
 // paths after the register split: ptxas gives each side its budget only
 // when no code after it is shared.
-template <int D, int NC, bool kPipe, bool kDs>
+template <int D, int NC, bool kDs>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles, DsArgs ds) {
 #if LATHE_SM90A_DEVICE
@@ -720,14 +685,14 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dkdv_consume<D, NC, kPipe, kDs>(p, smem, b, consumer_index(), ds);
+  dkdv_consume<D, NC, kDs>(p, smem, b, consumer_index(), ds);
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
 }
 
 // One block per item (NC·64 query rows of one head of one document).
-template <int D, int NC, bool kPipe>
+template <int D, int NC>
 __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     dq_ws_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles) {
 #if LATHE_SM90A_DEVICE
@@ -743,7 +708,7 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
     return;
   }
   regs_claim<L::kConsumerRegs>();
-  dq_consume<D, NC, kPipe>(p, smem, b, consumer_index());
+  dq_consume<D, NC>(p, smem, b, consumer_index());
 #else
   __trap();  // launched only where sm90_supported() holds
 #endif
@@ -817,7 +782,7 @@ __global__ void ds_pair_base_kernel(const int32_t* cu, int n_docs, int* pair_bas
   }
 }
 
-template <int D, int NC, bool kPipe>
+template <int D, int NC>
 Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream,
                  const DsArgs& ds) {
   using L = WsBwdLayout<D, NC>;
@@ -837,7 +802,7 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
   };
   if (ds.rest) {  // dkdv leaves dS; d_q after it on st
     using LD = DsLayout<D, NC>;
-    auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, true>;
+    auto* dkdv = dkdv_ws_kernel<D, NC, true>;
     LATHE_TRY(set_smem(dkdv, L::kSmem, "cudaFuncSetAttribute(dkdv_ws)"));
     LATHE_TRY(set_smem(dq_ds_kernel<D, NC>, LD::kSmem, "cudaFuncSetAttribute(dq_ds)"));
     ds_pair_base_kernel<<<1, 32, 0, st>>>(p.cu, n_docs, ds.pair_base);
@@ -852,8 +817,8 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
     dq_ds_kernel<D, NC><<<grid, LD::kThreads, LD::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
     return cuda_check(cudaGetLastError(), "attention dq_ds launch");
   }
-  auto* dkdv = dkdv_ws_kernel<D, NC, kPipe, false>;
-  auto* dq = dq_ws_kernel<D, NC, kPipe>;
+  auto* dkdv = dkdv_ws_kernel<D, NC, false>;
+  auto* dq = dq_ws_kernel<D, NC>;
   LATHE_TRY(set_smem(dkdv, L::kSmem, "cudaFuncSetAttribute(dkdv_ws)"));
   LATHE_TRY(set_smem(dq, L::kSmem, "cudaFuncSetAttribute(dq_ws)"));
   dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles), DsArgs{});
@@ -866,25 +831,25 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
 
 namespace lathe::cuda::attn {
 
-Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st, int pipelined,
+Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st,
                           const DsTiles& tiles) {
   if (d != 64 && d != 128)
     return unsupported("attention backward (warp-specialized): head_dim ", d, " (64 and 128 are compiled)");
   if (p.n_tokens <= 0) return invalid_argument("attention backward (warp-specialized): n_tokens is not set");
-  const wsb::DsArgs ds{static_cast<uint32_t*>(tiles.tiles), tiles.pair_base, static_cast<uint32_t*>(tiles.first),
-                       tiles.first ? tiles.n_first : 0};
+  const wsb::DsArgs ds{static_cast<uint32_t*>(tiles.tiles),
+                       tiles.pair_base,
+                       {static_cast<uint32_t*>(tiles.spare[0]), static_cast<uint32_t*>(tiles.spare[1])},
+                       {tiles.end[0], tiles.end[1]}};
   const SideStream* side = nullptr;
   if (!ds.rest) {  // d_q from dS runs after dkdv, on st
     LATHE_ASSIGN_OR_RETURN(side, side_stream_for(st));
   }
   const cudaStream_t dq_stream = side ? side->stream : st;
   constexpr int kNc64 = LATHE_ATTN_BWD_WS_NC_64 == 3 ? 3 : 2;
-  const int variant = pipelined < 0 ? LATHE_ATTN_BWD_WS_PIPE : pipelined;
   auto run = [&](auto d_c, auto nc_c) {
-    constexpr int kD = decltype(d_c)::value, kNc = decltype(nc_c)::value;
-    if (variant == 0) return wsb::launch_ws<kD, kNc, false>(p, n_docs, max_seqlen, st, dq_stream, ds);
-    return wsb::launch_ws<kD, kNc, true>(p, n_docs, max_seqlen, st, dq_stream, ds);
+    return wsb::launch_ws<decltype(d_c)::value, decltype(nc_c)::value>(p, n_docs, max_seqlen, st, dq_stream, ds);
   };
+
   Status launched = d == 128 ? run(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{})
                              : run(std::integral_constant<int, 64>{}, std::integral_constant<int, kNc64>{});
   if (!side) return launched;

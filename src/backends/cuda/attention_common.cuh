@@ -456,23 +456,23 @@ Status launch_backward_sm90(const BwdParams& p, int d, int rows, int n_docs, int
 // The warp-specialized Hopper kernels (attention_bwd_ws.cu; the caller
 // checked sm90_supported(d)): dkdv on st, dq on the side stream beside it
 // (or on st: LATHE_ATTN_BWD_STREAMS=1), joined back to st; delta must
-// already be in p.delta and p.n_tokens set. pipelined: 0 each tile's
-// products waited for, 1 the next tile's score products behind this one's
-// last, 2 also their A operands from registers; -1 the compiled default.
-// kWsDs's dS tiles: the first n_first in `first` (memory the caller gives
-// for the call), the rest in `tiles` (the workspace's), each document's
-// first pair in pair_base. tiles null: none.
+// already be in p.delta and p.n_tokens set.
+//
+// kWsDs's dS tiles: spare[0] holds tiles 0 .. end[0] − 1, spare[1] the
+// next ones up to end[1] (memory the caller gives for the call), `tiles`
+// (the workspace's) the rest; each document's first pair in pair_base.
+// tiles null: none.
 struct DsTiles {
   void* tiles = nullptr;
   int* pair_base = nullptr;
-  void* first = nullptr;
-  int64_t n_first = 0;
+  void* spare[2] = {nullptr, nullptr};
+  int64_t end[2] = {0, 0};
 };
 constexpr int kDsTileBytes = kBlockRows * kBlockRows * 2;  // one tile pair's dS, bf16
 // ds.tiles set (AttnBwdKernels::kWsDs): dkdv also leaves each tile pair's
 // dS there and d_q is a product of those after it, on st; ds.pair_base
 // holds n_docs ints (each document's first pair, written here).
-Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st, int pipelined,
+Status launch_backward_ws(const BwdParams& p, int d, int n_docs, int max_seqlen, cudaStream_t st,
                           const DsTiles& ds = {});
 // The backward's first kernel (attention_delta.cu): p.delta = rowsum(dO ⊙ O)
 // per row and head at head_dim d, and turn[row] = 0 where turn is set (the

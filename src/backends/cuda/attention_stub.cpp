@@ -10,7 +10,7 @@ Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA bac
 
 Status attention_varlen_forward(const AttentionVarlenFwdArgs&) { return no_cuda(); }
 size_t attention_varlen_backward_workspace_bytes(int64_t n_tokens, int n_head, int head_dim, AttnBwdKernels kernels,
-                                                 int64_t, int64_t, size_t) {
+                                                 int64_t, int64_t, int64_t) {
   const size_t rows = size_t(n_tokens > 0 ? n_tokens : 0) * size_t(n_head > 0 ? n_head : 0);
   if (kernels != AttnBwdKernels::kFused) return rows * sizeof(float);
   const size_t section = (rows * sizeof(float) + 15) / 16 * 16;  // as attention_bwd.cu lays it out
