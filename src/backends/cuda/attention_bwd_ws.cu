@@ -195,6 +195,28 @@ struct Ring {
   }
 };
 
+// A consumer's walk over the ring's n fills: the run first .. last − 1 it
+// works on (score products issued, the tile's arithmetic, its last product
+// waited for, then done), the others given back unread.
+template <class R, class Issue, class Tile, class Done>
+__device__ __forceinline__ void walk_run(const R& ring_, int first, int last, int n, Issue&& issue, Tile&& tile,
+                                         Done&& done) {
+  for (int it = 0; it < first; ++it) {
+    ring_.wait_full(it);
+    ring_.release(it);
+  }
+  for (int it = first; it < last; ++it) {
+    issue(it);
+    tile(it);
+    sm90::wg_wait<0>();
+    done(it);
+  }
+  for (int it = last; it < n; ++it) {
+    ring_.wait_full(it);
+    ring_.release(it);
+  }
+}
+
 // The query tiles a dkdv block walks per head: from its first key's tile to
 // the last query row that sees one of its keys.
 template <int kRows>
@@ -375,20 +397,7 @@ __device__ __forceinline__ void dkdv_consume(const BwdParams& p, const unsigned 
     sm90::pin(a);
     ring_.release(it);
   };
-  for (int it = 0; it < first; ++it) {
-    ring_.wait_full(it);
-    ring_.release(it);
-  }
-  for (int it = first; it < last; ++it) {
-    issue(it);
-    tile(it);
-    sm90::wg_wait<0>();
-    done(it);
-  }
-  for (int it = last; it < n_iter; ++it) {
-    ring_.wait_full(it);
-    ring_.release(it);
-  }
+  walk_run(ring_, first, last, n_iter, issue, tile, done);
   const int cc = t % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -541,20 +550,7 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
     sm90::pin(a);
     ring_.release(j);
   };
-  for (int j = 0; j < first; ++j) {
-    ring_.wait_full(j);
-    ring_.release(j);
-  }
-  for (int j = first; j < last; ++j) {
-    issue(j);
-    tile(j);
-    sm90::wg_wait<0>();
-    done(j);
-  }
-  for (int j = last; j < keys.n_tiles; ++j) {
-    ring_.wait_full(j);
-    ring_.release(j);
-  }
+  walk_run(ring_, first, last, keys.n_tiles, issue, tile, done);
   store_dq_rows<D>(p, b, dq, row_a);
 }
 
