@@ -36,165 +36,13 @@
 // document's rows (past the tensors' end as zeros); the masks drop them
 // (visible(), and zero lse / D rows past the end in dkdv), and nothing past
 // a document is stored.
-#include "backends/cuda/attention.h"
-#include "backends/cuda/attention_common.cuh"
-#include "backends/cuda/attention_sm90.cuh"
-#include "backends/cuda/attention_tma.cuh"
-#include "backends/cuda/gemv_ring.cuh"  // the mbarrier helpers
+#include "backends/cuda/attention_bwd_ws.cuh"
 
-#include <algorithm>
 #include <type_traits>
 
-// Consumer warpgroups per block (64 keys or query rows each) at head_dim
-// 64: 2 or 3 (head_dim 128: 2, its dK and dV accumulators take 128
-// registers a thread).
-#ifndef LATHE_ATTN_BWD_WS_NC_64
-#define LATHE_ATTN_BWD_WS_NC_64 2
-#endif
-
-// Named, not anonymous: the sm_80 pass uses little of it and would warn.
 namespace lathe::cuda::attn::wsb {
 
-// The tensor maps of q, d_out (n_head heads) and k, v (n_head_kv), one
-// kernel parameter.
-struct BwdMaps {
-  CUtensorMap q, d_out, k, v;
-};
-
-// kWsDs (attention.h): where dkdv leaves the dS of every tile pair its keys
-// see (bf16, 64 query rows × 64 keys, in the order store_ds_tile gives):
-// pairs below end[0] in spare[0], then below end[1] in spare[1], the others
-// in `rest`; and each document's first pair (ds_pair_base_kernel). A
-// document's pairs follow those of the documents before it, head by head,
-// and a head's by query tile: (qi, ki ≤ qi) is pair qi(qi + 1)/2 + ki.
-struct DsArgs {
-  uint32_t* rest = nullptr;
-  int* pair_base = nullptr;
-  uint32_t* spare[2] = {nullptr, nullptr};
-  int64_t end[2] = {0, 0};
-};
-constexpr int kDsTileWords = kDsTileBytes / 4;
-
-
-// Shared memory of a block: NC resident tiles of each of two tensors (dkdv:
-// K, V; dq: Q, dO), kStages stages of each of the two streamed ones (dkdv:
-// Q, dO; dq: K, V), dkdv's lse and D rows per stage, then the barriers
-// (resident: one; full and empty per stage), from a 1024-byte aligned base.
-template <int D, int NC>
-struct WsBwdLayout {
-  static constexpr int kStages = 3;
-  static constexpr int kRows = NC * kBlockRows;
-  static constexpr int kThreads = (NC + 1) * attn::kThreads;
-  static constexpr int kT = sm90::tile_bytes<D>();
-  static constexpr int kRes1 = NC * kT;                    // the second resident tensor
-  static constexpr int kStream0 = 2 * NC * kT;             // the first streamed tensor's stages
-  static constexpr int kStream1 = kStream0 + kStages * kT;  // the second's
-  static constexpr int kLse = kStream1 + kStages * kT;     // kStages × 64 f32 (dkdv)
-  static constexpr int kDelta = kLse + kStages * kBlockRows * 4;
-  static constexpr int kBars = kDelta + kStages * kBlockRows * 4;
-  static constexpr int kResFull = 0, kFull = 1, kEmpty = 1 + kStages, kBarriers = 1 + 2 * kStages;
-  static constexpr int kSmem = kBars + kBarriers * 8 + 1024;  // + room to align the base
-  // Registers per thread after the split: the producer's and the consumers'
-  // ((NC + 1)·128 threads share 64 Ki).
-  static constexpr int kProducerRegs = NC == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = NC == 2 ? 240 : 160;
-  static_assert(NC == 2 || NC == 3);
-  static_assert(kSmem <= 227 * 1024);
-  static_assert(128 * kProducerRegs + NC * 128 * kConsumerRegs <= 65536);
-};
-
-// kWsDs's d_q kernel (dq_ds_consume below): a ring of stages, each K's tile
-// and one dS tile per consumer warpgroup.
-template <int D, int NC>
-struct DsLayout {
-  static constexpr int kStages = 4;
-  static constexpr int kT = sm90::tile_bytes<D>();
-  static constexpr int kStage = kT + NC * kDsTileBytes;  // K's tile, then each warpgroup's dS tile
-  static constexpr int kBars = kStages * kStage;
-  static constexpr int kFull = 0, kEmpty = kStages, kBarriers = 2 * kStages;
-  static constexpr int kSmem = kBars + kBarriers * 8 + 1024;
-  static constexpr int kRows = NC * kBlockRows;
-  static constexpr int kThreads = (NC + 1) * attn::kThreads;
-  static_assert(kSmem <= 227 * 1024 && kStage % 1024 == 0);
-};
-
-// A block's work: its document's first row and length, the head (dq) or KV
-// head (dkdv), and its first row (dq: query, dkdv: key).
-struct WsBwdItem {
-  int64_t base;
-  int n, h, r0, doc;
-};
-// Item w of the grid: the row tiles ordered as the header says; false
-// when the tile lies past its document's end.
-template <int kRows, bool kLastFirst>
-__device__ __forceinline__ bool bwd_item(const BwdParams& p, int docs, int heads, int tiles, int w, WsBwdItem& b) {
-  const int tile = w / (docs * heads), doc = w / heads % docs;
-  b.h = w % heads;
-  b.doc = doc;
-  b.base = p.cu[doc];
-  b.n = p.cu[doc + 1] - p.cu[doc];
-  b.r0 = (kLastFirst ? tiles - 1 - tile : tile) * kRows;
-  return b.r0 < b.n;
-}
-
-// The pairs of one item's document and head (the first one's index), and a
-// pair's tile.
-struct DsHead {
-  const DsArgs* ds;
-  int64_t base;
-  __device__ __forceinline__ uint32_t* pair(int qi, int ki) const {
-    const int64_t at = base + int64_t(qi) * (qi + 1) / 2 + ki;
-    if (at < ds->end[0]) return ds->spare[0] + at * kDsTileWords;
-    if (at < ds->end[1]) return ds->spare[1] + (at - ds->end[0]) * kDsTileWords;
-    return ds->rest + (at - ds->end[1]) * kDsTileWords;
-  }
-};
-// doc_pairs: ds.pair_base[b.doc], read once by the caller.
-__device__ __forceinline__ DsHead ds_head(const DsArgs& ds, int doc_pairs, const BwdParams& p, const WsBwdItem& b,
-                                          int h) {
-  const int64_t t = (b.n + kBlockRows - 1) / kBlockRows;
-  return {&ds, int64_t(doc_pairs) * p.n_head + int64_t(h) * (t * (t + 1) / 2)};
-}
-
 #if LATHE_SM90A_DEVICE
-using namespace tma;  // tma_load, regs_release / regs_claim, mbar_wait
-
-// D/64 boxes of 64 rows (one 64-column panel each) of head `head` from row
-// `row` into the tile at dst, counted on bar.
-template <int D>
-__device__ __forceinline__ void load_tile_tma(uint32_t dst, const CUtensorMap* map, int head, int64_t row,
-                                              uint32_t bar) {
-#pragma unroll
-  for (int pn = 0; pn < D / 64; ++pn) tma_load(dst + pn * sm90::kPanelBytes, map, pn * 64, head, int(row), bar);
-}
-
-// The consumers' wait: tma::mbar_wait with its bounded slow path a call.
-// Inlined into the consumer loops, the slow path's trap made ptxas spill
-// the dkdv accumulators (680 bytes at head_dim 128) and serialize wgmma.
-__device__ __noinline__ void wait_slow(uint32_t bar, uint32_t parity) { mbar_wait_slow(bar, parity); }
-__device__ __forceinline__ void wait_consumer(uint32_t bar, uint32_t parity) {
-  if (!mbar_try(bar, parity)) wait_slow(bar, parity);
-}
-
-// The ring's stage of fill `it` (the it-th streamed tile of the block), and
-// the parity its waits name.
-template <typename L>
-struct Ring {
-  uint32_t bars;  // shared address of barrier 0
-  __device__ __forceinline__ int stage(int it) const { return it % L::kStages; }
-  __device__ __forceinline__ uint32_t full(int it) const { return bars + 8 * (L::kFull + stage(it)); }
-  __device__ __forceinline__ uint32_t empty(int it) const { return bars + 8 * (L::kEmpty + stage(it)); }
-  __device__ __forceinline__ void wait_full(int it) const { wait_consumer(full(it), (it / L::kStages) & 1); }
-  // The producer, before refilling: the consumers gave back the fill before.
-  __device__ __forceinline__ void wait_empty(int it) const {
-    if (it >= L::kStages) mbar_wait(empty(it), ((it / L::kStages) & 1) ^ 1);
-  }
-  // One arrival per consumer warp (its products reading the stage completed).
-  __device__ __forceinline__ void release(int it) const {
-    if (threadIdx.x % 32 == 0) ring::mbar_arrive(empty(it));
-  }
-};
-
 // A consumer's walk over the ring's n fills: the run first .. last − 1 it
 // works on (score products issued, the tile's arithmetic, its last product
 // waited for, then done), the others given back unread.
@@ -450,55 +298,6 @@ __device__ __forceinline__ void dq_produce(const BwdMaps& maps, const BwdParams&
   }
 }
 
-// A consumer warpgroup's d_q accumulator (this thread's rows row_a and
-// row_a + 8), scaled, as bf16 rows of head b.h; nothing past the document.
-template <int D>
-__device__ __forceinline__ void store_dq_rows(const BwdParams& p, const WsBwdItem& b, const float (&dq)[D / 2],
-                                              int row_a) {
-  const int cc = threadIdx.x % 4;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_a + 8 * r;
-    if (row >= b.n) continue;
-    bf16* dst = p.d_q + ((b.base + row) * p.n_head + b.h) * D + 2 * cc;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn)
-      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-          __floats2bfloat162_rn(dq[4 * dn + 2 * r] * p.scale, dq[4 * dn + 2 * r + 1] * p.scale);
-  }
-}
-
-// dq for one key tile (sm90::dq_tile's arithmetic) from the moment S and
-// dP are in flight to the issue of dQ += dS·K, left in flight.
-template <int D>
-__device__ __forceinline__ void dq_tile_ws(float (&dq)[D / 2], float (&s)[32], float (&dp)[32], uint32_t (&a)[4][4],
-                                           const unsigned char* sK, bool masked, int kt, int row_a, int row_b, int n,
-                                           int window, float sl2, const float lse2[2], const float dlt[2]) {
-  using namespace sm90;
-  const int c = threadIdx.x % 4;
-  wg_wait<1>();
-  pin(s);
-#pragma unroll
-  for (int j = 0; j < 8; ++j)  // P, while dP is computed
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = kt + j * 8 + 2 * c + (e & 1), i = 4 * j + e;
-      const bool vis = !masked || visible(key, e < 2 ? row_a : row_b, n, window);
-      s[i] = vis ? fast_exp2(fmaf(s[i], sl2, -lse2[e / 2])) : 0.f;
-    }
-  wg_wait<0>();
-  pin(dp);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] = s[i] * (dp[i] - dlt[i % 4 / 2]);  // dS
-#pragma unroll
-  for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
-  pin(a);
-  pin(dq);
-  wg_fence();
-  accumulate_rows<D>(dq, a, sK);
-  wg_commit();
-}
-
 // dq's consumer warpgroup c: query rows r0 + 64c .. of the item; the key
 // tiles these rows see form one run, walked as in dkdv_consume.
 template <int D, int NC>
@@ -542,8 +341,8 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
   auto tile = [&](int j) {
     const int kt = keys.k_first + j * kBlockRows;
     const bool masked = p.window > 0 || kt + kBlockRows - 1 > w0;
-    dq_tile_ws<D>(dq, s, dp, a, smem + L::kStream0 + ring_.stage(j) * L::kT, masked, kt, row_a, row_b, n, p.window,
-                  sl2, lse2, dlt);
+    sm90::dq_tile_step<D>(dq, s, dp, a, smem + L::kStream0 + ring_.stage(j) * L::kT, masked, kt, row_a, row_b, n,
+                          p.window, sl2, lse2, dlt);
   };
   auto done = [&](int j) {
     sm90::pin(dq);
@@ -552,97 +351,6 @@ __device__ __forceinline__ void dq_consume(const BwdParams& p, const unsigned ch
   };
   walk_run(ring_, first, last, keys.n_tiles, issue, tile, done);
   store_dq_rows<D>(p, b, dq, row_a);
-}
-
-// kWsDs's d_q product, d_q = scale·dS·K, from the tiles dkdv left: a block
-// per NC·64 query rows of one head (the dq kernel's items), its producer
-// thread streaming each key tile of K (TMA) and, for every consumer
-// warpgroup whose rows see it, that pair's dS tile (a 1-D bulk copy,
-// evict-first: each is read once) into one ring stage; the consumers take
-// their A fragments from it and accumulate with K as the MN-major operand.
-//
-// The key tiles a d_q block walks (0 .. its last query tile), and whether
-// warpgroup c's rows see key tile j (its query tile is in the document and
-// not before j).
-template <int kRows>
-__device__ __forceinline__ int ds_key_tiles(const WsBwdItem& b) {
-  return (min(b.r0 + kRows, b.n) - 1) / kBlockRows + 1;
-}
-__device__ __forceinline__ bool ds_sees(const WsBwdItem& b, int c, int j) {
-  const int w0 = b.r0 + c * kBlockRows;
-  return w0 < b.n && j <= w0 / kBlockRows;
-}
-
-template <int D, int NC>
-__device__ __forceinline__ void dq_ds_produce(const BwdMaps& maps, const BwdParams& p, const DsArgs& ds, uint32_t s0,
-                                              const WsBwdItem& b, int g0) {
-  using L = DsLayout<D, NC>;
-  const Ring<L> ring_{s0 + L::kBars};
-  const int hk = b.h / (p.n_head / p.n_head_kv), qi0 = b.r0 / kBlockRows;
-  const DsHead head = ds_head(ds, __ldg(ds.pair_base + b.doc), p, b, b.h);
-  const uint64_t policy = gemv_detail::evict_first_policy();
-  const int n_kt = ds_key_tiles<L::kRows>(b);
-  for (int j = 0; j < n_kt; ++j) {
-    const int g = g0 + j;  // the ring's fill
-    const uint32_t stage = s0 + ring_.stage(g) * L::kStage;
-    ring_.wait_empty(g);
-    int uses = 0;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) uses += ds_sees(b, c, j);
-    ring::mbar_expect(ring_.full(g), L::kT + uses * kDsTileBytes);
-    load_tile_tma<D>(stage, &maps.k, hk, b.base + int64_t(j) * kBlockRows, ring_.full(g));
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-      if (ds_sees(b, c, j))
-        ring::bulk_copy(stage + L::kT + c * kDsTileBytes, head.pair(qi0 + c, j), kDsTileBytes, ring_.full(g), policy);
-  }
-}
-
-template <int D, int NC>
-__device__ __forceinline__ void dq_ds_consume(const BwdParams& p, const unsigned char* smem, const WsBwdItem& b,
-                                              int c, int g0) {
-  using L = DsLayout<D, NC>;
-  const uint32_t s0 = ring::smem_addr(smem);
-  const Ring<L> ring_{s0 + L::kBars};
-  const int t = threadIdx.x % attn::kThreads, lane = t % 32;
-  const int n_kt = ds_key_tiles<L::kRows>(b);
-  // This thread's 16 bytes of each k16 chunk of its warp's rows (store_ds_tile's order).
-  const uint32_t frag = L::kT + c * kDsTileBytes + (t / 32 * 4 * 32 + lane) * 16;
-  float dq[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
-  uint32_t a[4][4];
-  for (int j = 0; j < n_kt; ++j) {
-    ring_.wait_full(g0 + j);
-    if (ds_sees(b, c, j)) {
-      const int st = ring_.stage(g0 + j);
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-        const uint4 v = ring::lds128(s0 + st * L::kStage + frag + kc * 32 * 16);
-        a[kc][0] = v.x, a[kc][1] = v.y, a[kc][2] = v.z, a[kc][3] = v.w;
-      }
-      sm90::pin(a);
-      sm90::pin(dq);
-      sm90::wg_fence();
-      sm90::accumulate_rows<D>(dq, a, smem + st * L::kStage);
-      sm90::wg_commit();
-      sm90::wg_wait<0>();
-      sm90::pin(dq);
-      sm90::pin(a);
-    }
-    ring_.release(g0 + j);
-  }
-  store_dq_rows<D>(p, b, dq, b.r0 + c * kBlockRows + t / 32 * 16 + lane / 4);
-}
-
-// This thread's consumer warpgroup, 0 .. NC − 1, as a value ptxas knows to
-// be the same across the warp (a shuffle from lane 0). Computed from
-// threadIdx directly, every branch on it (the keys or rows a warpgroup
-// sees) counts as divergent, and ptxas then serializes each wgmma behind
-// the one before it (warning C7518), which cost the kernels most of their
-// overlap of products and exponentials.
-__device__ __forceinline__ int consumer_index() {
-  return __shfl_sync(0xffffffffu, int(threadIdx.x / attn::kThreads) - 1, 0);
 }
 
 // Barrier set-up shared by both kernels: the resident tiles' barrier and
@@ -710,74 +418,6 @@ __global__ void __launch_bounds__(WsBwdLayout<D, NC>::kThreads, 1)
 #endif
 }
 
-// kWsDs's d_q product (dq_ds_consume): one block per SM, each taking the
-// dq kernel's items in turn (longest first), its ring running on from one
-// item to the next, so no item waits for a block to start.
-template <int D, int NC>
-__global__ void __launch_bounds__(DsLayout<D, NC>::kThreads, 1)
-    dq_ds_kernel(const __grid_constant__ BwdMaps maps, const BwdParams p, int docs, int tiles, DsArgs ds) {
-#if LATHE_SM90A_DEVICE
-  using L = DsLayout<D, NC>;
-  using R = WsBwdLayout<D, NC>;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = sm90::aligned_smem(smem_raw);
-  const uint32_t bars = ring::smem_addr(smem) + L::kBars;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < L::kStages; ++s) {
-      ring::mbar_init(bars + 8 * (L::kFull + s), 1);
-      ring::mbar_init(bars + 8 * (L::kEmpty + s), NC * 4);
-    }
-    ring::fence_barrier_init();
-  }
-  __syncthreads();
-  const int n_items = tiles * docs * p.n_head;
-  WsBwdItem b;
-  int g = 0;  // fills of the ring so far
-  if (threadIdx.x < attn::kThreads) {
-    regs_release<R::kProducerRegs>();
-    if (threadIdx.x != 0) return;
-    for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
-      if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, w, b)) continue;
-      dq_ds_produce<D, NC>(maps, p, ds, ring::smem_addr(smem), b, g);
-      g += ds_key_tiles<L::kRows>(b);
-    }
-    return;
-  }
-  regs_claim<R::kConsumerRegs>();
-  const int c = consumer_index();
-  for (int w = blockIdx.x; w < n_items; w += gridDim.x) {
-    if (!bwd_item<L::kRows, true>(p, docs, p.n_head, tiles, w, b)) continue;
-    dq_ds_consume<D, NC>(p, smem, b, c, g);
-    g += ds_key_tiles<L::kRows>(b);
-  }
-#else
-  __trap();  // launched only where sm90_supported() holds
-#endif
-}
-
-// kWsDs: each document's first tile pair (DsArgs), one warp scanning the
-// documents 32 at a time.
-__global__ void ds_pair_base_kernel(const int32_t* cu, int n_docs, int* pair_base) {
-  const int lane = threadIdx.x;
-  int carry = 0;
-  for (int d0 = 0; d0 < n_docs; d0 += 32) {
-    const int d = d0 + lane;
-    int pairs = 0;
-    if (d < n_docs) {
-      const int t = (cu[d + 1] - cu[d] + kBlockRows - 1) / kBlockRows;
-      pairs = t * (t + 1) / 2;
-    }
-    int sum = pairs;  // inclusive prefix over the warp
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, sum, o);
-      if (lane >= o) sum += v;
-    }
-    if (d < n_docs) pair_base[d] = carry + sum - pairs;
-    carry += __shfl_sync(0xffffffffu, sum, 31);
-  }
-}
-
 template <int D, int NC>
 Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st, cudaStream_t dq_stream,
                  const DsArgs& ds) {
@@ -796,22 +436,13 @@ Status launch_ws(const BwdParams& p, int n_docs, int max_seqlen, cudaStream_t st
   auto set_smem = [](auto* kernel, int bytes, const char* what) {
     return cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
   };
-  if (ds.rest) {  // dkdv leaves dS; d_q after it on st
-    using LD = DsLayout<D, NC>;
+  if (ds.rest) {  // dkdv leaves dS; d_q after it on st (attention_bwd_ds.cu)
     auto* dkdv = dkdv_ws_kernel<D, NC, true>;
     LATHE_TRY(set_smem(dkdv, L::kSmem, "cudaFuncSetAttribute(dkdv_ws)"));
-    LATHE_TRY(set_smem(dq_ds_kernel<D, NC>, LD::kSmem, "cudaFuncSetAttribute(dq_ds)"));
-    ds_pair_base_kernel<<<1, 32, 0, st>>>(p.cu, n_docs, ds.pair_base);
-    LATHE_TRY(cuda_check(cudaGetLastError(), "attention ds_pair_base launch"));
+    LATHE_TRY(launch_ds_pair_base(p.cu, n_docs, ds.pair_base, st));
     dkdv<<<unsigned(dkdv_items), L::kThreads, L::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
     LATHE_TRY(cuda_check(cudaGetLastError(), "attention dkdv_ws launch"));
-    int dev = 0, sms = 0;
-    LATHE_TRY(cuda_check(cudaGetDevice(&dev), "cudaGetDevice"));
-    LATHE_TRY(cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                         "cudaDeviceGetAttribute(multiprocessors)"));
-    const unsigned grid = unsigned(std::min<int64_t>(dq_items, std::max(sms, 1)));
-    dq_ds_kernel<D, NC><<<grid, LD::kThreads, LD::kSmem, st>>>(maps, p, n_docs, int(tiles), ds);
-    return cuda_check(cudaGetLastError(), "attention dq_ds launch");
+    return launch_dq_ds<D, NC>(maps, p, n_docs, int(tiles), ds, st);
   }
   auto* dkdv = dkdv_ws_kernel<D, NC, false>;
   auto* dq = dq_ws_kernel<D, NC>;

@@ -220,15 +220,15 @@ __device__ __forceinline__ void issue_score_products_rs(float (&s)[32], float (&
   wg_commit();
 }
 
-// dq for one K/V tile: this thread's query rows row_a, row_b (= row_a + 8).
+// dq for one K/V tile from the moment S and dP are in flight (issued by
+// issue_score_products) to the issue of dQ += dS·K, left in flight (a[]
+// holds dS, its operand, until it completes): this thread's query rows
+// row_a, row_b (= row_a + 8).
 template <int D>
-__device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char* sQ, const unsigned char* sO,
-                                        const unsigned char* sK, const unsigned char* sV, bool masked, int kt,
-                                        int row_a, int row_b, int n, int window, float sl2, const float lse2[2],
-                                        const float dlt[2]) {
+__device__ __forceinline__ void dq_tile_step(float (&dq)[D / 2], float (&s)[32], float (&dp)[32], uint32_t (&a)[4][4],
+                                             const unsigned char* sK, bool masked, int kt, int row_a, int row_b, int n,
+                                             int window, float sl2, const float lse2[2], const float dlt[2]) {
   const int c = threadIdx.x % 4;
-  float s[32], dp[32];
-  issue_score_products<D>(s, dp, sQ, sK, sO, sV);
   wg_wait<1>();
   pin(s);
 #pragma unroll
@@ -243,7 +243,6 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char*
   pin(dp);
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = s[i] * (dp[i] - dlt[i % 4 / 2]);  // dS
-  uint32_t a[4][4];
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) c_to_a(a[kc], reinterpret_cast<const float(*)[4]>(s), kc);
   pin(a);
@@ -251,6 +250,18 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char*
   wg_fence();
   accumulate_rows<D>(dq, a, sK);
   wg_commit();
+}
+
+// dq for one K/V tile, all of it.
+template <int D>
+__device__ __forceinline__ void dq_tile(float (&dq)[D / 2], const unsigned char* sQ, const unsigned char* sO,
+                                        const unsigned char* sK, const unsigned char* sV, bool masked, int kt,
+                                        int row_a, int row_b, int n, int window, float sl2, const float lse2[2],
+                                        const float dlt[2]) {
+  float s[32], dp[32];
+  uint32_t a[4][4];
+  issue_score_products<D>(s, dp, sQ, sK, sO, sV);
+  dq_tile_step<D>(dq, s, dp, a, sK, masked, kt, row_a, row_b, n, window, sl2, lse2, dlt);
   wg_wait<0>();
   pin(dq);
 }
