@@ -18,6 +18,7 @@
 // Usage: bench_train_cuda [--shape 1b|8b|all] [--micro-batch N] [--seq N]
 //                         [--steps N] [--warmup N] [--recompute none|selective|full] [--r N]
 //                         [--arena-gib X] [--profile 0|1] [--full 0|1] [--dropout P] [--plan 1]
+//                         [--offload N]
 // Defaults: every shape at its issue batch (1B: 8, 8B: 4), seq 2048, r 32,
 // 10 timed steps after 3 warm-up steps, recomputation none for 1B and
 // selective for 8B (--recompute 0 / 1 mean none / full). --arena-gib is
@@ -30,6 +31,9 @@
 // runs LoRA dropout p (masks regenerated in each pass; not counted in the
 // model FLOPs). --plan 1 prints the arena's plan by item instead (no
 // device needed: what each buffer takes and how many layers keep q/k/v).
+// --offload N puts N layers' [gate | up] in pinned host memory between the
+// forward and the backward (CudaTrainOptions::offload_layers; default −1:
+// as many as let the most layers keep q/k/v within the budget, 0: none).
 // The trainer's memory switches (docs/gpu.md) are read from the
 // environment: LATHE_CUDA_HOST_EMBED=0 keeps the embedding on the device,
 // LATHE_CUDA_ACT_FROM_BWD=0 reruns SwiGLU's forward for down's LoRA.
@@ -78,6 +82,7 @@ struct Args {
   int full = 0;
   float dropout = 0.0f;
   int plan = 0;
+  int64_t offload = -1;  // CudaTrainOptions::offload_layers
 };
 
 double model_flops_per_token(const BenchShape& s, int64_t seq, int64_t r, bool full) {
@@ -154,9 +159,10 @@ int print_plan(const BenchShape& s, const CudaModelShape& shape, const CudaTrain
     return 1;
   }
   constexpr double kMiB = double(1 << 20);
-  std::printf("\n%s arena plan: %.2f GiB (+ %.2f GiB optimizer moments beside it), %lld layers keep q/k/v, h_mid\n\n",
+  std::printf("\n%s arena plan: %.2f GiB (+ %.2f GiB optimizer moments beside it), %lld layers keep q/k/v, h_mid, "
+              "%lld layers' gate|up in host memory\n\n",
               s.name, double(plan->bytes) / (kMiB * 1024), double(plan->optimizer_bytes) / (kMiB * 1024),
-              (long long)plan->layers_kept);
+              (long long)plan->layers_kept, (long long)plan->layers_offloaded);
   std::printf("| item | MiB |\n|---|---|\n");
   for (const auto& [what, bytes] : plan->items) std::printf("| %s | %.1f |\n", what.c_str(), double(bytes) / kMiB);
   std::fflush(stdout);
@@ -182,7 +188,7 @@ int run_shape(const BenchShape& s, const Args& a) {
   const double arena_gib = a.arena_gib >= 0 ? a.arena_gib : s.arena_gib;
   CudaTrainOptions opt{.device = 0, .max_tokens = mbs * a.seq, .max_seqlen = a.seq, .lora_r = int(a.r), .lora_scale = 1.0f,
                        .recompute = recompute, .max_arena_bytes = int64_t(arena_gib * double(1ull << 30)),
-                       .full_sft = a.full != 0, .lora_dropout = a.dropout};
+                       .offload_layers = a.offload, .full_sft = a.full != 0, .lora_dropout = a.dropout};
   if (a.plan) return print_plan(s, shape, opt);
   auto model = CudaTrainableModel::create(shape, opt);
   if (!model.is_ok()) {
@@ -220,9 +226,12 @@ int run_shape(const BenchShape& s, const Args& a) {
   std::string mode = std::string(a.full ? "full SFT, " : "") + mode_name[int(recompute)];
   if (a.dropout > 0) mode += ", dropout " + std::to_string(a.dropout).substr(0, 4);
   if (m.layers_kept() > 0) mode += " (" + std::to_string(m.layers_kept()) + " layers keep q/k/v, h_mid)";
-  std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f%% | %.4f |\n", s.name,
+  if (m.layers_offloaded() > 0) mode += " (" + std::to_string(m.layers_offloaded()) + " layers' gate|up in host memory)";
+  const double used = used_gib();  // the goal's 40 GB are decimal: both units
+  std::printf("| %s | %lld x %lld | %s | %.0f | %.1f | %.2f | %.2f (%.2f GB) | %.0f | %.1f%% | %.4f |\n", s.name,
               (long long)mbs, (long long)a.seq, mode.c_str(), tps, 1e3 * dt / double(a.steps),
-              double(m.arena_bytes()) / double(1ull << 30), used_gib(), tflops, 100.0 * tflops / 810.0, loss);
+              double(m.arena_bytes()) / double(1ull << 30), used, used * double(1ull << 30) / 1e9, tflops,
+              100.0 * tflops / 810.0, loss);
   std::fflush(stdout);
   if (a.profile) return profile_phases(s, m, step);
   return 0;
@@ -247,6 +256,7 @@ int main(int argc, char** argv) {
     else if (k == "--full") a.full = std::atoi(v);
     else if (k == "--dropout") a.dropout = float(std::atof(v));
     else if (k == "--plan") a.plan = std::atoi(v);
+    else if (k == "--offload") a.offload = std::atoll(v);
     else {
       std::fprintf(stderr, "unknown option %s (see the file header)\n", k.c_str());
       return 2;

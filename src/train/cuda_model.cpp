@@ -136,6 +136,13 @@ Status carve_acts(CudaModelImpl& m, C& c) {
   }
   CActs shared;
   std::set<std::string> made;  // the shared copies handed out (pointers are null while sizing)
+  const bool offload = m.off.count() > 0;
+  for (int i = 0; i < 2; ++i) {
+    m.off.stage[i] = nullptr;
+    if (offload) {
+      LATHE_ASSIGN_OR_RETURN(m.off.stage[i], c.bf(T * m.ld_gu, "gate|up staging (host offload)"));
+    }
+  }
   for (size_t l = 0; l < m.acts.size(); ++l) {
     CActs& a = m.acts[l];
     const bool layer = all || int64_t(l) < m.keep_layers;  // keeps what selective reruns GEMMs for
@@ -173,7 +180,11 @@ Status carve_acts(CudaModelImpl& m, C& c) {
     LATHE_TRY(bf(&CActs::h_mid, layer, T * H, "h_mid"));
     LATHE_TRY(bf(&CActs::xn2, all, T * m.group(kGgu).ldx, "xn2"));
     LATHE_TRY(f32(&CActs::rstd2, all, T, "rstd2"));
-    LATHE_TRY(bf(&CActs::gu, mid, T * m.ld_gu, "gate|up"));
+    if (offload && m.off.slot[l] >= 0) {
+      a.gu = m.off.stage[m.off.slot[l]];  // in pinned host memory between the forward and the backward
+    } else {
+      LATHE_TRY(bf(&CActs::gu, mid, T * m.ld_gu, "gate|up"));
+    }
     a.act = nullptr;  // per layer with none; else the scratch's (carve_scratch)
     if (all) {
       LATHE_ASSIGN_OR_RETURN(a.act, c.bf(T * m.group(kGdown).ldx, "silu(gate)·up"));
@@ -490,15 +501,34 @@ Result<size_t> plan(CudaModelImpl& m) {
     });
   };
   const bool selective = m.o.recompute == CudaRecompute::kSelective;
-  if (selective && m.o.keep_layers >= 0) {
-    m.keep_layers = std::min(m.o.keep_layers, m.s.n_layer);
-    LATHE_TRY(size_arena());
+  const int64_t L = m.s.n_layer;
+  // k layers offloaded, spread evenly (the staging buffers alternate), then the kept layers that fit.
+  auto fit = [&](int64_t k) -> Status {
+    m.off.slot.assign(size_t(L), -1);
+    for (int64_t i = 0; i < k; ++i) m.off.slot[size_t((2 * i + 1) * L / (2 * k))] = int(i % 2);
+    if (selective && m.o.keep_layers >= 0) {
+      m.keep_layers = std::min(m.o.keep_layers, L);
+      return size_arena();
+    }
+    for (m.keep_layers = selective && m.o.max_arena_bytes > 0 ? L : 0;; --m.keep_layers) {
+      LATHE_TRY(size_arena());
+      if (m.keep_layers == 0 || total <= size_t(m.o.max_arena_bytes)) break;
+    }
+    return Status::ok();
+  };
+  if (!selective || m.o.offload_layers >= 0) {
+    LATHE_TRY(fit(selective ? std::min(m.o.offload_layers, L) : 0));
     return total;
   }
-  for (m.keep_layers = selective && m.o.max_arena_bytes > 0 ? m.s.n_layer : 0;; --m.keep_layers) {
-    LATHE_TRY(size_arena());
-    if (m.keep_layers == 0 || total <= size_t(m.o.max_arena_bytes)) break;
+  LATHE_TRY(fit(0));
+  if (m.o.keep_layers >= 0 || m.o.max_arena_bytes <= 0 || m.keep_layers == L) return total;
+  // The fewest offloaded layers that keep the most.
+  int64_t best_k = 0, best_keep = m.keep_layers;
+  for (int64_t k = 3; k <= L && best_keep < L; ++k) {
+    LATHE_TRY(fit(k));
+    if (m.keep_layers > best_keep) best_k = k, best_keep = m.keep_layers;
   }
+  LATHE_TRY(fit(best_k));
   return total;
 }
 
@@ -511,7 +541,8 @@ Result<CudaArenaPlan> CudaTrainableModel::plan_arena(const CudaModelShape& shape
   m.o = options;
   LATHE_ASSIGN_OR_RETURN(size_t total, plan(m));
   CudaArenaPlan out{
-      .bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers, .items = {}};
+      .bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers,
+                   .layers_offloaded = m.off.count(), .items = {}};
   std::map<std::string, int64_t> by_item;
   LATHE_TRY(carve(m, [&](size_t bytes, const char* what) -> Result<void*> {
     const size_t a = cuda::ArenaPlan::kAlign;
@@ -536,6 +567,7 @@ Result<std::unique_ptr<CudaTrainableModel>> CudaTrainableModel::create(const Cud
   LATHE_TRY(m->side_start());
   LATHE_ASSIGN_OR_RETURN(m->arena, cuda::DeviceArena::create(options.device, total));
   LATHE_TRY(carve(*m, [&](size_t bytes, const char* what) { return m->arena.alloc(bytes, what); }));
+  LATHE_TRY(m->offload_start());
   if (m->host_embed) {
     const size_t bytes = size_t(shape.vocab * shape.hidden) * 2;
     LATHE_ASSIGN_OR_RETURN(m->embed_host, cuda::PinnedBuffer::alloc(options.device, bytes));
@@ -735,6 +767,7 @@ cuda::CudaAdamW& CudaTrainableModel::optimizer() { return *impl_->adamw; }
 cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }
 int64_t CudaTrainableModel::layers_kept() const { return impl_->keep_layers; }
+int64_t CudaTrainableModel::layers_offloaded() const { return impl_->off.count(); }
 uint64_t CudaTrainableModel::passes_run() const { return impl_->passes; }
 void CudaTrainableModel::set_dropout_chunk_rows(int64_t rows) {
   impl_->drop_rows = std::clamp<int64_t>(rows, 1, std::max<int64_t>(impl_->drop_cap, 1));

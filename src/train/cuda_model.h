@@ -112,6 +112,14 @@ struct CudaTrainOptions {
   // With selective and ≥ 0: exactly this many (first) layers keep them,
   // whatever the budget (tests pick a mix this way).
   int64_t keep_layers = -1;
+  // With selective: layers whose [gate | up] (the largest thing a layer
+  // keeps) goes to pinned host memory once the forward has used it and
+  // comes back before the layer's backward, through two device staging
+  // buffers and a copy stream of its own, so that the arena's bytes buy
+  // more layers that keep q/k/v. −1: as many as let the most layers keep
+  // them within max_arena_bytes (none when all do without); ≥ 0 exactly
+  // this many, spread evenly (tests). The bits are the same either way.
+  int64_t offload_layers = -1;
   // Train every weight (f32 masters and gradients, TrainableModel's
   // full-SFT table) instead of LoRA; targets and lora_r are then unused.
   bool full_sft = false;
@@ -143,6 +151,7 @@ struct CudaArenaPlan {
   int64_t bytes = 0;
   int64_t optimizer_bytes = 0;  // AdamW's moments, allocated beside the arena
   int64_t layers_kept = 0;
+  int64_t layers_offloaded = 0;  // CudaTrainOptions::offload_layers resolved
   // The arena by item (create()'s names, summed over layers), largest first.
   std::vector<std::pair<std::string, int64_t>> items;
 };
@@ -186,6 +195,7 @@ class CudaTrainableModel {
 
   int64_t arena_bytes() const;  // device memory this model holds
   int64_t layers_kept() const;  // selective: layers that rerun no GEMM (max_arena_bytes)
+  int64_t layers_offloaded() const;  // selective: layers whose [gate | up] waits in host memory
   // Where the dropout mask stream stands, as TrainableModel::passes_run():
   // passes run so far (forward_backward and forward_loss alike; each draws
   // its masks from its index). Set it from a checkpoint to resume the masks.

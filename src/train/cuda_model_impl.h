@@ -199,6 +199,19 @@ struct CLoraSide {
   bool busy = false;  // side work enqueued since the main stream last waited for all of it
 };
 
+// [gate | up] of some layers in pinned host memory between forward and
+// backward (CudaTrainOptions::offload_layers; cuda_model_offload.cpp).
+// Events: used[s] (the main stream is done with staging buffer s), free[s]
+// (its copy to the host has run), ready[s] (a layer's copy back has).
+struct COffload {
+  std::vector<int> slot;                 // [n_layer]: −1 on the device, else the staging buffer (0, 1)
+  bf16p stage[2] = {nullptr, nullptr};   // [max_tokens, ld_gu] each
+  std::vector<cuda::PinnedBuffer> host;  // [n_layer]; empty where not offloaded
+  std::optional<cuda::CudaContext> ctx;  // the copy stream
+  cuda::CudaEvent used[2], free[2], ready[2];
+  int64_t count() const;
+};
+
 struct CudaModelImpl;
 void sft_lay_out(CudaModelImpl& m);                 // the full-SFT table (n_flat, table)
 int64_t sft_column_ws_floats(const CudaModelImpl& m);
@@ -258,6 +271,13 @@ struct CudaModelImpl {
   // CudaTrainOptions::lora_overlap resolved (0 with dropout or full SFT).
   int overlap_mode = 0;
   CLoraSide side;
+  COffload off;
+  Status offload_start();                         // pinned buffers, copy stream, events
+  Status offload_before_write(int64_t l);         // forward: l's staging buffer is free to write
+  Status offload_after_forward(int64_t l, int64_t n);  // forward: copy l's [gate | up] to the host
+  Status offload_fetch(int64_t l, int64_t n);     // backward: copy l's [gate | up] back (enqueued early)
+  Status offload_before_backward(int64_t l);      // backward: wait for it
+  Status offload_after_backward(int64_t l, int64_t n);  // backward: the buffer is free; fetch the next
   // LATHE_CUDA_LORA_SUMS=separate: a group's dB sums right after dB's GEMMs,
   // not joined with dA's (cuda_model_pass.cpp; the same bits).
   bool separate_lora_sums = false;

@@ -254,10 +254,12 @@ Status CudaModelImpl::layer_forward(int64_t l, int64_t n, int n_docs, int max_se
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(norm(x.tmp_h, hs[size_t(l)], a.h_mid, b.mlp_norm, x_of(a.xn2, kGgu), a.rstd2, n, s.hidden,
                  group(kGgu).ldx));
+  LATHE_TRY(offload_before_write(l));
   LATHE_TRY(group_forward(l, kGgu, a.xn2, a.gu, ld_gu, n));
   LATHE_TRY(phase(kPhElementwise));
   LATHE_TRY(cuda::swiglu_rows_forward(ctx, {.gu = a.gu, .out = x_of(a.act, kGdown), .n_tokens = n,
                                             .inter = s.inter, .ld_gu = ld_gu, .ld_out = group(kGdown).ldx}));
+  LATHE_TRY(offload_after_forward(l, n));
   return group_forward(l, kGdown, a.act, x.tmp_h, 0, n);
 }
 
@@ -478,9 +480,17 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
                                                    .dy = x.d_xf, .dh = x.dh, .dh_bf = x.dh_bf, .rows = n,
                                                    .dim = H, .ld_dh_bf = ld_dh_bf}));
+  // The two highest offloaded layers' [gate | up] start coming back now.
+  for (int64_t l = L - 1, fetched = 0; l >= 0 && fetched < 2; --l) {
+    if (off.slot.empty() || off.slot[size_t(l)] < 0) continue;
+    LATHE_TRY(offload_fetch(l, n));
+    ++fetched;
+  }
   for (int64_t l = L - 1; l >= 0; --l) {
     LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
+    LATHE_TRY(offload_before_backward(l));
     LATHE_TRY(layer_backward(l, n, n_docs, max_seqlen));
+    LATHE_TRY(offload_after_backward(l, n));
   }
   LATHE_TRY(side_join());  // the LoRA gradients are complete on the main stream
   if (o.full_sft) LATHE_TRY(sft_embedding_grad(mb));  // x.dh: the gradient of hs[0]

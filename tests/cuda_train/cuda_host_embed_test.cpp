@@ -29,7 +29,7 @@ CudaModelShape shape_8b(bool tied) {
 
 CudaArenaPlan plan(const CudaModelShape& s, int host, int64_t budget, bool full_sft = false) {
   CudaTrainOptions o{.max_tokens = 8192, .lora_r = 32, .recompute = CudaRecompute::kSelective,
-                     .max_arena_bytes = budget, .full_sft = full_sft, .host_embedding = host};
+                     .max_arena_bytes = budget, .offload_layers = 0, .full_sft = full_sft, .host_embedding = host};
   auto p = CudaTrainableModel::plan_arena(s, o);
   EXPECT_TRUE(p.is_ok()) << p.status().message();
   return p.is_ok() ? *p : CudaArenaPlan{};

@@ -283,13 +283,16 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaRecomputeModes, ::testing::Values("qwen2"
 
 // The arena plan (no device needed) at Llama-3.1-8B's shape, micro batch
 // 4 x 2048, r 32: each recompute mode needs less than the one before;
-// selective's budget buys layers that keep q/k/v and h_mid, as many as fit.
+// selective's budget buys layers that keep q/k/v and h_mid, as many as fit
+// (with every layer's gate|up on the device: cuda_offload_test.cpp plans
+// the offloaded ones).
 TEST(CudaTrainer, PlansTheArenaForEachRecomputeMode) {
   CudaModelShape shape{.vocab = 128256, .hidden = 4096, .inter = 14336, .n_layer = 32, .n_head = 32, .n_kv = 8,
                        .head_dim = 128, .eps = 1e-5f};
   shape.inv_freq.assign(64, 1.0f);
   auto plan = [&](CudaRecompute mode, int64_t budget) {
-    CudaTrainOptions o{.max_tokens = 8192, .lora_r = 32, .recompute = mode, .max_arena_bytes = budget};
+    CudaTrainOptions o{.max_tokens = 8192, .lora_r = 32, .recompute = mode, .max_arena_bytes = budget,
+                       .offload_layers = 0};
     auto p = CudaTrainableModel::plan_arena(shape, o);
     EXPECT_TRUE(p.is_ok()) << p.status().message();
     return p.is_ok() ? *p : CudaArenaPlan{};

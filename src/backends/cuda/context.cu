@@ -58,6 +58,11 @@ Status copy_to_device(CudaContext& ctx, void* dst, const void* src, size_t bytes
   return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)), "copy_to_device");
 }
 
+Status copy_async(CudaContext& ctx, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  return cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(ctx)), "copy_async");
+}
+
 Status copy_to_device_2d(CudaContext& ctx, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                          size_t width_bytes, size_t rows) {
   if (width_bytes == 0 || rows == 0) return Status::ok();

@@ -59,6 +59,9 @@ class CudaContext {
 // for the stream.
 Status copy_to_device(CudaContext& ctx, void* dst, const void* src, size_t bytes);
 Status copy_to_host(CudaContext& ctx, void* dst, const void* src, size_t bytes);
+// Either way (device or pinned host memory at both ends), without waiting:
+// the host must keep pinned buffers alive until the stream has run it.
+Status copy_async(CudaContext& ctx, void* dst, const void* src, size_t bytes);
 // rows × width_bytes from host src (rows src_pitch bytes apart) into device
 // dst (rows dst_pitch bytes apart): a block of a wider device matrix.
 Status copy_to_device_2d(CudaContext& ctx, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,

@@ -57,6 +57,7 @@ Status CudaContext::check_launch(const char*) const { return no_cuda(); }
 
 Status copy_to_device(CudaContext&, void*, const void*, size_t) { return no_cuda(); }
 Status copy_to_host(CudaContext&, void*, const void*, size_t) { return no_cuda(); }
+Status copy_async(CudaContext&, void*, const void*, size_t) { return no_cuda(); }
 Status copy_to_device_2d(CudaContext&, void*, size_t, const void*, size_t, size_t, size_t) { return no_cuda(); }
 Status fill_zero(CudaContext&, void*, size_t) { return no_cuda(); }
 
