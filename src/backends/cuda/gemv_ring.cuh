@@ -14,9 +14,10 @@
 // what an earlier kernel or stage writes, so it runs ahead of the consumers
 // by the whole ring.
 //
-// Thread t sums chunks t, t + 256, ... of each row (k in order), the block
-// adds its warps in order: the sums depend neither on the number of x rows
-// nor on the grid or the ring. Compiled to the bulk copies from sm_90 on;
+// Thread t sums chunks t, t + 256, ... of each row (k in order), each warp
+// adds its lanes in a fixed exchange (warp_sum8), the block adds its warps
+// in order: the sums depend neither on the number of x rows nor on the
+// grid or the ring. Compiled to the bulk copies from sm_90 on;
 // below, the PTX helpers are empty (the host never launches them there).
 #pragma once
 
@@ -226,6 +227,28 @@ __device__ __forceinline__ void prefetch_next_units(const GemvPrefetch& p) {
   });
 }
 
+// A warp's sums of 8 values at once, each over all 32 lanes: 9 shuffles
+// instead of 8 × 5. Each step halves the values a lane holds, trading the
+// other half with the lane across: lane L ends with the sum of value
+// 4·L[4] + 2·L[3] + L[2] (L[i]: bit i of L). The order of the additions is
+// fixed by the lanes alone.
+__device__ __forceinline__ float warp_sum8(const float (&v)[8], int lane) {
+  const bool h16 = lane & 16, h8 = lane & 8, h4 = lane & 4;
+  float w[4], x[2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    w[j] = (h16 ? v[j + 4] : v[j]) + __shfl_xor_sync(0xffffffffu, h16 ? v[j] : v[j + 4], 16);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    x[j] = (h8 ? w[j + 2] : w[j]) + __shfl_xor_sync(0xffffffffu, h8 ? w[j] : w[j + 2], 8);
+  float y = (h4 ? x[1] : x[0]) + __shfl_xor_sync(0xffffffffu, h4 ? x[0] : x[1], 4);
+  y += __shfl_xor_sync(0xffffffffu, y, 2);
+  return y + __shfl_xor_sync(0xffffffffu, y, 1);
+}
+__device__ __forceinline__ int warp_sum8_row(int lane) {
+  return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
+}
+
 // The consumers' per-tile partial sums, by tile parity: a warp may start
 // the next tile's sums before the epilogue threads have read this one's.
 template <int B>
@@ -247,9 +270,29 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
   const int k_stages = k_stages_of(a);
   const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
   if (n_units == 0) return;
+  static_assert(R == 8, "warp_sum8 takes a tile's 8 rows");
   float acc[R][B], ss[B];
   XRaw<B> x_next;
   load_x<B>(a, rows, threadIdx.x, x_next);
+  // k in one stage: every unit reads the same x chunk, so it is read, normed
+  // and its squares summed once (the same arithmetic as per unit: the same
+  // bits). Up to 2 rows: at 4 the chunks kept would spill.
+  const bool one_stage = B <= 2 && k_stages == 1;
+  float xf1[B][8], ss1[B];
+  if (one_stage) {
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      ss1[b] = 0.0f;
+      if (b < rows && threadIdx.x < a.k / 8) use_x<B>(a, x_next, b, xf1[b], &ss1[b]);
+    }
+    if (a.norm_w) {
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float v = dev::warp_sum(ss1[b]);
+        if (lane == 0) s.ss[0][warp][b] = s.ss[1][warp][b] = v;
+      }
+    }
+  }
   UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u) {
     if (cur.stage == 0) {
@@ -263,14 +306,22 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
     const bool have = int64_t(cur.stage) * kConsumers + threadIdx.x < a.k / 8;
     const XRaw<B> x = x_next;
     const int next_stage = cur.stage + 1 == k_stages ? 0 : cur.stage + 1;
-    if (u + 1 < n_units) load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
+    if (!one_stage && u + 1 < n_units)
+      load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
     if (have) {
       float xf[B][8];
 #pragma unroll
-      for (int b = 0; b < B; ++b)
-        if (b < rows) use_x<B>(a, x, b, xf[b], &ss[b]);
+      for (int b = 0; b < B; ++b) {
+        if (b >= rows) break;
+        if (one_stage) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xf[b][i] = xf1[b][i];
+        } else {
+          use_x<B>(a, x, b, xf[b], &ss[b]);
+        }
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[8];
@@ -293,13 +344,14 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
     // The tile's sums: each warp's, then the block's in warp order, and the epilogue.
     const int tp = pos.tile_parity;
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      float rows_b[R];
 #pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const float v = dev::warp_sum(acc[r][b]);
-        if (lane == 0) s.part[tp][warp][r * B + b] = v;
-      }
-    if (a.norm_w) {
+      for (int r = 0; r < R; ++r) rows_b[r] = acc[r][b];
+      const float v = warp_sum8(rows_b, lane);
+      if ((lane & 3) == 0) s.part[tp][warp][warp_sum8_row(lane) * B + b] = v;
+    }
+    if (a.norm_w && !one_stage) {
 #pragma unroll
       for (int b = 0; b < B; ++b) {
         const float v = dev::warp_sum(ss[b]);
