@@ -48,19 +48,7 @@ CudaTrainOptions options(CudaRecompute mode, int overlap, int64_t keep_layers = 
 }
 
 // Documents of random tokens filling `tokens` (the first 3 of each unsupervised).
-MicroBatch batch(int64_t vocab, int tokens, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> x, y;
-  for (int left = tokens; left > 0;) {
-    const int len = std::min(left, 64 + int(rng() % 400u));
-    left -= len;
-    x.emplace_back();
-    y.emplace_back();
-    for (int j = 0; j < len; ++j) x.back().push_back(int32_t(rng() % uint32_t(vocab)));
-    for (int j = 0; j < len; ++j) y.back().push_back(j >= 3 && j + 1 < len ? x.back()[size_t(j + 1)] : kIgnoreIndex);
-  }
-  return pack(x, y);
-}
+MicroBatch batch(int64_t vocab, int tokens, uint32_t seed) { return random_docs(vocab, tokens, seed, 64, 400, 3); }
 
 // A model from seed 7's random base and an adapter whose A and B are both
 // non-zero (so dA and du carry signal from the first pass).

@@ -37,19 +37,7 @@ CudaTrainOptions opts(int64_t offload, int64_t keep, int overlap) {
           .keep_layers = keep, .offload_layers = offload, .lora_overlap = overlap};
 }
 
-MicroBatch docs(int64_t vocab, int tokens, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> x, y;
-  for (int left = tokens; left > 0;) {
-    const int len = std::min(left, 50 + int(rng() % 300u));
-    left -= len;
-    x.emplace_back();
-    y.emplace_back();
-    for (int j = 0; j < len; ++j) x.back().push_back(int32_t(rng() % uint32_t(vocab)));
-    for (int j = 0; j < len; ++j) y.back().push_back(j >= 2 && j + 1 < len ? x.back()[size_t(j + 1)] : kIgnoreIndex);
-  }
-  return pack(x, y);
-}
+MicroBatch docs(int64_t vocab, int tokens, uint32_t seed) { return random_docs(vocab, tokens, seed, 50, 300, 2); }
 
 // Losses (training and evaluation passes), gradients and parameters of 3 steps.
 std::vector<std::vector<float>> trace(const CudaTrainOptions& o) {

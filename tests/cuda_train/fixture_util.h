@@ -88,6 +88,24 @@ inline MicroBatch random_batch(int64_t vocab, uint32_t seed) {
   return pack(x, y);
 }
 
+// Documents of random tokens filling `tokens`, each min_len + [0, spread)
+// long (the last one cut short), the first `unsupervised` of each not
+// supervised.
+inline MicroBatch random_docs(int64_t vocab, int tokens, uint32_t seed, int min_len, int spread, int unsupervised) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> x, y;
+  for (int left = tokens; left > 0;) {
+    const int len = std::min(left, min_len + int(rng() % uint32_t(spread)));
+    left -= len;
+    x.emplace_back();
+    y.emplace_back();
+    for (int j = 0; j < len; ++j) x.back().push_back(int32_t(rng() % uint32_t(vocab)));
+    for (int j = 0; j < len; ++j)
+      y.back().push_back(j >= unsupervised && j + 1 < len ? x.back()[size_t(j + 1)] : kIgnoreIndex);
+  }
+  return pack(x, y);
+}
+
 inline std::vector<float> grads_of(CudaTrainableModel& g) {
   std::vector<float> out(size_t(g.n_params()));
   Status st = g.download_grads(out);
