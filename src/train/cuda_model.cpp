@@ -180,8 +180,8 @@ Status carve_acts(CudaModelImpl& m, C& c) {
     LATHE_TRY(bf(&CActs::h_mid, layer, T * H, "h_mid"));
     LATHE_TRY(bf(&CActs::xn2, all, T * m.group(kGgu).ldx, "xn2"));
     LATHE_TRY(f32(&CActs::rstd2, all, T, "rstd2"));
-    if (offload && m.off.slot[l] >= 0) {
-      a.gu = m.off.stage[m.off.slot[l]];  // in pinned host memory between the forward and the backward
+    if (m.off.of(int64_t(l)) >= 0) {
+      a.gu = m.off.stage[m.off.of(int64_t(l))];  // in pinned host memory between the forward and the backward
     } else {
       LATHE_TRY(bf(&CActs::gu, mid, T * m.ld_gu, "gate|up"));
     }
@@ -540,9 +540,8 @@ Result<CudaArenaPlan> CudaTrainableModel::plan_arena(const CudaModelShape& shape
   m.s = shape;
   m.o = options;
   LATHE_ASSIGN_OR_RETURN(size_t total, plan(m));
-  CudaArenaPlan out{
-      .bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers,
-                   .layers_offloaded = m.off.count(), .items = {}};
+  CudaArenaPlan out{.bytes = int64_t(total), .optimizer_bytes = 8 * m.n_flat, .layers_kept = m.keep_layers,
+                    .layers_offloaded = m.off.count(), .items = {}};
   std::map<std::string, int64_t> by_item;
   LATHE_TRY(carve(m, [&](size_t bytes, const char* what) -> Result<void*> {
     const size_t a = cuda::ArenaPlan::kAlign;

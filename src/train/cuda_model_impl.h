@@ -210,6 +210,7 @@ struct COffload {
   std::optional<cuda::CudaContext> ctx;  // the copy stream
   cuda::CudaEvent used[2], free[2], ready[2];
   int64_t count() const;
+  int of(int64_t l) const;  // layer l's staging buffer, −1 when on the device
 };
 
 struct CudaModelImpl;
@@ -275,7 +276,8 @@ struct CudaModelImpl {
   Status offload_start();                         // pinned buffers, copy stream, events
   Status offload_before_write(int64_t l);         // forward: l's staging buffer is free to write
   Status offload_after_forward(int64_t l, int64_t n);  // forward: copy l's [gate | up] to the host
-  Status offload_fetch(int64_t l, int64_t n);     // backward: copy l's [gate | up] back (enqueued early)
+  Status offload_copy(int64_t l, int64_t n, bool to_host, cuda::CudaEvent& done);
+  Status offload_begin_backward(int64_t n);       // backward: the two highest offloaded layers' copies back
   Status offload_before_backward(int64_t l);      // backward: wait for it
   Status offload_after_backward(int64_t l, int64_t n);  // backward: the buffer is free; fetch the next
   // LATHE_CUDA_LORA_SUMS=separate: a group's dB sums right after dB's GEMMs,

@@ -54,42 +54,51 @@ Status CudaModelImpl::offload_start() {
   return Status::ok();
 }
 
+int COffload::of(int64_t l) const { return slot.empty() ? -1 : slot[size_t(l)]; }
+
+// Layer l's [gate | up] between its staging buffer and the host, on the
+// copy stream once the main stream is done with the buffer; `done` marks
+// the copy.
+Status CudaModelImpl::offload_copy(int64_t l, int64_t n, bool to_host, cuda::CudaEvent& done) {
+  const int sl = off.of(l);
+  void* host = off.host[size_t(l)].data();
+  const size_t bytes = size_t(n * ld_gu) * sizeof(cuda::bf16_bits);
+  LATHE_TRY(off.used[sl].wait(*off.ctx));
+  LATHE_TRY(to_host ? cuda::copy_async(*off.ctx, host, off.stage[sl], bytes)
+                    : cuda::copy_async(*off.ctx, off.stage[sl], host, bytes));
+  return done.record(*off.ctx);
+}
+
 Status CudaModelImpl::offload_before_write(int64_t l) {
-  const int sl = off.slot.empty() ? -1 : off.slot[size_t(l)];
-  if (sl < 0) return Status::ok();
-  return off.free[sl].wait(ctx);
+  return off.of(l) < 0 ? Status::ok() : off.free[off.of(l)].wait(ctx);
 }
 
 Status CudaModelImpl::offload_after_forward(int64_t l, int64_t n) {
-  const int sl = off.slot.empty() ? -1 : off.slot[size_t(l)];
+  const int sl = off.of(l);
   if (sl < 0 || !training_pass) return Status::ok();
   LATHE_TRY(off.used[sl].record(ctx));
-  LATHE_TRY(off.used[sl].wait(*off.ctx));
-  LATHE_TRY(cuda::copy_async(*off.ctx, off.host[size_t(l)].data(), off.stage[sl],
-                             size_t(n * ld_gu) * sizeof(cuda::bf16_bits)));
-  return off.free[sl].record(*off.ctx);
+  return offload_copy(l, n, /*to_host=*/true, off.free[sl]);
 }
 
-Status CudaModelImpl::offload_fetch(int64_t l, int64_t n) {
-  const int sl = off.slot[size_t(l)];
-  LATHE_TRY(off.used[sl].wait(*off.ctx));
-  LATHE_TRY(cuda::copy_async(*off.ctx, off.stage[sl], off.host[size_t(l)].data(),
-                             size_t(n * ld_gu) * sizeof(cuda::bf16_bits)));
-  return off.ready[sl].record(*off.ctx);
+Status CudaModelImpl::offload_begin_backward(int64_t n) {
+  for (int64_t l = s.n_layer - 1, fetched = 0; l >= 0 && fetched < 2; --l) {
+    if (off.of(l) < 0) continue;
+    LATHE_TRY(offload_copy(l, n, /*to_host=*/false, off.ready[off.of(l)]));
+    ++fetched;
+  }
+  return Status::ok();
 }
 
 Status CudaModelImpl::offload_before_backward(int64_t l) {
-  const int sl = off.slot.empty() ? -1 : off.slot[size_t(l)];
-  if (sl < 0) return Status::ok();
-  return off.ready[sl].wait(ctx);
+  return off.of(l) < 0 ? Status::ok() : off.ready[off.of(l)].wait(ctx);
 }
 
 Status CudaModelImpl::offload_after_backward(int64_t l, int64_t n) {
-  const int sl = off.slot.empty() ? -1 : off.slot[size_t(l)];
+  const int sl = off.of(l);
   if (sl < 0) return Status::ok();
   LATHE_TRY(off.used[sl].record(ctx));
   for (int64_t below = l - 1; below >= 0; --below)
-    if (off.slot[size_t(below)] == sl) return offload_fetch(below, n);
+    if (off.of(below) == sl) return offload_copy(below, n, /*to_host=*/false, off.ready[sl]);
   return Status::ok();
 }
 

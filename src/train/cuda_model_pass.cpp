@@ -480,12 +480,7 @@ Result<PassLoss> CudaModelImpl::run(const MicroBatch& mb, float loss_scale, bool
   LATHE_TRY(cuda::rms_norm_residual_backward(ctx, {.h = hs[size_t(L)], .w = final_norm, .rstd = x.rstd_f,
                                                    .dy = x.d_xf, .dh = x.dh, .dh_bf = x.dh_bf, .rows = n,
                                                    .dim = H, .ld_dh_bf = ld_dh_bf}));
-  // The two highest offloaded layers' [gate | up] start coming back now.
-  for (int64_t l = L - 1, fetched = 0; l >= 0 && fetched < 2; --l) {
-    if (off.slot.empty() || off.slot[size_t(l)] < 0) continue;
-    LATHE_TRY(offload_fetch(l, n));
-    ++fetched;
-  }
+  LATHE_TRY(offload_begin_backward(n));
   for (int64_t l = L - 1; l >= 0; --l) {
     LATHE_TRY(recompute(l, n, n_docs, max_seqlen));
     LATHE_TRY(offload_before_backward(l));
