@@ -5,6 +5,7 @@
 // trainable weights: the same upload serves.
 #include "train/cuda_trainable.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "backends/cuda/device.h"
@@ -75,7 +76,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute,
                                                            int64_t max_arena_bytes, int64_t keep_layers,
-                                                           int64_t max_seqlen) {
+                                                           int64_t max_seqlen, int64_t device_budget_bytes) {
   const TrainableModelImpl& h = host.internals();
   LATHE_TRY(check_supported(h));
   CudaModelShape s{.vocab = h.cfg.vocab_size, .hidden = h.cfg.hidden_size, .inter = h.cfg.intermediate_size,
@@ -90,6 +91,12 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                      .max_arena_bytes = max_arena_bytes, .keep_layers = keep_layers, .full_sft = h.opts.full_sft,
                      .lora_dropout = h.opts.lora.dropout, .seed = h.opts.seed, .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
+  if (o.recompute == CudaRecompute::kSelective && max_arena_bytes == 0 && device_budget_bytes > 0) {
+    // The moments' bytes do not depend on the arena's plan; a budget they
+    // use up leaves the plan with no kept layer (1 byte: none fit).
+    LATHE_ASSIGN_OR_RETURN(const CudaArenaPlan plan, CudaTrainableModel::plan_arena(s, o));
+    o.max_arena_bytes = std::max<int64_t>(1, device_budget_bytes - plan.optimizer_bytes);
+  }
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainableModel> g, CudaTrainableModel::create(s, o));
   const std::vector<ParamInfo>& want = host.param_table();
   const std::vector<ParamInfo>& got = g->param_table();

@@ -56,6 +56,9 @@ Status validate_trainer(const TrainerRecipe& t) {
     return invalid_argument("trainer.gradient_clip_val must be >= 0 (0: off), got ", t.gradient_clip_val);
   }
   if (t.seed < 0) return invalid_argument("trainer.seed must be >= 0, got ", t.seed);
+  if (!(t.gpu_memory_gib >= 0.0) || t.gpu_memory_gib > 1e6) {
+    return invalid_argument("trainer.gpu_memory_gib must be >= 0 (0: the GPU's free memory), got ", t.gpu_memory_gib);
+  }
   return Status::ok();
 }
 

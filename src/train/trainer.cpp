@@ -3,6 +3,7 @@
 // is the step loop plus validation, and finish() writes the run's outputs.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/cuda/device.h"
 #include "core/env.h"
 #include "io/storage.h"
 #include "train/adamw.h"
@@ -222,6 +224,26 @@ Status TrainerImpl::build_model() {
   return lathe::validate(schedule).with_context("optim.sched");
 }
 
+namespace {
+
+// With selective recompute: the device memory the arena and the optimizer's
+// moments may take: trainer.gpu_memory_gib (all this run holds, as
+// nvidia-smi counts it) or the memory free now, each less 1 GiB for the CUDA
+// context, the libraries' workspaces and the decode graphs; 0 where the free
+// memory cannot be read (upload_to_cuda then says why the device is
+// unusable) or nothing is left.
+int64_t selective_budget(const TrainerRecipe& t, int device) {
+  constexpr int64_t kGiB = int64_t(1) << 30;
+  int64_t bytes = static_cast<int64_t>(t.gpu_memory_gib * double(kGiB));
+  if (t.gpu_memory_gib <= 0.0) {
+    const Result<size_t> free_b = cuda::free_bytes(device);
+    bytes = free_b.is_ok() ? static_cast<int64_t>(*free_b) : 0;
+  }
+  return std::max<int64_t>(0, bytes - kGiB);
+}
+
+}  // namespace
+
 Status TrainerImpl::build_gpu() {
   LATHE_ASSIGN_OR_RETURN(DeviceChoice dev, parse_device(config.device));
   if (!dev.cuda) return Status::ok();
@@ -235,13 +257,20 @@ Status TrainerImpl::build_gpu() {
   auto g = upload_to_cuda(*model, dev.index, d.micro_batch_size * d.seq_length,
                           {.beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay,
                            .no_decay_norm_and_bias = a.no_decay_norm_and_bias},
-                          recompute, 0, -1, d.seq_length);
+                          recompute, 0, -1, d.seq_length, selective_budget(t, dev.index));
   if (!g.is_ok() && !asked && g.status().code() == StatusCode::kUnsupported) {
     note("device: cpu (" + g.status().message() + ")");
     return Status::ok();
   }
   LATHE_ASSIGN_OR_RETURN(gpu, std::move(g));
-  note("device: cuda:" + std::to_string(dev.index) + " (" + std::to_string(gpu->arena_bytes() >> 20) + " MiB)");
+  std::string what = std::to_string(gpu->arena_bytes() >> 20) + " MiB";
+  if (recompute == CudaRecompute::kSelective) {
+    what += "; selective: " + std::to_string(gpu->layers_kept()) + " of " +
+            std::to_string(model->config().num_hidden_layers) + " layers keep q|k|v";
+    if (gpu->layers_offloaded() > 0)
+      what += ", " + std::to_string(gpu->layers_offloaded()) + " keep gate|up in host memory";
+  }
+  note("device: cuda:" + std::to_string(dev.index) + " (" + what + ")");
   return Status::ok();
 }
 

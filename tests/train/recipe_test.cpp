@@ -78,6 +78,9 @@ TEST(Recipe, OverridesParseEachType) {
   EXPECT_EQ(r.trainer.activations_checkpoint_granularity, "selective");
   ASSERT_TRUE(apply_recipe_override(&r, "peft.peft_scheme=none").is_ok());
   EXPECT_EQ(r.peft.peft_scheme, PeftScheme::kNone);
+  EXPECT_EQ(r.trainer.gpu_memory_gib, 0.0);  // the GPU's free memory
+  ASSERT_TRUE(apply_recipe_override(&r, "trainer.gpu_memory_gib=37.25").is_ok());
+  EXPECT_EQ(r.trainer.gpu_memory_gib, 37.25);
   ASSERT_TRUE(apply_recipe_override(&r, "data.prompt_template=\"{input}\\t{output}\"").is_ok());
   EXPECT_EQ(r.data.prompt_template, "{input}\t{output}");
   ASSERT_TRUE(apply_recipe_override(&r, "data.prompt_template={input} => {output}").is_ok());
@@ -203,6 +206,13 @@ TEST(Recipe, ValidateChecksRangesAndConsistency) {
   r = TrainRecipe{};
   r.optim.betas = {0.9, 1.0};
   EXPECT_TRUE(contains(validate(r).message(), "optim.betas"));
+  r = TrainRecipe{};
+  r.trainer.gpu_memory_gib = -1.0;
+  EXPECT_TRUE(contains(validate(r).message(), "trainer.gpu_memory_gib")) << validate(r).message();
+  r.trainer.gpu_memory_gib = std::nan("");
+  EXPECT_TRUE(contains(validate(r).message(), "trainer.gpu_memory_gib")) << validate(r).message();
+  r.trainer.gpu_memory_gib = 40.0;
+  EXPECT_TRUE(validate(r).is_ok());
   EXPECT_FALSE(validate(TrainRecipe{}, 0).is_ok());
 }
 

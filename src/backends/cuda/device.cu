@@ -32,6 +32,13 @@ Result<DeviceInfo> device_info(int index) {
   return DeviceInfo{prop.name, prop.major, prop.minor, prop.totalGlobalMem};
 }
 
+Result<size_t> free_bytes(int index) {
+  LATHE_CUDA_TRY(cudaSetDevice(index));
+  size_t free_b = 0, total_b = 0;
+  LATHE_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
+}
+
 Result<CudaStream> CudaStream::create(int device) {
   LATHE_CUDA_TRY(cudaSetDevice(device));
   CudaStream s;

@@ -19,6 +19,9 @@ struct DeviceInfo {
   size_t total_bytes = 0;
 };
 Result<DeviceInfo> device_info(int index);
+// Bytes of device `index`'s memory free now (cudaMemGetInfo; creates the
+// device's context when none exists yet).
+Result<size_t> free_bytes(int index);
 
 // Move-only owner of a cudaStream_t on one device.
 class CudaStream {

@@ -13,6 +13,7 @@ Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA bac
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
 Result<DeviceInfo> device_info(int) { return no_cuda(); }
+Result<size_t> free_bytes(int) { return no_cuda(); }
 
 Result<CudaStream> CudaStream::create(int) { return no_cuda(); }
 CudaStream::CudaStream(CudaStream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)), device_(o.device_) {}
