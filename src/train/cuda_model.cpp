@@ -767,6 +767,7 @@ cuda::CudaContext& CudaTrainableModel::context() { return impl_->ctx; }
 int64_t CudaTrainableModel::arena_bytes() const { return int64_t(impl_->arena.capacity()); }
 int64_t CudaTrainableModel::layers_kept() const { return impl_->keep_layers; }
 int64_t CudaTrainableModel::layers_offloaded() const { return impl_->off.count(); }
+CudaRecompute CudaTrainableModel::recompute() const { return impl_->o.recompute; }
 uint64_t CudaTrainableModel::passes_run() const { return impl_->passes; }
 void CudaTrainableModel::set_dropout_chunk_rows(int64_t rows) {
   impl_->drop_rows = std::clamp<int64_t>(rows, 1, std::max<int64_t>(impl_->drop_cap, 1));

@@ -196,6 +196,7 @@ class CudaTrainableModel {
   int64_t arena_bytes() const;  // device memory this model holds
   int64_t layers_kept() const;  // selective: layers that rerun no GEMM (max_arena_bytes)
   int64_t layers_offloaded() const;  // selective: layers whose [gate | up] waits in host memory
+  CudaRecompute recompute() const;   // CudaTrainOptions::recompute as created
   // Where the dropout mask stream stands, as TrainableModel::passes_run():
   // passes run so far (forward_backward and forward_loss alike; each draws
   // its masks from its index). Set it from a checkpoint to resume the masks.

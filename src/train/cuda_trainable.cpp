@@ -76,7 +76,8 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute,
                                                            int64_t max_arena_bytes, int64_t keep_layers,
-                                                           int64_t max_seqlen, int64_t device_budget_bytes) {
+                                                           int64_t max_seqlen, int64_t device_budget_bytes,
+                                                           bool fit_recompute) {
   const TrainableModelImpl& h = host.internals();
   LATHE_TRY(check_supported(h));
   CudaModelShape s{.vocab = h.cfg.vocab_size, .hidden = h.cfg.hidden_size, .inter = h.cfg.intermediate_size,
@@ -91,11 +92,16 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                      .max_arena_bytes = max_arena_bytes, .keep_layers = keep_layers, .full_sft = h.opts.full_sft,
                      .lora_dropout = h.opts.lora.dropout, .seed = h.opts.seed, .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
-  if (o.recompute == CudaRecompute::kSelective && max_arena_bytes == 0 && device_budget_bytes > 0) {
+  if (device_budget_bytes > 0 && max_arena_bytes == 0) {
     // The moments' bytes do not depend on the arena's plan; a budget they
-    // use up leaves the plan with no kept layer (1 byte: none fit).
-    LATHE_ASSIGN_OR_RETURN(const CudaArenaPlan plan, CudaTrainableModel::plan_arena(s, o));
-    o.max_arena_bytes = std::max<int64_t>(1, device_budget_bytes - plan.optimizer_bytes);
+    // use up leaves selective's plan with no kept layer (1 byte: none fit).
+    LATHE_ASSIGN_OR_RETURN(CudaArenaPlan plan, CudaTrainableModel::plan_arena(s, o));
+    const int64_t arena_budget = std::max<int64_t>(1, device_budget_bytes - plan.optimizer_bytes);
+    while (fit_recompute && o.recompute != CudaRecompute::kFull && plan.bytes > arena_budget) {
+      o.recompute = o.recompute == CudaRecompute::kNone ? CudaRecompute::kSelective : CudaRecompute::kFull;
+      LATHE_ASSIGN_OR_RETURN(plan, CudaTrainableModel::plan_arena(s, o));  // selective: no kept layer yet
+    }
+    if (o.recompute == CudaRecompute::kSelective) o.max_arena_bytes = arena_budget;
   }
   LATHE_ASSIGN_OR_RETURN(std::unique_ptr<CudaTrainableModel> g, CudaTrainableModel::create(s, o));
   const std::vector<ParamInfo>& want = host.param_table();

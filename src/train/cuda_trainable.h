@@ -29,14 +29,18 @@ Result<DeviceChoice> parse_device(const std::string& text);
 // head_dim other than 32/64/128, a full SFT larger than the device's
 // memory) with a message saying so. Without a
 // recompute mode the host's activations_checkpoint picks full or none;
-// max_arena_bytes and keep_layers as CudaTrainOptions' (selective's);
-// device_budget_bytes, with selective and no max_arena_bytes: the device
-// memory the arena and the optimizer's moments may take together (the
-// arena's budget is what the moments leave).
+// max_arena_bytes and keep_layers as CudaTrainOptions' (selective's).
+// device_budget_bytes (> 0): the device memory the arena and the
+// optimizer's moments may take together. With selective and no
+// max_arena_bytes, the arena's budget is what the moments leave; with
+// fit_recompute, a mode whose arena does not fit takes the next that
+// does (none → selective → full: the same values, less memory; full where
+// none fits, the allocation then saying what is missing).
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute = std::nullopt,
                                                            int64_t max_arena_bytes = 0, int64_t keep_layers = -1,
-                                                           int64_t max_seqlen = 0, int64_t device_budget_bytes = 0);
+                                                           int64_t max_seqlen = 0, int64_t device_budget_bytes = 0,
+                                                           bool fit_recompute = false);
 
 }  // namespace lathe

@@ -61,12 +61,15 @@ struct TrainerRecipe {
   // the GPU, "selective" (only the norms, q|k|v, o and RoPE rerun); the CPU
   // trainer always recomputes fully.
   std::string activations_checkpoint_granularity = "full";
-  // With selective on the GPU: GiB of device memory the run may hold in all
-  // (as nvidia-smi counts it; 1 GiB of it is left to the CUDA context and
-  // libraries). What the optimizer and the always-kept activations leave goes
-  // to layers that also keep q/k/v (rerunning no projection), and [gate | up]
-  // of some layers waits in pinned host memory when that lets more of them
-  // keep it. 0: the memory free when training starts.
+  // On the GPU: GiB of device memory the run may hold in all (as nvidia-smi
+  // counts it; 1 GiB of it is left to the CUDA context and libraries).
+  // Without activations_checkpoint, a run whose activations do not fit
+  // recomputes selectively instead (or fully where even that does not fit:
+  // the same values, less memory). With selective, what the optimizer and
+  // the always-kept activations leave goes to layers that also keep q/k/v
+  // (rerunning no projection), and [gate | up] of some layers waits in
+  // pinned host memory when that lets more of them keep it. 0: the memory
+  // free when training starts.
   double gpu_memory_gib = 0.0;
   Precision precision = Precision::kF32;
 };

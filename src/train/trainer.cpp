@@ -226,20 +226,21 @@ Status TrainerImpl::build_model() {
 
 namespace {
 
-// With selective recompute: the device memory the arena and the optimizer's
-// moments may take: trainer.gpu_memory_gib (all this run holds, as
-// nvidia-smi counts it) or the memory free now, each less 1 GiB for the CUDA
-// context, the libraries' workspaces and the decode graphs; 0 where the free
-// memory cannot be read (upload_to_cuda then says why the device is
-// unusable) or nothing is left.
-int64_t selective_budget(const TrainerRecipe& t, int device) {
+// The device memory the arena and the optimizer's moments may take:
+// trainer.gpu_memory_gib (all this run holds, as nvidia-smi counts it) or
+// the memory free now, each less 1 GiB for the CUDA context, the libraries'
+// workspaces and the decode graphs (at least 1 byte: nothing fits); 0
+// where the free memory cannot be read (upload_to_cuda then says why the
+// device is unusable).
+int64_t device_budget(const TrainerRecipe& t, int device) {
   constexpr int64_t kGiB = int64_t(1) << 30;
   int64_t bytes = static_cast<int64_t>(t.gpu_memory_gib * double(kGiB));
   if (t.gpu_memory_gib <= 0.0) {
     const Result<size_t> free_b = cuda::free_bytes(device);
-    bytes = free_b.is_ok() ? static_cast<int64_t>(*free_b) : 0;
+    if (!free_b.is_ok()) return 0;
+    bytes = static_cast<int64_t>(*free_b);
   }
-  return std::max<int64_t>(0, bytes - kGiB);
+  return std::max<int64_t>(1, bytes - kGiB);
 }
 
 }  // namespace
@@ -257,14 +258,20 @@ Status TrainerImpl::build_gpu() {
   auto g = upload_to_cuda(*model, dev.index, d.micro_batch_size * d.seq_length,
                           {.beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay,
                            .no_decay_norm_and_bias = a.no_decay_norm_and_bias},
-                          recompute, 0, -1, d.seq_length, selective_budget(t, dev.index));
+                          recompute, 0, -1, d.seq_length, device_budget(t, dev.index), !t.activations_checkpoint);
   if (!g.is_ok() && !asked && g.status().code() == StatusCode::kUnsupported) {
     note("device: cpu (" + g.status().message() + ")");
     return Status::ok();
   }
   LATHE_ASSIGN_OR_RETURN(gpu, std::move(g));
   std::string what = std::to_string(gpu->arena_bytes() >> 20) + " MiB";
-  if (recompute == CudaRecompute::kSelective) {
+  if (gpu->recompute() != recompute) {
+    note(std::string("device: keeping every activation would not fit the device's memory (trainer.gpu_memory_gib, "
+                     "else the free memory): ") +
+         (gpu->recompute() == CudaRecompute::kSelective ? "selective" : "full") +
+         " recomputation instead (the same values; trainer.activations_checkpoint chooses)");
+  }
+  if (gpu->recompute() == CudaRecompute::kSelective) {
     what += "; selective: " + std::to_string(gpu->layers_kept()) + " of " +
             std::to_string(model->config().num_hidden_layers) + " layers keep q|k|v";
     if (gpu->layers_offloaded() > 0)

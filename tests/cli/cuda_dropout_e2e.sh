@@ -13,15 +13,8 @@
 # (cuda_common.sh). Exits 77 (ctest's skip) without a GPU or CUDA build.
 # Usage: cuda_dropout_e2e.sh path/to/lathe (or LATHE=path/to/lathe).
 set -euo pipefail
-LATHE="${1:-${LATHE:-}}"
-[ -n "$LATHE" ] && [ -x "$LATHE" ] || { echo "usage: $0 path/to/lathe (or set LATHE)" >&2; exit 2; }
-SRC="$(cd "$(dirname "$0")/../.." && pwd)"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "cuda dropout e2e: FAIL: $*" >&2; exit 1; }
-skip() { echo "cuda dropout e2e: SKIP: $*"; exit 77; }
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-source "$SRC/tests/cli/cuda_common.sh"  # skips without a GPU; the head_dim-64 model in $M
+E2E="cuda dropout e2e"
+source "$(dirname "$0")/cuda_prelude.sh"  # LATHE, SRC, TMP, fail, skip; skips without a GPU; the model in $M
 
 ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines peft.dim=8 peft.alpha=16
       trainer.max_steps=12 trainer.val_check_interval=4 data.seq_length=128 data.micro_batch_size=5

@@ -1,30 +1,27 @@
 #!/usr/bin/env bash
-# Selective recompute's memory budget through `lathe finetune --device cuda`
-# (trainer.activations_checkpoint_granularity=selective): with the default
-# budget (the GPU's free memory less 1 GiB) every layer of the tiny model
-# keeps q|k|v; with trainer.gpu_memory_gib too small for any, none does and
-# the run still trains, to the same losses (kept or rerun, the values are
-# bitwise the same; the band is cuda_resume_e2e.sh's relative 1e-5 for the
-# order of two atomic sums); a negative budget is refused naming the key. The
-# progress line names what the plan chose ("selective: K of N layers keep
-# q|k|v"). The model is the tiny preset regrouped to head_dim 64
-# (cuda_common.sh). Exits 77 (ctest's skip) without a GPU or CUDA build.
+# The GPU trainer's memory budget through `lathe finetune --device cuda`:
+# - selective recompute (trainer.activations_checkpoint_granularity=
+#   selective) with the default budget (the GPU's free memory) keeps q|k|v
+#   in every layer of the tiny model; with trainer.gpu_memory_gib too small
+#   for any layer, in none, and the run still trains to the same losses;
+# - a recipe without activations_checkpoint whose activations do not fit
+#   trainer.gpu_memory_gib recomputes instead (here fully: nothing fits) and
+#   says so, again to the same losses;
+# - a negative budget is refused naming the key.
+# "The same losses": kept or recomputed, the values are bitwise the same; the
+# band is cuda_resume_e2e.sh's relative 1e-5 for the order of two atomic
+# sums. The progress line names what the plan chose ("selective: K of N
+# layers keep q|k|v"). The model is the tiny preset regrouped to head_dim
+# 64 (cuda_common.sh). Exits 77 (ctest's skip) without a GPU or CUDA build.
 # Usage: cuda_selective_e2e.sh path/to/lathe (or LATHE=path/to/lathe).
 set -euo pipefail
-LATHE="${1:-${LATHE:-}}"
-[ -n "$LATHE" ] && [ -x "$LATHE" ] || { echo "usage: $0 path/to/lathe (or set LATHE)" >&2; exit 2; }
-SRC="$(cd "$(dirname "$0")/../.." && pwd)"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "cuda selective e2e: FAIL: $*" >&2; exit 1; }
-skip() { echo "cuda selective e2e: SKIP: $*"; exit 77; }
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-source "$SRC/tests/cli/cuda_common.sh"  # skips without a GPU; the head_dim-64 model in $M
+E2E="cuda selective e2e"
+source "$(dirname "$0")/cuda_prelude.sh"  # LATHE, SRC, TMP, fail, skip; skips without a GPU; the model in $M
 
 ARGS=(--model "$M" --data "$SRC/data/sample" --progress lines --device cuda trainer.max_steps=6
       trainer.val_check_interval=0 trainer.log_every_n_steps=1 data.seq_length=128 data.micro_batch_size=4
-      data.global_batch_size=8 optim.sched.warmup_steps=2 trainer.activations_checkpoint=true
-      trainer.activations_checkpoint_granularity=selective)
+      data.global_batch_size=8 optim.sched.warmup_steps=2)
+SEL=(trainer.activations_checkpoint=true trainer.activations_checkpoint_granularity=selective)
 run() {  # run NAME [overrides...]
   local name="$1"
   shift
@@ -35,19 +32,29 @@ run() {  # run NAME [overrides...]
 losses() { python3 -c 'import json,sys
 print(" ".join(repr(r["loss"]) for r in map(json.loads, open(sys.argv[1])) if "val_loss" not in r))' "$1"; }
 
-run all
+run all "${SEL[@]}"
 grep -q "selective: 4 of 4 layers keep q|k|v" "$TMP/all.log" || fail "default budget: expected all 4 layers to keep q|k|v"
-run none trainer.gpu_memory_gib=0.000001
+run none "${SEL[@]}" trainer.gpu_memory_gib=0.000001
 grep -q "selective: 0 of 4 layers keep q|k|v" "$TMP/none.log" || fail "a 1 KiB budget: expected no layer to keep q|k|v"
 a="$(losses "$TMP/all/metrics.jsonl")"
 b="$(losses "$TMP/none/metrics.jsonl")"
 [ -n "$a" ] && [ "$(wc -w <<<"$a")" -eq 6 ] || fail "expected 6 losses, got '$a'"
-python3 -c 'import sys
+same() {  # same LOSSES_A LOSSES_B WHAT
+  python3 -c 'import sys
 a, b = (list(map(float, s.split())) for s in sys.argv[1:3])
 bad = [(x, y) for x, y in zip(a, b) if abs(x - y) > 1e-5 * abs(x)]
-sys.exit(f"losses differ between kept and rerun layers: {bad}" if bad else 0)' "$a" "$b" || fail "kept vs rerun"
+sys.exit(f"losses differ: {bad}" if bad or len(a) != len(b) else 0)' "$1" "$2" || fail "$3"
+}
+same "$a" "$b" "kept vs rerun layers"
 echo "losses (both runs): $a"
-if "$LATHE" finetune "${ARGS[@]}" --run-dir "$TMP/neg" trainer.gpu_memory_gib=-1 >/dev/null 2>"$TMP/neg.log"; then
+run fit trainer.gpu_memory_gib=0.000001
+grep -q "full recomputation instead" "$TMP/fit.log" || fail "no recomputation chosen under a 1 KiB budget: $(grep device "$TMP/fit.log")"
+grep -q "selective:" "$TMP/fit.log" && fail "full recomputation reported a selective plan"
+same "$a" "$(losses "$TMP/fit/metrics.jsonl")" "kept vs fully recomputed"
+run plain
+grep -q "instead" "$TMP/plain.log" && fail "the default budget recomputes the tiny model"
+same "$a" "$(losses "$TMP/plain/metrics.jsonl")" "kept vs no recompute"
+if "$LATHE" finetune "${ARGS[@]}" "${SEL[@]}" --run-dir "$TMP/neg" trainer.gpu_memory_gib=-1 >/dev/null 2>"$TMP/neg.log"; then
   fail "a negative trainer.gpu_memory_gib was accepted"
 fi
 grep -q "trainer.gpu_memory_gib" "$TMP/neg.log" || fail "the refusal does not name the key: $(cat "$TMP/neg.log")"
