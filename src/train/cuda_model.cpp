@@ -522,11 +522,17 @@ Result<size_t> plan(CudaModelImpl& m) {
   }
   LATHE_TRY(fit(0));
   if (m.o.keep_layers >= 0 || m.o.max_arena_bytes <= 0 || m.keep_layers == L) return total;
-  // The fewest offloaded layers that keep the most.
+  // The fewest offloaded layers that keep the most within max_arena_bytes;
+  // where nothing fits, the least memory (the caller then says what is missing).
+  const size_t cap = size_t(m.o.max_arena_bytes);
   int64_t best_k = 0, best_keep = m.keep_layers;
-  for (int64_t k = 3; k <= L && best_keep < L; ++k) {
+  size_t best_total = total;
+  bool best_fits = total <= cap;
+  for (int64_t k = 3; k <= L && !(best_fits && best_keep == L); ++k) {
     LATHE_TRY(fit(k));
-    if (m.keep_layers > best_keep) best_k = k, best_keep = m.keep_layers;
+    const bool fits = total <= cap;
+    if (fits ? !best_fits || m.keep_layers > best_keep : !best_fits && total < best_total)
+      best_k = k, best_keep = m.keep_layers, best_total = total, best_fits = fits;
   }
   LATHE_TRY(fit(best_k));
   return total;

@@ -77,7 +77,7 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                                                            std::optional<CudaRecompute> recompute,
                                                            int64_t max_arena_bytes, int64_t keep_layers,
                                                            int64_t max_seqlen, int64_t device_budget_bytes,
-                                                           bool fit_recompute) {
+                                                           bool fit_recompute, const char* budget_key) {
   const TrainableModelImpl& h = host.internals();
   LATHE_TRY(check_supported(h));
   CudaModelShape s{.vocab = h.cfg.vocab_size, .hidden = h.cfg.hidden_size, .inter = h.cfg.intermediate_size,
@@ -93,13 +93,37 @@ Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host,
                      .lora_dropout = h.opts.lora.dropout, .seed = h.opts.seed, .adamw = adamw};
   for (int j = 0; j < kNumProj; ++j) o.targets[size_t(j)] = h.blocks[0].proj[size_t(j)].lora >= 0;
   if (device_budget_bytes > 0 && max_arena_bytes == 0) {
+    // A mode's plan within `cap` arena bytes (selective: the most kept
+    // layers that fit, else its least memory; the others do not choose).
+    auto plan_for = [&](int64_t cap) {
+      CudaTrainOptions p = o;
+      if (p.recompute == CudaRecompute::kSelective) p.max_arena_bytes = cap;
+      return CudaTrainableModel::plan_arena(s, p);
+    };
     // The moments' bytes do not depend on the arena's plan; a budget they
     // use up leaves selective's plan with no kept layer (1 byte: none fit).
-    LATHE_ASSIGN_OR_RETURN(CudaArenaPlan plan, CudaTrainableModel::plan_arena(s, o));
+    LATHE_ASSIGN_OR_RETURN(CudaArenaPlan plan, plan_for(1));
     const int64_t arena_budget = std::max<int64_t>(1, device_budget_bytes - plan.optimizer_bytes);
+    LATHE_ASSIGN_OR_RETURN(plan, plan_for(arena_budget));
     while (fit_recompute && o.recompute != CudaRecompute::kFull && plan.bytes > arena_budget) {
       o.recompute = o.recompute == CudaRecompute::kNone ? CudaRecompute::kSelective : CudaRecompute::kFull;
-      LATHE_ASSIGN_OR_RETURN(plan, CudaTrainableModel::plan_arena(s, o));  // selective: no kept layer yet
+      LATHE_ASSIGN_OR_RETURN(plan, plan_for(arena_budget));
+    }
+    if (budget_key && plan.bytes > arena_budget) {
+      LATHE_ASSIGN_OR_RETURN(const CudaArenaPlan least, plan_for(1));
+      const auto mib = [](int64_t b) { return (b + (int64_t(1) << 20) - 1) >> 20; };  // rounded up
+      const char* mode = o.recompute == CudaRecompute::kFull        ? "full recomputation"
+                         : o.recompute == CudaRecompute::kSelective ? "selective recomputation"
+                                                                    : "no recomputation";
+      const int64_t need = least.bytes + least.optimizer_bytes;
+      return invalid_argument(budget_key, ": the budget leaves ", device_budget_bytes,
+                              " bytes for training; this run needs at least ", need, " bytes (", mib(need),
+                              " MiB: the arena with ", mode, ", ", mib(least.bytes), " MiB, and the optimizer's moments, ",
+                              mib(least.optimizer_bytes), " MiB); raise it, or lower data.micro_batch_size or data.seq_length",
+                              o.recompute == CudaRecompute::kFull
+                                  ? ""
+                                  : ", or recompute fully (trainer.activations_checkpoint=true, "
+                                    "trainer.activations_checkpoint_granularity=full)");
     }
     if (o.recompute == CudaRecompute::kSelective) o.max_arena_bytes = arena_budget;
   }

@@ -34,13 +34,15 @@ Result<DeviceChoice> parse_device(const std::string& text);
 // optimizer's moments may take together. With selective and no
 // max_arena_bytes, the arena's budget is what the moments leave; with
 // fit_recompute, a mode whose arena does not fit takes the next that
-// does (none → selective → full: the same values, less memory; full where
-// none fits, the allocation then saying what is missing).
+// does (none → selective → full: the same values, less memory). Where the
+// mode taken still does not fit: with budget_key (the recipe key that set
+// the budget), an error naming it and the bytes the least plan needs;
+// without, the plan is tried and the allocation says what is missing.
 Result<std::unique_ptr<CudaTrainableModel>> upload_to_cuda(TrainableModel& host, int device, int64_t max_tokens,
                                                            const cuda::CudaAdamWConfig& adamw,
                                                            std::optional<CudaRecompute> recompute = std::nullopt,
                                                            int64_t max_arena_bytes = 0, int64_t keep_layers = -1,
                                                            int64_t max_seqlen = 0, int64_t device_budget_bytes = 0,
-                                                           bool fit_recompute = false);
+                                                           bool fit_recompute = false, const char* budget_key = nullptr);
 
 }  // namespace lathe

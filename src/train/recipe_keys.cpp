@@ -376,8 +376,8 @@ const std::vector<KeyDef>& key_defs() {
                "full, or selective (GPU: keep attention output and gate|up, rerun norms, q|k|v, o, RoPE)",
                LATHE_FIELD(trainer.activations_checkpoint_granularity)),
       make_key("trainer.gpu_memory_gib",
-               "GiB of GPU memory the run may hold (recompute is chosen to fit; spare lets layers keep q|k|v); "
-               "0: the memory free at start",
+               "GiB of GPU memory the run may hold (recompute is chosen to fit; spare lets layers keep q|k|v; "
+               "below the least plan: refused); 0: the memory free at start",
                LATHE_FIELD(trainer.gpu_memory_gib)),
       make_key("trainer.precision", "32, or bf16-mixed: the frozen base in bf16 (LoRA only)",
                LATHE_FIELD(trainer.precision)),

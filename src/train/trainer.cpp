@@ -258,7 +258,8 @@ Status TrainerImpl::build_gpu() {
   auto g = upload_to_cuda(*model, dev.index, d.micro_batch_size * d.seq_length,
                           {.beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .weight_decay = a.weight_decay,
                            .no_decay_norm_and_bias = a.no_decay_norm_and_bias},
-                          recompute, 0, -1, d.seq_length, device_budget(t, dev.index), !t.activations_checkpoint);
+                          recompute, 0, -1, d.seq_length, device_budget(t, dev.index), !t.activations_checkpoint,
+                          t.gpu_memory_gib > 0.0 ? "trainer.gpu_memory_gib (less 1 GiB for the CUDA context)" : nullptr);
   if (!g.is_ok() && !asked && g.status().code() == StatusCode::kUnsupported) {
     note("device: cpu (" + g.status().message() + ")");
     return Status::ok();
