@@ -140,7 +140,8 @@ __device__ __forceinline__ void store_pair(const GemvArgs& a, int b, int64_t j, 
     // RoPE + KV append (rope_append_kernel's arithmetic): head rows p and p + half.
     const GemvRope& r = a.rope;
     const int hd = r.head_dim, half = hd / 2;
-    const int head = static_cast<int>(j / hd), p = static_cast<int>(j % hd);
+    const uint32_t jj = static_cast<uint32_t>(j);  // a row index, below 2^31: 32-bit division
+    const int head = static_cast<int>(jj / uint32_t(hd)), p = static_cast<int>(jj % uint32_t(hd));
     if (a.bias) {
       v1 += dev::ld(a.bias, j);
       v2 += dev::ld(a.bias, j + half);
@@ -192,8 +193,9 @@ __device__ __forceinline__ int64_t tile_row(const GemvArgs& a, int64_t u0, int64
     if constexpr (is_swiglu<E>()) {
       return second ? a.n + pair : pair;
     } else {
-      const int half = a.rope.head_dim / 2;
-      return (pair / half) * a.rope.head_dim + pair % half + (second ? half : 0);
+      // 32-bit division (a column index, below 2^31): the 64-bit one is a software routine.
+      const uint32_t half = static_cast<uint32_t>(a.rope.head_dim) / 2, pr = static_cast<uint32_t>(pair);
+      return int64_t(pr / half) * a.rope.head_dim + pr % half + (second ? half : 0);
     }
   } else {
     const int64_t j = u0 + r;

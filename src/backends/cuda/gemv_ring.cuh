@@ -133,9 +133,20 @@ struct UnitCursor {
   }
 };
 
-// Block blockIdx.x's equal run [c_begin, c_end) of a's output columns (pairs).
+// Block blockIdx.x's equal run [c_begin, c_end) of a's output columns
+// (pairs). In 32 bits where columns × grid fits (every model's shapes; the
+// same quotients): a 64-bit division is a software routine on the path
+// from a block's start to its first copy. H200, 2026-12-01, timestamps in
+// the blocks: this step 0.26-0.35 → 0.22-0.29 us; the same call's 1B
+// decode 1,245-1,260 → 1,263-1,272 tok/s (3 runs each, alternating).
 __device__ __forceinline__ void block_columns(const GemvArgs& a, int64_t* c_begin, int64_t* c_end) {
   const int64_t columns = gemv_columns(a);
+  if (columns * gridDim.x <= int64_t(UINT32_MAX)) {
+    const uint32_t c = static_cast<uint32_t>(columns);
+    *c_begin = c * blockIdx.x / gridDim.x;
+    *c_end = c * (blockIdx.x + 1) / gridDim.x;
+    return;
+  }
   *c_begin = columns * blockIdx.x / gridDim.x;
   *c_end = columns * (blockIdx.x + 1) / gridDim.x;
 }
