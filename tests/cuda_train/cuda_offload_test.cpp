@@ -134,5 +134,26 @@ TEST(CudaOffload, PlanSpendsTheBudgetOnKeptLayers) {
   EXPECT_EQ(none_mode->layers_offloaded, 0);
 }
 
+TEST(CudaOffload, PlanWithinNoBudgetTakesTheLeastMemory) {
+  // Below every plan: the one that needs the least (no kept layer, gate|up
+  // offloaded where that saves more than its staging costs), so that a
+  // budget of exactly those bytes fits, and the trainer can say what is missing.
+  CudaTrainOptions o = opts(0, 0, 0);
+  auto device_only = CudaTrainableModel::plan_arena(shape6(), o);
+  o.keep_layers = -1;
+  o.offload_layers = -1;
+  o.max_arena_bytes = 1;
+  auto least = CudaTrainableModel::plan_arena(shape6(), o);
+  ASSERT_TRUE(device_only.is_ok() && least.is_ok());
+  EXPECT_EQ(least->layers_kept, 0);
+  EXPECT_GT(least->layers_offloaded, 0);
+  EXPECT_LT(least->bytes, device_only->bytes);
+  o.max_arena_bytes = least->bytes;
+  auto exact = CudaTrainableModel::plan_arena(shape6(), o);
+  ASSERT_TRUE(exact.is_ok());
+  EXPECT_LE(exact->bytes, least->bytes);
+  EXPECT_EQ(exact->layers_kept, 0);
+}
+
 }  // namespace
 }  // namespace lathe
