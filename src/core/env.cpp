@@ -50,6 +50,8 @@ Result<int64_t> cuda_lora_overlap() { return get_int("LATHE_CUDA_LORA_OVERLAP", 
 
 std::string cuda_lora_sums() { return get("LATHE_CUDA_LORA_SUMS"); }
 
+Result<int64_t> cuda_decode_l2_prefetch_lag() { return get_int("LATHE_CUDA_DECODE_L2_PREFETCH_LAG", 1, -1, 64); }
+
 Result<std::vector<int64_t>> cuda_decode_l2_prefetch() {
   const char* kName = "LATHE_CUDA_DECODE_L2_PREFETCH";
   const std::string v = get(kName);
@@ -65,7 +67,7 @@ Result<std::vector<int64_t>> cuda_decode_l2_prefetch() {
     units.push_back(n);
     at = comma + 1;
   }
-  if (units.empty()) units.push_back(0);
+  if (units.empty()) units.push_back(1);
   if (units.size() == 1) units.resize(5, units[0]);
   if (units.size() != 5)
     return invalid_argument("environment: ", kName, "='", v, "' holds ", units.size(), " counts (1 or 5: q|k|v, o, ",

@@ -89,9 +89,14 @@ std::string cuda_lora_sums();
 // GEMV that a GEMV on the shared-memory ring pulls into L2
 // (CudaModelOptions::l2_prefetch_units where left -1): every GEMV N, or
 // q|k|v, o, gate|up, down and the LM head each its own; 0: none. Default:
-// 0. Another value: loading the model fails naming the variable. Returns
+// 1. Another value: loading the model fails naming the variable. Returns
 // the five counts.
 Result<std::vector<int64_t>> cuda_decode_l2_prefetch();
+// LATHE_CUDA_DECODE_L2_PREFETCH_LAG: -1..64 — when that prefetch goes out
+// (GemvPrefetch::lag): -1, once the producer has issued its own copies; n,
+// once the block's consumers have finished all but its last n units.
+// Default: 1. Another value: loading the model fails naming the variable.
+Result<int64_t> cuda_decode_l2_prefetch_lag();
 // LATHE_CUDA_HOST_EMBED: 1 (default) | 0 — the GPU LoRA trainer keeps a
 // frozen, untied embedding table in pinned host memory (the forward
 // gathers the batch's rows over PCIe), which frees its device memory for

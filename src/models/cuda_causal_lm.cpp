@@ -30,9 +30,11 @@
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
 // shape measured fastest for it (cuda_decode_shapes(B)), or with bulk_gemv the
-// shared-memory ring. A ring GEMV can pull the first weights of the GEMV
-// after it into L2 (CudaModelOptions::l2_prefetch_units), so the DRAM keeps
-// streaming while one kernel's blocks drain and the next one's start.
+// shared-memory ring. A ring GEMV pulls the first weights of the GEMV
+// after it into L2 as its own copies drain (CudaModelOptions::
+// l2_prefetch_units, by default a unit per block once all but the block's
+// last unit are consumed), so the DRAM keeps streaming while one kernel's
+// blocks drain and the next one's start.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -222,7 +224,7 @@ cuda::GemvArgs CudaCausalLmImpl::prefetching(cuda::GemvArgs g, const cuda::GemvA
   const int each = opts.l2_prefetch_each.*source;
   const int units = each >= 0 ? each : opts.l2_prefetch_units >= 0 ? opts.l2_prefetch_units : env_l2_prefetch.*source;
   if (units > 0 && g.shape == cuda::kGemvBulkShape)
-    g.prefetch = cuda::gemv_l2_prefetch(next, units, opts.device);
+    g.prefetch = cuda::gemv_l2_prefetch(next, units, opts.device, env_l2_prefetch_lag);
   return g;
 }
 

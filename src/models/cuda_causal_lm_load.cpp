@@ -75,6 +75,8 @@ Status CudaCausalLmImpl::init(const ModelHeader& header, const CudaModelOptions&
   LATHE_ASSIGN_OR_RETURN(const std::vector<int64_t> env_units, env::cuda_decode_l2_prefetch());
   env_l2_prefetch = {static_cast<int>(env_units[0]), static_cast<int>(env_units[1]), static_cast<int>(env_units[2]),
                      static_cast<int>(env_units[3]), static_cast<int>(env_units[4])};
+  LATHE_ASSIGN_OR_RETURN(const int64_t env_lag, env::cuda_decode_l2_prefetch_lag());
+  env_l2_prefetch_lag = static_cast<int>(env_lag);
   return allocate();
 }
 

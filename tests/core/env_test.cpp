@@ -47,7 +47,7 @@ TEST(Env, LoraOverlap) {
 // One count for every decode GEMV, or five (q|k|v, o, gate|up, down, LM head).
 TEST(Env, DecodeL2Prefetch) {
   using Units = std::vector<int64_t>;
-  for (auto [value, want] : {std::pair<const char*, Units>{"", {0, 0, 0, 0, 0}}, {"3", {3, 3, 3, 3, 3}},
+  for (auto [value, want] : {std::pair<const char*, Units>{"", {1, 1, 1, 1, 1}}, {"3", {3, 3, 3, 3, 3}},
                              {"0,1,2,64,1", {0, 1, 2, 64, 1}}}) {
     ScopedEnv set("LATHE_CUDA_DECODE_L2_PREFETCH", value);
     auto units = env::cuda_decode_l2_prefetch();
@@ -60,6 +60,22 @@ TEST(Env, DecodeL2Prefetch) {
     ASSERT_FALSE(units.is_ok()) << bad;
     EXPECT_NE(units.status().message().find("LATHE_CUDA_DECODE_L2_PREFETCH"), std::string::npos)
         << units.status().message();
+  }
+}
+
+TEST(Env, DecodeL2PrefetchLag) {
+  for (auto [value, want] : {std::pair<const char*, int64_t>{"", 1}, {"-1", -1}, {"0", 0}, {"64", 64}}) {
+    ScopedEnv set("LATHE_CUDA_DECODE_L2_PREFETCH_LAG", value);
+    auto lag = env::cuda_decode_l2_prefetch_lag();
+    ASSERT_TRUE(lag.is_ok()) << value << ": " << lag.status().message();
+    EXPECT_EQ(*lag, want) << value;
+  }
+  for (const char* bad : {"-2", "65", "soon", "1,2"}) {
+    ScopedEnv set("LATHE_CUDA_DECODE_L2_PREFETCH_LAG", bad);
+    auto lag = env::cuda_decode_l2_prefetch_lag();
+    ASSERT_FALSE(lag.is_ok()) << bad;
+    EXPECT_NE(lag.status().message().find("LATHE_CUDA_DECODE_L2_PREFETCH_LAG"), std::string::npos)
+        << lag.status().message();
   }
 }
 

@@ -574,11 +574,19 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
       auto from_env = load_gpu(dir.str(), {.max_seq = max_seq});
       EXPECT_TRUE(decode_logits(*from_env, prompt, true) == want) << "LATHE_CUDA_DECODE_L2_PREFETCH=" << units;
     }
+    // and when it goes out: at once, after all of a block's units, all but its last 2
+    for (const char* lag : {"-1", "0", "2"}) {
+      lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH_LAG", lag);
+      auto from_env = load_gpu(dir.str(), {.max_seq = max_seq});
+      EXPECT_TRUE(decode_logits(*from_env, prompt, true) == want) << "LATHE_CUDA_DECODE_L2_PREFETCH_LAG=" << lag;
+    }
   }
-  lathe::testing::ScopedEnv env("LATHE_CUDA_DECODE_L2_PREFETCH", "lots");
-  auto bad = CudaCausalLM::load(dir.str(), {.max_seq = max_seq});
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("LATHE_CUDA_DECODE_L2_PREFETCH"), std::string::npos) << bad.status().message();
+  for (const char* var : {"LATHE_CUDA_DECODE_L2_PREFETCH", "LATHE_CUDA_DECODE_L2_PREFETCH_LAG"}) {
+    lathe::testing::ScopedEnv env(var, "lots");
+    auto bad = CudaCausalLM::load(dir.str(), {.max_seq = max_seq});
+    ASSERT_FALSE(bad.is_ok()) << var;
+    EXPECT_NE(bad.status().message().find(var), std::string::npos) << bad.status().message();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,

@@ -607,12 +607,14 @@ TEST(CudaGemv, BulkRingWithL2PrefetchIsBitwiseTheSame) {
       // The next GEMV: gate|up over the other weights, on a grid of one block per SM.
       const GemvArgs next{.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dnext), .rows = 1, .n = n, .k = k,
                           .epilogue = GemvEpilogue::kSwigluF32, .shape = kGemvBulkShape};
-      for (int units : {1, 3, 64}) {
+      // lag: at once, after all the block's units, all but its last 1, 2 or 64 (more than it has).
+      for (auto [units, lag] : {std::pair{1, -1}, {3, -1}, {64, -1}, {1, 0}, {1, 1}, {3, 2}, {1, 64}}) {
         SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " rows=" << rows
-                                          << " units=" << units);
+                                          << " units=" << units << " lag=" << lag);
         GemvArgs with = g;
-        with.prefetch = gemv_l2_prefetch(next, units, ctx.device());
+        with.prefetch = gemv_l2_prefetch(next, units, ctx.device(), lag);
         EXPECT_EQ(with.prefetch.units, units);
+        EXPECT_EQ(with.prefetch.lag, lag);
         EXPECT_GT(with.prefetch.grid, 0);
         for (bool carveout : {false, true}) {
           with.max_carveout = carveout;

@@ -87,11 +87,15 @@ constexpr int kGemvBulkRingKib = 96;
 // resident only when this one's leave the SMs' shared memory, and then
 // wait a DRAM round trip for their first bytes: the DRAM idles at every
 // boundary. gemv_l2_prefetch() fills it from the next GEMV's arguments.
-// Changes when bytes move, never what is computed.
+// `lag` times the prefetch: -1, as soon as the producer has issued its own
+// copies (they then queue in DRAM with this GEMV's last ~25 MB and land
+// with them); n >= 0, once the block's consumers have finished all but its
+// last n units, so that the prefetch reaches the DRAM as this GEMV's own
+// copies drain. Changes when bytes move, never what is computed.
 struct GemvPrefetch {
   const bf16_bits* w = nullptr;
   int64_t n = 0, k = 0, grid = 0;
-  int units = 0, head_dim = 0;
+  int units = 0, head_dim = 0, lag = -1;
   GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
 };
 struct GemvArgs {
@@ -157,7 +161,7 @@ bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k);
 // block of `next` as gemv() would launch it on `device`; empty (nothing
 // prefetched) unless next runs on the ring (kGemvBulkShape, up to 4 rows,
 // sm_90+) or units <= 0.
-GemvPrefetch gemv_l2_prefetch(const GemvArgs& next, int units, int device);
+GemvPrefetch gemv_l2_prefetch(const GemvArgs& next, int units, int device, int lag = -1);
 // The (byte offset into p.w, bytes) ranges that block `block` of a ring
 // GEMV of `grid` blocks pulls into L2 for p, in the order it issues them.
 std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefetch& p, int64_t block, int64_t grid);

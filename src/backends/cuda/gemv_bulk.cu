@@ -48,6 +48,22 @@
 // 6.8, a chained layer 44.1 → 41.7 us; decode 1,214 → 1,254 tok/s at batch
 // 1, 2,406 at batch 4; 8B 257.7 → 259.6.
 //
+// A block's producer warp initializes the ring's barriers and issues its
+// first copies without waiting for the consumer warps (a named barrier
+// tells them the ring is ready). With GemvArgs::prefetch it then pulls its
+// share of the next GEMV's first units into L2, by default once the
+// consumers have emptied all but the block's last unit (GemvPrefetch::lag
+// 1): those copies then reach the DRAM as this GEMV's own drain, and keep
+// it busy while this kernel's blocks finish and the next one's start (they
+// cannot start earlier: two rings fill an SM's shared memory). H200,
+// 2026-12-01, 1B decode at batch 1, two calls: 1,291 and 1,291 tok/s
+// against 1,265-1,273 with no prefetch; 1,284 and 1,297 against 1,287 and
+// 1,287 (a gain of 0-2%); in the first call 1,223 with the prefetch issued
+// after the block's last unit (lag 0), 1,270 / 1,258 at lag 2 / 3, 1,125
+// with 2 units at lag 0; 8B 260.3 against 261.2, 264.9 against 265.7
+// (noise). The producer-first start: 1,265-1,276 against 1,263-1,270 for
+// the block-wide sync before the first copy (noise or a little better).
+//
 // Thread t sums chunks t, t + 256, ... of each row (k in order), the block
 // adds its warps in order: the sums do not depend on the number of x rows
 // nor on the grid or ring. The producer and consumer loops are
@@ -68,18 +84,24 @@ __global__ void __launch_bounds__(kBulkThreads, 1) gemv_bulk_kernel(GemvArgs a, 
   extern __shared__ __align__(128) unsigned char s_ring[];
   __shared__ __align__(8) uint64_t s_full[kMaxStages], s_empty[kMaxStages];
   __shared__ RingSums<B> s_sums;
+  allow_next_grid();
   int64_t c_begin, c_end;
   block_columns(a, &c_begin, &c_end);
-  const Ring ring = make_ring(s_ring, s_full, s_empty, n_slots);
-  __syncthreads();
-  allow_next_grid();
+  // The producer warp initializes the ring itself and issues its first
+  // copies without waiting for the consumer warps.
+  const Ring ring = make_ring(s_ring, s_full, s_empty, n_slots, kConsumers);
   RingPos pos;
   if (threadIdx.x >= kConsumers) {
+    __syncwarp();
+    ring_ready_arrive();
     // The producer never reads what the previous kernel writes, so it never waits for it.
-    produce_units<E>(a, c_begin, c_end, ring, pos);
+    const int64_t n_units = produce_units<E>(a, c_begin, c_end, ring, pos);
+    if (a.prefetch.units > 0 && a.prefetch.lag >= 0 && a.prefetch.lag < n_units)
+      wait_consumed(ring, pos, min(a.prefetch.lag + 1, ring.n_slots));
     prefetch_next_units(a.prefetch);
     return;
   }
+  ring_ready_wait();
   wait_prior_grid();  // x comes from the previous kernel, and the epilogue may write what it reads
   consume_units<B, E>(a, c_begin, c_end, ring, pos, s_sums);
 }
@@ -115,12 +137,12 @@ int64_t gemv_bulk_grid(const GemvArgs& a, int device) {
   return std::min<int64_t>(tiles, int64_t(std::max<int>(1, a.blocks_per_sm)) * sm_count(device));
 }
 
-GemvPrefetch gemv_l2_prefetch(const GemvArgs& next, int units, int device) {
+GemvPrefetch gemv_l2_prefetch(const GemvArgs& next, int units, int device, int lag) {
   if (units <= 0 || next.shape != kGemvBulkShape || next.rows < 1 || next.rows > 4 || !next.w || next.k % 8 != 0 ||
       (reinterpret_cast<uintptr_t>(next.w) & 15) != 0 || !has_bulk_copies(device))
     return {};
   return {.w = next.w, .n = next.n, .k = next.k, .grid = gemv_bulk_grid(next, device), .units = units,
-          .head_dim = next.rope.head_dim, .epilogue = next.epilogue};
+          .head_dim = next.rope.head_dim, .lag = lag, .epilogue = next.epilogue};
 }
 
 std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefetch& p, int64_t block, int64_t grid) {

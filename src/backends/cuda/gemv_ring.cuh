@@ -89,16 +89,22 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
 }
 // The consumer warps' own barrier (the producer warp never joins it).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+// The ring's barriers are initialized: the producer warp arrives (and goes
+// on to its copies), the consumer warps wait.
+__device__ __forceinline__ void ring_ready_arrive() { asm volatile("bar.arrive 2, %0;" ::"n"(kBulkThreads) : "memory"); }
+__device__ __forceinline__ void ring_ready_wait() { asm volatile("bar.sync 2, %0;" ::"n"(kBulkThreads) : "memory"); }
 
 // The ring's shared memory: slot data and the two barriers per slot.
 struct Ring {
   uint32_t data, full, empty;
   int n_slots;
 };
-// Thread 0 initializes the barriers; the caller syncs the block after.
-__device__ __forceinline__ Ring make_ring(const void* data, const uint64_t* full, const uint64_t* empty, int n_slots) {
+// Thread init_thread initializes the barriers; the caller syncs the
+// threads that use them after.
+__device__ __forceinline__ Ring make_ring(const void* data, const uint64_t* full, const uint64_t* empty, int n_slots,
+                                          int init_thread = 0) {
   const Ring r{smem_addr(data), smem_addr(full), smem_addr(empty), n_slots};
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == init_thread) {
     for (int i = 0; i < n_slots; ++i) {
       mbar_init(r.full + 8 * i, 1);
       mbar_init(r.empty + 8 * i, kConsumerWarps);
@@ -207,8 +213,9 @@ __device__ __forceinline__ void use_x(const GemvArgs& a, const XRaw<B>& x, int b
 
 // The producer warp: the units of a's columns [c_begin, c_end) (a lane per
 // weight row), each slot refilled once the consumers have emptied it.
+// Returns the number of units.
 template <GemvEpilogue E>
-__device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos) {
+__device__ int64_t produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos) {
   const int lane = threadIdx.x & 31;
   const uint64_t policy = evict_first_policy();
   const int k_stages = k_stages_of(a);
@@ -227,6 +234,17 @@ __device__ void produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
       bulk_copy(ring.data + pos.slot * kStageBytes + lane * (kStageK * 2), a.w + row * a.k + k0, bytes,
                 ring.full + 8 * pos.slot, policy);
   }
+  return n_units;
+}
+
+// The producer, past its last unit (at pos): waits until the consumers have
+// emptied the slot of the unit `back` units before pos (1: the last one;
+// at most the ring's slots, and no earlier than this GEMV's first unit).
+__device__ __forceinline__ void wait_consumed(const Ring& ring, const RingPos& pos, int back) {
+  int slot = pos.slot - back;
+  uint32_t parity = pos.parity;
+  while (slot < 0) slot += ring.n_slots, parity ^= 1;
+  mbar_wait(ring.empty + 8 * slot, parity);
 }
 
 // The producer warp after its own units: this block's share of what the
