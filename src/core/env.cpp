@@ -67,7 +67,7 @@ Result<std::vector<int64_t>> cuda_decode_l2_prefetch() {
     units.push_back(n);
     at = comma + 1;
   }
-  if (units.empty()) units.push_back(1);
+  if (units.empty()) units.push_back(-1);
   if (units.size() == 1) units.resize(5, units[0]);
   if (units.size() != 5)
     return invalid_argument("environment: ", kName, "='", v, "' holds ", units.size(), " counts (1 or 5: q|k|v, o, ",

@@ -88,9 +88,10 @@ std::string cuda_lora_sums();
 // 0..64 — units (8 weight rows × 2048 k) of each block of the next decode
 // GEMV that a GEMV on the shared-memory ring pulls into L2
 // (CudaModelOptions::l2_prefetch_units where left -1): every GEMV N, or
-// q|k|v, o, gate|up, down and the LM head each its own; 0: none. Default:
-// 1. Another value: loading the model fails naming the variable. Returns
-// the five counts.
+// q|k|v, o, gate|up, down and the LM head each its own; 0: none. Unset:
+// five -1s, the default (CudaModelOptions::l2_prefetch_units). Another
+// value: loading the model fails naming the variable. Returns the five
+// counts.
 Result<std::vector<int64_t>> cuda_decode_l2_prefetch();
 // LATHE_CUDA_DECODE_L2_PREFETCH_LAG: -1..64 — when that prefetch goes out
 // (GemvPrefetch::lag): -1, once the producer has issued its own copies; n,

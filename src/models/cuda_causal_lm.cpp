@@ -32,9 +32,9 @@
 // shape measured fastest for it (cuda_decode_shapes(B)), or with bulk_gemv the
 // shared-memory ring. A ring GEMV pulls the first weights of the GEMV
 // after it into L2 as its own copies drain (CudaModelOptions::
-// l2_prefetch_units, by default a unit per block once all but the block's
-// last unit are consumed), so the DRAM keeps streaming while one kernel's
-// blocks drain and the next one's start.
+// l2_prefetch_units, by default at one sequence a unit per block once all
+// but the block's last unit are consumed), so the DRAM keeps streaming
+// while one kernel's blocks drain and the next one's start.
 //
 // Memory: two device arenas planned at load, weights and state (a KV cache
 // per sequence, activations for max_forward_tokens or max_batch rows,
@@ -222,7 +222,10 @@ cuda::GemvArgs CudaCausalLmImpl::lm_head_gemv(int b) const {
 cuda::GemvArgs CudaCausalLmImpl::prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next,
                                              int CudaL2PrefetchUnits::*source) const {
   const int each = opts.l2_prefetch_each.*source;
-  const int units = each >= 0 ? each : opts.l2_prefetch_units >= 0 ? opts.l2_prefetch_units : env_l2_prefetch.*source;
+  const int env_units = env_l2_prefetch.*source;
+  // The default: a unit at one sequence (measured there), none at 2-4 (not measured).
+  const int fallback = env_units >= 0 ? env_units : g.rows == 1 ? 1 : 0;
+  const int units = each >= 0 ? each : opts.l2_prefetch_units >= 0 ? opts.l2_prefetch_units : fallback;
   if (units > 0 && g.shape == cuda::kGemvBulkShape)
     g.prefetch = cuda::gemv_l2_prefetch(next, units, opts.device, env_l2_prefetch_lag);
   return g;

@@ -106,8 +106,9 @@ struct CudaModelOptions {
   // projection's, o gate|up's, gate|up down's, down the next layer's q|k|v
   // (the last layer's: the LM head's), the LM head layer 0's q|k|v (the
   // next step's); l2_prefetch_each's counts, where >= 0, for one source
-  // each. -1: LATHE_CUDA_DECODE_L2_PREFETCH (default 1; H200, 1B decode
-  // at batch 1: 0-2% faster than none, 8B the same; gemv_bulk.cu).
+  // each. -1: LATHE_CUDA_DECODE_L2_PREFETCH, and where that is unset 1
+  // unit at one sequence (H200, 1B decode: 0-2% faster than none, 8B the
+  // same; gemv_bulk.cu), none at 2-4 (not measured there).
   int l2_prefetch_units = -1;
   CudaL2PrefetchUnits l2_prefetch_each{};
   // The ring GEMVs launched with the largest shared-memory carveout (GemvArgs::max_carveout).

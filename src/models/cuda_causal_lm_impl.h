@@ -111,8 +111,8 @@ class CudaCausalLmImpl {
   int ptr_slots = 2;       // S above
   bool decode_gemv = true;  // the decode step's shapes suit gemv(); otherwise decode runs the prefill path
   bool overlap = false;     // decode kernels as programmatic dependent launches
-  CudaL2PrefetchUnits env_l2_prefetch{0, 0, 0, 0, 0};  // LATHE_CUDA_DECODE_L2_PREFETCH, read at load
-  int env_l2_prefetch_lag = -1;                        // LATHE_CUDA_DECODE_L2_PREFETCH_LAG, read at load
+  CudaL2PrefetchUnits env_l2_prefetch{};  // LATHE_CUDA_DECODE_L2_PREFETCH, read at load (-1: unset)
+  int env_l2_prefetch_lag = -1;            // LATHE_CUDA_DECODE_L2_PREFETCH_LAG, read at load
 
   std::vector<int> seq_len;             // [max_batch] tokens in each sequence's cache
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran

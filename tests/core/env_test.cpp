@@ -47,7 +47,7 @@ TEST(Env, LoraOverlap) {
 // One count for every decode GEMV, or five (q|k|v, o, gate|up, down, LM head).
 TEST(Env, DecodeL2Prefetch) {
   using Units = std::vector<int64_t>;
-  for (auto [value, want] : {std::pair<const char*, Units>{"", {1, 1, 1, 1, 1}}, {"3", {3, 3, 3, 3, 3}},
+  for (auto [value, want] : {std::pair<const char*, Units>{"", {-1, -1, -1, -1, -1}}, {"3", {3, 3, 3, 3, 3}},
                              {"0,1,2,64,1", {0, 1, 2, 64, 1}}}) {
     ScopedEnv set("LATHE_CUDA_DECODE_L2_PREFETCH", value);
     auto units = env::cuda_decode_l2_prefetch();
