@@ -56,6 +56,7 @@
 #include "backends/cuda/decode_ops.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/generation_ops.h"
+#include "core/env.h"
 #include "models/cuda_causal_lm.h"
 #include "models/family.h"
 
@@ -395,7 +396,8 @@ cu::AttentionDecodeBatchArgs attention_args(cu::CudaContext& ctx, const KernelBu
 // attention, o, gate|up, down), each layer on its own copy of the weights
 // where the pool holds them: what the boundaries between kernels cost.
 // With prefetch_units each ring GEMV pulls the next one's first units into
-// L2 (down: the next copy's q|k|v), as CudaModelOptions::l2_prefetch_units;
+// L2 (down: the next copy's q|k|v), as CudaModelOptions::l2_prefetch_units
+// (at LATHE_CUDA_DECODE_L2_PREFETCH_LAG, as the model);
 // with max_carveout the ring GEMVs ask for the largest shared-memory carveout.
 KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int ctx_len,
                      bool overlap, const std::string& label, const std::function<Grid(int)>& grid_of,
@@ -409,6 +411,9 @@ KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelC
   const int64_t elems = (l[0].qkv_rows + l[0].o_rows + l[0].gate_up_rows) * k + l[0].down_rows * c.intermediate_size;
   const int copies = static_cast<int>(std::max<int64_t>(1, int64_t(kb.pool_bytes / 2) / elems));
   const int calls = 16;
+  // The prefetch goes out when the model's would (LATHE_CUDA_DECODE_L2_PREFETCH_LAG).
+  const lathe::Result<int64_t> env_lag = lathe::env::cuda_decode_l2_prefetch_lag();
+  const int lag = env_lag.is_ok() ? static_cast<int>(*env_lag) : 1;
   const auto* pool = static_cast<const bf16_bits*>(kb.pool.data());
   const double t = time_graph(ctx, calls, [&](int i) -> Status {
     const bf16_bits* w = pool + int64_t(i % copies) * elems;
@@ -417,10 +422,10 @@ KernelRow time_layer(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelC
     cu::GemvArgs next_qkv = l[0].qkv;
     next_qkv.w = pool + int64_t((i + 1) % copies) * elems;
     const int dev = ctx.device();
-    qkv.prefetch = cu::gemv_l2_prefetch(o, prefetch_units, dev);
-    o.prefetch = cu::gemv_l2_prefetch(gu, prefetch_units, dev);
-    gu.prefetch = cu::gemv_l2_prefetch(down, prefetch_units, dev);
-    down.prefetch = cu::gemv_l2_prefetch(next_qkv, prefetch_units, dev);
+    qkv.prefetch = cu::gemv_l2_prefetch(o, prefetch_units, dev, lag);
+    o.prefetch = cu::gemv_l2_prefetch(gu, prefetch_units, dev, lag);
+    gu.prefetch = cu::gemv_l2_prefetch(down, prefetch_units, dev, lag);
+    down.prefetch = cu::gemv_l2_prefetch(next_qkv, prefetch_units, dev, lag);
     qkv.max_carveout = o.max_carveout = gu.max_carveout = down.max_carveout = max_carveout;
     LATHE_TRY(cu::gemv(ctx, qkv));
     cu::AttentionDecodeBatchArgs attn = attention_args(ctx, kb, c, batch, ctx_len, overlap);
