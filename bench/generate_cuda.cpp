@@ -7,8 +7,12 @@
 // sequence's KV cache, at the measured ~4.3 TB/s of the H200; tokens/s
 // counts all B sequences), prefill against the bf16 GEMM peak
 // (~810 TFLOP/s through cuBLASLt). A decode step is 5·n_layer + 3 kernels
-// (cuda_causal_lm.cpp) plus the argmax. The baseline, transformers generate
-// on the same machine, is bench/generate_hf.py (same --batch).
+// (cuda_causal_lm.cpp) plus the greedy pick. Decode runs as `lathe
+// generate` does (start_greedy / next_greedy: each step's picks feed the
+// next step on the device, steps queued ahead of the host); the row also
+// shows the host-fed loop (a decode_batch_greedy() call per step, the ids
+// up and down each step). The baseline, transformers generate on the same
+// machine, is bench/generate_hf.py (same --batch).
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
 //                       [--persistent 1] [--registers 0] [--bulk 0] [--ring-kib 0] [--ring-per-sm 0]
@@ -120,8 +124,12 @@ struct Timing {
   double prefill_s = 1e30, decode_s = 1e30;
 };
 
+// fed: decode through start_greedy() / next_greedy() (each step's picks feed
+// the next on the device, steps queued ahead of the host: what `lathe
+// generate` runs); otherwise a decode_batch_greedy() call per step (the ids
+// come to the host and go back up each step).
 Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_decode, int batch, bool graphs,
-                  int reps) {
+                  int reps, bool fed = true) {
   Timing t;
   m.set_use_graphs(graphs);
   std::vector<int32_t> cur(static_cast<size_t>(batch)), next(static_cast<size_t>(batch));
@@ -139,15 +147,17 @@ Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_dec
       cur[s] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     Clock::time_point t1 = Clock::now();
-    for (int i = 0; i < n_decode; ++i) {
-      lathe::Status st = m.decode_batch_greedy(cur, next);
-      if (!st.is_ok()) {
-        std::fprintf(stderr, "decode: %s\n", st.message().c_str());
-        return t;
-      }
+    lathe::Status st = fed ? m.start_greedy(cur, n_decode) : lathe::Status::ok();
+    for (int i = 0; i < n_decode && st.is_ok(); ++i) {
+      st = fed ? m.next_greedy(next) : m.decode_batch_greedy(cur, next);
       cur.swap(next);
     }
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "decode: %s\n", st.message().c_str());
+      return t;
+    }
     t.decode_s = std::min(t.decode_s, seconds_since(t1));
+    m.stop_greedy();
   }
   return t;
 }
@@ -560,15 +570,18 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   const std::vector<int32_t> prompt = prompt_ids(n_prompt, s.cfg.vocab_size);
   const Timing eager = time_model(m, prompt, n_decode, batch, /*graphs=*/false, 2);
   const Timing graph = time_model(m, prompt, n_decode, batch, /*graphs=*/true, 3);
+  const Timing host_fed = time_model(m, prompt, n_decode, batch, /*graphs=*/true, 3, /*fed=*/false);
   const double params = double(m.n_params());
   const double prefill_flops = 2.0 * params * n_prompt;
   const double bytes = decode_bytes(s.cfg, m.n_params(), n_prompt + n_decode / 2.0, batch);
   const double floor_tps = batch * kBandwidth / bytes;
   const double tps_graph = double(batch) * n_decode / graph.decode_s;
   const double tps_eager = double(batch) * n_decode / eager.decode_s;
-  std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.0f | %.0f%% |\n", s.name, params / 1e9,
-              batch, n_prompt, n_prompt / graph.prefill_s, 100.0 * prefill_flops / graph.prefill_s / kGemmPeak,
-              tps_eager, tps_graph, floor_tps, 100.0 * tps_graph / floor_tps);
+  const double tps_host = double(batch) * n_decode / host_fed.decode_s;
+  std::printf("| %s | %.2fB | %d | %d | %.0f | %.0f%% | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", s.name,
+              params / 1e9, batch, n_prompt, n_prompt / graph.prefill_s,
+              100.0 * prefill_flops / graph.prefill_s / kGemmPeak, tps_eager, tps_host, tps_graph, floor_tps,
+              100.0 * tps_graph / floor_tps);
   // The A/B of the decode GEMVs (up to 4 sequences): the same model with the grids before the ring, and the ring
   // in other sizes.
   if (batch <= 4) {
@@ -646,8 +659,9 @@ int main(int argc, char** argv) {
   };
   std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 5 kernels per layer + 3 "
               "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
-  std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s graph "
-              "| bandwidth floor tok/s | of floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s "
+              "graph, host-fed | decode tok/s graph | bandwidth floor tok/s | of floor |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   const StepGemvs step{
       .persistent = persistent != 0, .registers = registers != 0, .bulk = bulk != 0, .ring_kib = ring_kib,
       .per_sm = ring_per_sm, .attention_min_chunk = attn_chunk, .split_k_attention = split_k_attention != 0};

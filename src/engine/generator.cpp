@@ -15,10 +15,16 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-}  // namespace
+// The loop itself, over a model that picks tokens: first(prompt) runs the
+// prompt and returns the first pick, then(id) appends id and returns the
+// next. generate_with() builds them from a step and a Sampler; the CUDA
+// model's greedy decoding picks on the device.
+using FirstFn = std::function<Result<int32_t>(std::span<const int32_t> prompt)>;
+using ThenFn = std::function<Result<int32_t>(int32_t id, int budget_left)>;
 
-Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const Tokenizer& tokenizer,
-                                       const GenerateArgs& args, const TextCallback& on_text) {
+Result<GenerationResult> generate_loop(const FirstFn& first, const ThenFn& then, int vocab_size,
+                                       const Tokenizer& tokenizer, const GenerateArgs& args,
+                                       const TextCallback& on_text) {
   const SamplingOptions& so = args.sampling;
   LATHE_TRY(so.validate());
   const int n_prompt = static_cast<int>(args.prompt.size());
@@ -40,11 +46,8 @@ Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const
   r.finish_reason = "length";
   if (budget == 0) return r;
 
-  Sampler sampler(so);
   IncrementalDecoder decoder(tokenizer, args.skip_special_tokens);
   StopMatcher stops(so.stop_strings);
-  std::vector<int32_t> context(args.prompt.begin(), args.prompt.end());
-  std::vector<float> logits(static_cast<size_t>(vocab_size));
   auto emit = [&](const std::string& piece) {
     if (piece.empty()) return;
     r.text += piece;
@@ -55,14 +58,12 @@ Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const
   };
 
   Clock::time_point t0 = Clock::now();
-  LATHE_TRY(step(args.prompt, logits));
-  int32_t next = sampler.sample(logits, context);
+  LATHE_ASSIGN_OR_RETURN(int32_t next, first(args.prompt));
   r.prefill_seconds = seconds_since(t0);
 
   Clock::time_point t1 = Clock::now();
   while (true) {
     r.token_ids.push_back(next);
-    context.push_back(next);
     if (is_stop_token(next)) {
       r.finish_reason = "stop";
       break;
@@ -72,9 +73,9 @@ Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const
       r.finish_reason = "stop";
       break;
     }
-    if (static_cast<int>(r.token_ids.size()) >= budget) break;
-    LATHE_TRY(step(std::span<const int32_t>(&next, 1), logits));
-    next = sampler.sample(logits, context);
+    const int left = budget - static_cast<int>(r.token_ids.size());
+    if (left <= 0) break;
+    LATHE_ASSIGN_OR_RETURN(next, then(next, left));
     ++r.decode_steps;
   }
   r.decode_seconds = seconds_since(t1);
@@ -87,6 +88,25 @@ Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const
     emit(stops.flush());
   }
   return r;
+}
+
+}  // namespace
+
+Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const Tokenizer& tokenizer,
+                                       const GenerateArgs& args, const TextCallback& on_text) {
+  Sampler sampler(args.sampling);
+  std::vector<int32_t> context(args.prompt.begin(), args.prompt.end());
+  std::vector<float> logits(static_cast<size_t>(std::max(vocab_size, 0)));
+  FirstFn first = [&](std::span<const int32_t> prompt) -> Result<int32_t> {
+    LATHE_TRY(step(prompt, logits));
+    return sampler.sample(logits, context);
+  };
+  ThenFn then = [&](int32_t id, int) -> Result<int32_t> {
+    context.push_back(id);
+    LATHE_TRY(step(std::span<const int32_t>(&id, 1), logits));
+    return sampler.sample(logits, context);
+  };
+  return generate_loop(first, then, vocab_size, tokenizer, args, on_text);
 }
 
 Result<GenerationResult> generate(const CausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
@@ -108,9 +128,30 @@ Result<GenerationResult> generate(const CausalLM& model, const Tokenizer& tokeni
 Result<GenerationResult> generate(CudaCausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                   const SamplingOptions& sampling, const TextCallback& on_text) {
   model.clear();
-  StepFn step = [&](std::span<const int32_t> tokens, std::span<float> logits) { return model.forward(tokens, logits); };
   GenerateArgs args{.prompt = prompt, .sampling = sampling, .max_context_tokens = model.max_seq()};
-  return generate_with(step, model.config().vocab_size, tokenizer, args, on_text);
+  if (!sampling.greedy() || sampling.repetition_penalty != 1.0f) {
+    StepFn step = [&](std::span<const int32_t> tokens, std::span<float> logits) {
+      return model.forward(tokens, logits);
+    };
+    return generate_with(step, model.config().vocab_size, tokenizer, args, on_text);
+  }
+  // Greedy without a penalty: the device picks every token and feeds it to
+  // the next step itself (CudaCausalLM::start_greedy), steps queued ahead of
+  // the host; those past a stop are dropped.
+  bool started = false;
+  FirstFn first = [&](std::span<const int32_t> p) { return model.forward_greedy(p); };
+  ThenFn then = [&](int32_t id, int left) -> Result<int32_t> {
+    if (!started) {
+      LATHE_TRY(model.start_greedy(std::span<const int32_t>(&id, 1), left));
+      started = true;
+    }
+    int32_t pick = 0;
+    LATHE_TRY(model.next_greedy(std::span<int32_t>(&pick, 1)));
+    return pick;
+  };
+  Result<GenerationResult> r = generate_loop(first, then, model.config().vocab_size, tokenizer, args, on_text);
+  model.stop_greedy();
+  return r;
 }
 
 std::vector<int32_t> default_stop_token_ids(const GenerationConfig& gen, const ModelConfig& cfg,

@@ -307,6 +307,7 @@ Status CudaCausalLmImpl::upload_step(std::span<const int32_t> tokens, const std:
 // Uploads the ids and each sequence's position, then runs the step: eagerly
 // the first time for this B, as a captured graph after (with graphs on).
 Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
+  end_chain();
   const int b = static_cast<int>(tokens.size());
   for (int s = 0; s < b; ++s) {
     LATHE_TRY(check_tokens(s, tokens.subspan(s, 1)).with_context("decode step, sequence " + std::to_string(s)));
@@ -319,7 +320,7 @@ Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
     // again with ordinary launches and keep them.
     LATHE_LOG(kWarn, "cuda decode: overlapped launches failed (", st.message(), "); using ordinary launches");
     overlap = false;
-    for (cuda::CudaGraph& g : graphs) g = cuda::CudaGraph();
+    drop_graphs();
     st = enqueue_step(b);
   }
   LATHE_TRY(st);
@@ -339,10 +340,63 @@ Status CudaCausalLmImpl::enqueue_step(int b) {
   return Status::ok();
 }
 
+Status CudaCausalLmImpl::enqueue_pick(int b, bool fed) {
+  cuda::GreedyPickArgs p{.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab, .feed = {},
+                         .overlap = overlap};
+  if (fed) {
+    p.feed = {.tokens = buf.tokens, .positions = buf.positions,
+              .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kGreedyDepth};
+  }
+  return cuda::greedy_pick(ctx, p);
+}
+
+// As enqueue_step(), with the pick feeding the next step in the same graph.
+Status CudaCausalLmImpl::enqueue_chain_step() {
+  const int b = chain.b;
+  auto step = [&]() -> Status {
+    if (opts.use_graphs && decoded_eagerly[b]) {
+      if (chain.graphs[b].empty()) {
+        LATHE_ASSIGN_OR_RETURN(chain.graphs[b], cuda::CudaGraph::capture(ctx, [&]() -> Status {
+                                 LATHE_TRY(decode_step(b));
+                                 return enqueue_pick(b, /*fed=*/true);
+                               }));
+      }
+      return chain.graphs[b].launch(ctx);
+    }
+    LATHE_TRY(decode_step(b));
+    decoded_eagerly[b] = true;
+    return enqueue_pick(b, /*fed=*/true);
+  };
+  Status st = step();
+  if (!st.is_ok() && overlap && chain.issued == chain.taken) {
+    // As decode(): nothing queued is lost, and the step's input changes only at its pick.
+    LATHE_LOG(kWarn, "cuda decode: overlapped launches failed (", st.message(), "); using ordinary launches");
+    overlap = false;
+    drop_graphs();
+    st = step();
+  }
+  LATHE_TRY(st);
+  LATHE_TRY(chain.done[size_t(chain.issued % CudaCausalLM::kGreedyDepth)].record(ctx));
+  ++chain.issued;
+  return Status::ok();
+}
+
+void CudaCausalLmImpl::drop_graphs() {
+  for (cuda::CudaGraph& g : graphs) g = cuda::CudaGraph();
+  for (cuda::CudaGraph& g : chain.graphs) g = cuda::CudaGraph();
+}
+
+void CudaCausalLmImpl::end_chain() {
+  if (!chain.active) return;
+  chain.active = false;
+  if (chain.issued > chain.taken) (void)ctx.synchronize();  // a failed step reports on the next call's own sync
+}
+
 // Appends tokens to sequence seq: one token of sequence 0 wanting its logits
 // is a decode step; anything else prefill passes of max_tokens at most, the
 // last yielding logit_rows rows of logits (1, or all of its tokens).
 Status CudaCausalLmImpl::run(int seq, std::span<const int32_t> tokens, int64_t logit_rows) {
+  end_chain();
   LATHE_TRY(check_tokens(seq, tokens));
   if (seq == 0 && tokens.size() == 1 && logit_rows == 1 && decode_gemv) return decode(tokens);
   for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(max_tokens)) {
@@ -392,18 +446,23 @@ int CudaCausalLM::n_tokens(int seq) const {
 }
 int CudaCausalLM::max_seq() const { return impl_->opts.max_seq; }
 int CudaCausalLM::max_batch() const { return impl_->opts.max_batch; }
-void CudaCausalLM::clear() { std::fill(impl_->seq_len.begin(), impl_->seq_len.end(), 0); }
+void CudaCausalLM::clear() {
+  impl_->end_chain();
+  std::fill(impl_->seq_len.begin(), impl_->seq_len.end(), 0);
+}
 void CudaCausalLM::clear(int seq) {
+  impl_->end_chain();
   if (seq >= 0 && seq < impl_->opts.max_batch) impl_->seq_len[seq] = 0;
 }
 void CudaCausalLM::set_use_graphs(bool on) {
+  impl_->end_chain();
   impl_->opts.use_graphs = on;
-  if (!on)
-    for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
+  if (!on) impl_->drop_graphs();
 }
 void CudaCausalLM::set_persistent_gemv(bool on) {
+  impl_->end_chain();
   impl_->opts.persistent_gemv = on;
-  for (cuda::CudaGraph& g : impl_->graphs) g = cuda::CudaGraph();
+  impl_->drop_graphs();
 }
 void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   CudaModelOptions& o = impl_->opts;
@@ -434,7 +493,7 @@ Status CudaCausalLM::forward_seq(int seq, std::span<const int32_t> tokens, std::
 Result<int32_t> CudaCausalLM::forward_greedy(std::span<const int32_t> tokens) {
   CudaCausalLmImpl& m = *impl_;
   LATHE_TRY(m.run(0, tokens, 1));
-  LATHE_TRY(cuda::argmax_rows(m.ctx, m.buf.logits, 1, m.vocab, m.buf.next_token));
+  LATHE_TRY(m.enqueue_pick(1, /*fed=*/false));
   int32_t id = 0;
   LATHE_TRY(cuda::copy_to_host(m.ctx, &id, m.buf.next_token, sizeof(id)));
   return id;
@@ -487,9 +546,75 @@ Status CudaCausalLM::decode_batch_greedy(std::span<const int32_t> tokens, std::s
     }));
   } else {
     LATHE_TRY(m.decode(tokens));
-    LATHE_TRY(cuda::argmax_rows(m.ctx, m.buf.logits, static_cast<int64_t>(tokens.size()), m.vocab, m.buf.next_token));
+    LATHE_TRY(m.enqueue_pick(static_cast<int>(tokens.size()), /*fed=*/false));
   }
   return cuda::copy_to_host(m.ctx, next.data(), m.buf.next_token, next.size() * sizeof(int32_t));
 }
+
+Status CudaCausalLM::start_greedy(std::span<const int32_t> tokens, int max_steps) {
+  CudaCausalLmImpl& m = *impl_;
+  m.end_chain();
+  LATHE_TRY(check_batch(m, tokens));
+  if (max_steps < 1) return invalid_argument("cuda start_greedy: max_steps must be at least 1, got ", max_steps);
+  const int b = static_cast<int>(tokens.size());
+  for (int s = 0; s < b; ++s)
+    if (int64_t(m.seq_len[s]) + max_steps > m.opts.max_seq)
+      return invalid_argument("cuda start_greedy: ", max_steps, " steps at position ", m.seq_len[s], " of sequence ",
+                              s, " overflow the KV cache of ", m.opts.max_seq, " tokens (max_seq)");
+  GreedyChain& c = m.chain;
+  c.b = b, c.issued = c.taken = 0, c.limit = max_steps;
+  c.pending.assign(tokens.begin(), tokens.end());
+  c.len0.assign(m.seq_len.begin(), m.seq_len.begin() + b);
+  if (m.decode_gemv) {
+    if (c.ring.size_bytes() == 0) {
+      LATHE_ASSIGN_OR_RETURN(c.ring, cuda::PinnedBuffer::alloc(m.opts.device, size_t(m.opts.max_batch) *
+                                                                                   kGreedyDepth * sizeof(int32_t)));
+      c.graphs.resize(m.graphs.size());
+      c.done.clear();
+      for (int i = 0; i < kGreedyDepth; ++i) {
+        LATHE_ASSIGN_OR_RETURN(cuda::CudaEvent e, cuda::CudaEvent::create());
+        c.done.push_back(std::move(e));
+      }
+    }
+    LATHE_TRY(m.upload_step(tokens, [&](int64_t i) { return m.seq_len[i]; }));
+  }
+  c.active = true;
+  return Status::ok();
+}
+
+Status CudaCausalLM::next_greedy(std::span<int32_t> picks) {
+  CudaCausalLmImpl& m = *impl_;
+  GreedyChain& c = m.chain;
+  if (!c.active) return invalid_argument("cuda next_greedy: no greedy decoding started (start_greedy)");
+  if (static_cast<int>(picks.size()) != c.b)
+    return invalid_argument("cuda next_greedy: picks hold ", picks.size(), " ids, expected ", c.b);
+  if (c.taken == c.limit)
+    return invalid_argument("cuda next_greedy: all ", c.limit, " steps of this start_greedy were taken");
+  if (!m.decode_gemv) {  // host-fed: one ordinary greedy step
+    c.active = false;
+    LATHE_TRY(decode_batch_greedy(c.pending, picks));
+    c.pending.assign(picks.begin(), picks.end());
+    ++c.taken;
+    c.active = true;
+    return Status::ok();
+  }
+  auto fail = [&](Status st) {
+    m.end_chain();
+    return st;
+  };
+  while (c.issued < c.limit && c.issued - c.taken < kGreedyDepth) {
+    if (Status st = m.enqueue_chain_step(); !st.is_ok()) return fail(st);
+  }
+  if (Status st = c.done[size_t(c.taken % kGreedyDepth)].synchronize(); !st.is_ok()) return fail(st);
+  const auto* ring = static_cast<const int32_t*>(c.ring.data());
+  for (int s = 0; s < c.b; ++s) {
+    picks[s] = ring[s * kGreedyDepth + (c.len0[s] + c.taken) % kGreedyDepth];
+    ++m.seq_len[s];
+  }
+  ++c.taken;
+  return Status::ok();
+}
+
+void CudaCausalLM::stop_greedy() { impl_->end_chain(); }
 
 }  // namespace lathe

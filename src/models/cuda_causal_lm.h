@@ -163,6 +163,24 @@ class CudaCausalLM {
   Status decode_batch(std::span<const int32_t> tokens, std::span<float> logits);
   Status decode_batch_greedy(std::span<const int32_t> tokens, std::span<int32_t> next);
 
+  // Greedy decoding fed on the device, for sequences 0..B−1 (B =
+  // tokens.size()). start_greedy() checks the request as decode_batch_greedy()
+  // does and room for max_steps steps in every cache; each step appends one
+  // token to each sequence (tokens first, then the previous step's picks) and
+  // its picks become the next step's input on the device, so the host copies
+  // nothing between steps and keeps up to kGreedyDepth steps queued.
+  // next_greedy() waits for the next step's picks [B] and returns them in
+  // order; a sequence then holds the inputs of the steps whose picks were
+  // returned, as after the same decode_batch_greedy() calls, and gets the
+  // same ids. stop_greedy() ends it (any other call on the model also does):
+  // the queued steps beyond those are dropped (they wrote only cache rows
+  // past each sequence's length). With no decode step for these shapes (see
+  // decode_batch()), each next_greedy() is a decode_batch_greedy() instead.
+  static constexpr int kGreedyDepth = 4;
+  Status start_greedy(std::span<const int32_t> tokens, int max_steps);
+  Status next_greedy(std::span<int32_t> picks);
+  void stop_greedy();
+
  private:
   explicit CudaCausalLM(std::unique_ptr<CudaCausalLmImpl> impl);
   std::unique_ptr<CudaCausalLmImpl> impl_;

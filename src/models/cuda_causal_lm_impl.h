@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/decode_ops.h"
 #include "backends/cuda/generation_ops.h"
+#include "backends/cuda/stream_fork.h"
 #include "models/cuda_causal_lm.h"
 #include "models/weight_loader.h"
 
@@ -88,6 +89,21 @@ class Carver {
 
 }  // namespace cuda_lm
 
+// CudaCausalLM::start_greedy()'s state: steps issued and taken, each
+// sequence's length at the start, the ring of picks in mapped pinned memory
+// ([max_batch, kGreedyDepth]; the pick of the token at position p in slot p
+// mod kGreedyDepth) and an event per slot.
+struct GreedyChain {
+  bool active = false;
+  int b = 0;
+  int64_t issued = 0, taken = 0, limit = 0;
+  std::vector<int32_t> pending;  // host-fed fallback: the next step's input
+  std::vector<int> len0;
+  cuda::PinnedBuffer ring;
+  std::vector<cuda::CudaEvent> done;
+  std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B: the step and its pick with the feed
+};
+
 class CudaCausalLmImpl {
  public:
   ModelConfig cfg;
@@ -118,6 +134,7 @@ class CudaCausalLmImpl {
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
   std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B
   std::vector<int32_t> host_step;       // staging [2·R]: tokens at 0, positions at R (buf.tokens' layout)
+  GreedyChain chain;
 
   Status init(const ModelHeader& header, const CudaModelOptions& options);
   Status allocate();
@@ -155,6 +172,11 @@ class CudaCausalLmImpl {
   Status decode_step(int b);
   Status decode(std::span<const int32_t> tokens);
   Status enqueue_step(int b);  // eagerly, or as this b's graph (captured on its second step)
+  // The step and greedy_pick of its logits (feeding the next step when fed).
+  Status enqueue_pick(int b, bool fed);
+  Status enqueue_chain_step();  // one more step of the chain, then its event
+  void drop_graphs();
+  void end_chain();  // waits for the queued steps; every call that touches a cache runs it first
 };
 
 }  // namespace lathe

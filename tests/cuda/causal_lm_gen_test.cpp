@@ -589,6 +589,90 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
   }
 }
 
+// Greedy decoding fed on the device (start_greedy / next_greedy) picks what
+// decode_batch_greedy() picks step by step, for one sequence and for two of
+// different lengths, eager and replayed, over more steps than it queues;
+// stopping early leaves each sequence holding the steps taken, so decoding
+// on from there gives the same ids; bad calls are clear errors.
+TEST_P(CudaGenFlash, DeviceFedGreedyEqualsHostFed) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  TempDir dir(c.family + std::to_string(c.head_dim) + "_fed");
+  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  constexpr int kSteps = 3 * CudaCausalLM::kGreedyDepth + 1;
+  auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kSteps, .max_batch = 2});
+  std::vector<float> logits(static_cast<size_t>(gpu->config().vocab_size));
+  // Sequence s gets the prompt less 2·s tokens; returns each one's first pick.
+  auto prefill = [&](int b) {
+    gpu->clear();
+    std::vector<int32_t> first;
+    for (int s = 0; s < b; ++s) {
+      EXPECT_TRUE(gpu->forward_seq(s, std::vector<int32_t>(prompt.begin(), prompt.end() - 2 * s), logits).is_ok());
+      first.push_back(argmax(logits));
+    }
+    return first;
+  };
+  auto host_fed = [&](std::vector<int32_t> cur, int steps) {
+    std::vector<int32_t> ids, next(cur.size());
+    for (int i = 0; i < steps; ++i) {
+      Status st = gpu->decode_batch_greedy(cur, next);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      ids.insert(ids.end(), next.begin(), next.end());
+      cur = next;
+    }
+    return ids;
+  };
+  for (bool graphs : {false, true})
+    for (int b : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << (graphs ? "graphs" : "eager") << ", " << b << " sequences");
+      gpu->set_use_graphs(graphs);
+      const std::vector<int32_t> want = host_fed(prefill(b), kSteps);
+      const std::vector<int32_t> first = prefill(b);
+      Status st = gpu->start_greedy(first, kSteps);
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      std::vector<int32_t> got, picks(static_cast<size_t>(b));
+      for (int i = 0; i < kSteps; ++i) {
+        st = gpu->next_greedy(picks);
+        ASSERT_TRUE(st.is_ok()) << "step " << i << ": " << st.message();
+        got.insert(got.end(), picks.begin(), picks.end());
+      }
+      EXPECT_EQ(got, want);
+      for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + kSteps) << s;
+      st = gpu->next_greedy(picks);
+      EXPECT_NE(st.message().find("were taken"), std::string::npos) << st.message();
+      gpu->stop_greedy();
+
+      // Three steps, then the rest host-fed from the last pick.
+      ASSERT_TRUE(gpu->start_greedy(prefill(b), kSteps).is_ok());
+      std::vector<int32_t> part;
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_TRUE(gpu->next_greedy(picks).is_ok());
+        part.insert(part.end(), picks.begin(), picks.end());
+      }
+      gpu->stop_greedy();
+      for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + 3) << s;
+      const std::vector<int32_t> rest = host_fed(picks, kSteps - 3);
+      part.insert(part.end(), rest.begin(), rest.end());
+      EXPECT_EQ(part, want) << "stopped after 3 steps, then host-fed";
+    }
+  std::vector<int32_t> picks(1), first = prefill(1);
+  Status st = gpu->next_greedy(picks);
+  EXPECT_NE(st.message().find("start_greedy"), std::string::npos) << st.message();
+  st = gpu->start_greedy(first, kSteps + 1);
+  EXPECT_NE(st.message().find("overflow"), std::string::npos) << st.message();
+  st = gpu->start_greedy(first, 0);
+  EXPECT_NE(st.message().find("max_steps"), std::string::npos) << st.message();
+  st = gpu->start_greedy(std::vector<int32_t>{1 << 20}, 2);
+  EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
+  ASSERT_TRUE(gpu->start_greedy(first, 2).is_ok());
+  std::vector<int32_t> two(2);
+  st = gpu->next_greedy(two);
+  EXPECT_NE(st.message().find("expected 1"), std::string::npos) << st.message();
+  EXPECT_EQ(gpu->n_tokens(0), int(prompt.size())) << "a refused call appended nothing";
+}
+
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,
                          ::testing::Values(FlashCase{"llama", 64, 0}, FlashCase{"mistral", 128, 8}),
                          [](const auto& info) { return info.param.family + std::to_string(info.param.head_dim); });

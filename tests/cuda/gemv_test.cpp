@@ -362,11 +362,15 @@ TEST(CudaGemv, SplitK) {
 // The greedy pick after the LM head: the largest logit's column, the first
 // of equals, NaN never winning (an all-NaN row gives 0); rows of a width
 // that is not a multiple of 4 (unaligned rows after the first) and one that
-// is.
+// is; argmax_rows and greedy_pick (a cluster of blocks per row at the
+// larger widths, the equal maxima of row 0 in its first and last block),
+// ordinary and overlapped, and with greedy_pick's feed: the picks become
+// the tokens, the positions advance, and each row's pick lands in its slot
+// of the host ring (position mod slots).
 TEST(CudaGenArgmax, FirstOfEqualsAndNaNNeverWins) {
   LATHE_SKIP_WITHOUT_GPU();
   CudaContext ctx = make_context();
-  for (int64_t cols : {int64_t(128256), int64_t(1003)}) {
+  for (int64_t cols : {int64_t(128256), int64_t(128257), int64_t(1003)}) {
     SCOPED_TRACE(::testing::Message() << "cols=" << cols);
     const int64_t rows = 4;
     std::vector<float> x = random_bf16(rows * cols, 77 + uint32_t(cols));
@@ -386,7 +390,38 @@ TEST(CudaGenArgmax, FirstOfEqualsAndNaNNeverWins) {
     DeviceBuffer dx = upload(ctx, x), dout = upload(ctx, std::vector<int32_t>(size_t(rows), -1));
     ASSERT_TRUE(argmax_rows(ctx, dptr<float>(dx), rows, cols, dptr<int32_t>(dout)).is_ok());
     EXPECT_EQ(download<int32_t>(ctx, dout, rows), want);
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE(overlap ? "greedy_pick, overlapped" : "greedy_pick");
+      DeviceBuffer next = upload(ctx, std::vector<int32_t>(size_t(rows), -1));
+      Status st = greedy_pick(ctx, {.logits = dptr<float>(dx), .next = dptr<int32_t>(next), .rows = rows,
+                                    .vocab = cols, .feed = {}, .overlap = overlap});
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      EXPECT_EQ(download<int32_t>(ctx, next, rows), want);
+    }
+    constexpr int kSlots = 3;
+    const std::vector<int32_t> pos = {0, 4, 8, 2};
+    DeviceBuffer next = upload(ctx, std::vector<int32_t>(size_t(rows), -1));
+    DeviceBuffer tokens = upload(ctx, std::vector<int32_t>(size_t(rows), -1)), positions = upload(ctx, pos);
+    auto ring = PinnedBuffer::alloc(ctx.device(), rows * kSlots * sizeof(int32_t));
+    ASSERT_TRUE(ring.is_ok()) << ring.status().message();
+    auto* host = static_cast<int32_t*>(ring->data());
+    std::fill(host, host + rows * kSlots, -1);
+    Status st = greedy_pick(ctx, {.logits = dptr<float>(dx), .next = dptr<int32_t>(next), .rows = rows, .vocab = cols,
+                                  .feed = {.tokens = dptr<int32_t>(tokens), .positions = dptr<int32_t>(positions),
+                                           .host_ring = static_cast<int32_t*>(ring->device_data()),
+                                           .ring_slots = kSlots},
+                                  .overlap = true});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(download<int32_t>(ctx, next, rows), want);
+    EXPECT_EQ(download<int32_t>(ctx, tokens, rows), want);
+    EXPECT_EQ(download<int32_t>(ctx, positions, rows), (std::vector<int32_t>{1, 5, 9, 3}));
+    ASSERT_TRUE(ctx.synchronize().is_ok());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int k = 0; k < kSlots; ++k)
+        EXPECT_EQ(host[r * kSlots + k], k == pos[r] % kSlots ? want[r] : -1) << "row " << r << " slot " << k;
   }
+  Status st = greedy_pick(ctx, {.logits = nullptr, .next = nullptr, .rows = 1, .vocab = 8, .feed = {}});
+  EXPECT_NE(st.message().find("null argument"), std::string::npos) << st.message();
 }
 
 // A GEMV's output for the bitwise comparisons below: out, uploaded from o0

@@ -227,6 +227,29 @@ Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min
 // kernel field aside: what kAuto picks) on the current device.
 bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs& a);
 
+// next[r] = the column of the largest logits[r, :] (argmax_rows' rule: the
+// first of equals; NaN never wins; a row of NaN gives 0), a cluster of
+// blocks per row on sm_90+. With feed.tokens set, the pick also becomes the
+// next decode step's input on the device: tokens[r] = next[r],
+// positions[r] += 1, and host_ring[r·ring_slots + p mod ring_slots] =
+// next[r] for the position p the row's token had (mapped pinned memory the
+// host reads once the step's event has completed). Greedy decoding then
+// needs nothing from the host between steps.
+struct GreedyFeed {
+  int32_t* tokens = nullptr;     // [rows] device
+  int32_t* positions = nullptr;  // [rows] device
+  int32_t* host_ring = nullptr;  // [rows, ring_slots] mapped host memory (device address)
+  int ring_slots = 0;
+};
+struct GreedyPickArgs {
+  const float* logits = nullptr;  // [rows, vocab]
+  int32_t* next = nullptr;        // [rows]
+  int64_t rows = 0, vocab = 0;
+  GreedyFeed feed;
+  bool overlap = false;
+};
+Status greedy_pick(CudaContext& ctx, const GreedyPickArgs& a);
+
 // Whether device supports `overlap` (compute capability 9.0 or later).
 bool supports_overlap(int device);
 

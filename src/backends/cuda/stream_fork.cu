@@ -48,4 +48,9 @@ Status CudaEvent::wait(const CudaContext& ctx) const {
   return cuda_check(cudaStreamWaitEvent(stream_of(ctx), static_cast<cudaEvent_t>(event_), 0), "cudaStreamWaitEvent");
 }
 
+Status CudaEvent::synchronize() const {
+  if (!event_) return invalid_argument("cuda: synchronize on an empty event");
+  return cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "cudaEventSynchronize");
+}
+
 }  // namespace lathe::cuda

@@ -35,6 +35,9 @@ class CudaEvent {
 
   Status record(const CudaContext& ctx);      // after what ctx's stream has enqueued so far
   Status wait(const CudaContext& ctx) const;  // ctx's stream waits for the recorded work
+  // The host waits for the recorded work (a failed kernel's error comes back
+  // here); what it wrote to mapped host memory is then visible to the host.
+  Status synchronize() const;
 
  private:
   void* event_ = nullptr;  // cudaEvent_t

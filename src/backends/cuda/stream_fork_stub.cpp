@@ -19,5 +19,6 @@ CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
 CudaEvent::~CudaEvent() = default;
 Status CudaEvent::record(const CudaContext&) { return no_cuda(); }
 Status CudaEvent::wait(const CudaContext&) const { return no_cuda(); }
+Status CudaEvent::synchronize() const { return no_cuda(); }
 
 }  // namespace lathe::cuda
