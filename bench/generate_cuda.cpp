@@ -16,7 +16,7 @@
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
 //                       [--persistent 1] [--registers 0] [--bulk 0] [--ring-kib 0] [--ring-per-sm 0]
-//                       [--attn-chunk 0] [--split-k-attention 0]
+//                       [--attn-chunk 0] [--split-k-attention 0] [--ab 1]
 //
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
@@ -27,7 +27,7 @@
 // --ring-per-sm blocks per SM (0: cuda_decode_shapes()' values);
 // --attn-chunk N the split-K decode attention with chunks of at least N
 // keys; --split-k-attention 1 the step on it (not the cluster kernel). Up
-// to 4 sequences each shape's row is followed by the A/B line: the same
+// to 4 sequences (unless --ab 0) each shape's row is followed by the A/B line: the same
 // model's decode with the split-K attention instead of the cluster
 // kernel, the cluster kernel at 4, 2 and 1 query heads per block, every
 // GEMV on the ring of 96 and of 64 KiB (two blocks per SM), and on
@@ -549,7 +549,7 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   std::fflush(stdout);
 }
 
-double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, const StepGemvs& step) {
+double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, const StepGemvs& step, bool ab) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
@@ -584,7 +584,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
               100.0 * tps_graph / floor_tps);
   // The A/B of the decode GEMVs (up to 4 sequences): the same model with the grids before the ring, and the ring
   // in other sizes.
-  if (batch <= 4) {
+  if (batch <= 4 && ab) {
     std::printf("  %s decode tok/s (graph)", s.name);
     struct Case {
       const char* name;
@@ -629,7 +629,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
 int main(int argc, char** argv) {
   std::string which = "all";
   int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1, bulk = 0, ring_kib = 0,
-      attn_chunk = 0, ring_per_sm = 0, registers = 0, split_k_attention = 0;
+      attn_chunk = 0, ring_per_sm = 0, registers = 0, split_k_attention = 0, ab = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
@@ -644,6 +644,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--registers")) registers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--attn-chunk")) attn_chunk = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--split-k-attention")) split_k_attention = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--ab")) ab = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -669,7 +670,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
     if (which != "all" && !(which == "1b" && is_1b) && !(which == "8b" && !is_1b)) continue;
-    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, step)});
+    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, step, ab != 0)});
   }
   if (kernels)
     for (const auto& [s, step_s] : ran) bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, step, step_s);
