@@ -8,7 +8,7 @@
 // counts all B sequences), prefill against the bf16 GEMM peak
 // (~810 TFLOP/s through cuBLASLt). A decode step is 5·n_layer + 3 kernels
 // (cuda_causal_lm.cpp) plus the greedy pick. Decode runs as `lathe
-// generate` does (start_greedy / next_greedy: each step's picks feed the
+// generate` does (start_decode / next_tokens: each step's picks feed the
 // next step on the device, steps queued ahead of the host); the row also
 // shows the host-fed loop (a decode_batch_greedy() call per step, the ids
 // up and down each step). The baseline, transformers generate on the same
@@ -124,7 +124,7 @@ struct Timing {
   double prefill_s = 1e30, decode_s = 1e30;
 };
 
-// fed: decode through start_greedy() / next_greedy() (each step's picks feed
+// fed: decode through start_decode() / next_tokens() (each step's picks feed
 // the next on the device, steps queued ahead of the host: what `lathe
 // generate` runs); otherwise a decode_batch_greedy() call per step (the ids
 // come to the host and go back up each step).
@@ -147,9 +147,9 @@ Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_dec
       cur[s] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     Clock::time_point t1 = Clock::now();
-    lathe::Status st = fed ? m.start_greedy(cur, n_decode) : lathe::Status::ok();
+    lathe::Status st = fed ? m.start_decode(cur, n_decode) : lathe::Status::ok();
     for (int i = 0; i < n_decode && st.is_ok(); ++i) {
-      st = fed ? m.next_greedy(next) : m.decode_batch_greedy(cur, next);
+      st = fed ? m.next_tokens(next) : m.decode_batch_greedy(cur, next);
       cur.swap(next);
     }
     if (!st.is_ok()) {
@@ -157,7 +157,7 @@ Timing time_model(CudaCausalLM& m, const std::vector<int32_t>& prompt, int n_dec
       return t;
     }
     t.decode_s = std::min(t.decode_s, seconds_since(t1));
-    m.stop_greedy();
+    m.stop_decode();
   }
   return t;
 }

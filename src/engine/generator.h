@@ -62,9 +62,14 @@ Result<GenerationResult> generate_with(const StepFn& step, int vocab_size, const
 Result<GenerationResult> generate(const CausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                   const SamplingOptions& sampling, const TextCallback& on_text);
 
-// generate_with() on a CudaCausalLM: its cache is cleared first; the length
-// is capped by the max_seq it was loaded with. Logits come to the host each
-// step for the sampler.
+// The generation loop on a CudaCausalLM: its cache is cleared first; the
+// length is capped by the max_seq it was loaded with. Without a repetition
+// penalty the tokens are picked on the device (greedy, or drawn there under
+// temperature, top-k, top-p and min-p where samples_on_device()) and fed to
+// the next step there, steps queued ahead of the host; otherwise
+// generate_with(): the logits come to the host each step for the Sampler.
+// Drawn on the device, the same seed gives the same tokens run after run,
+// but not the CPU sampler's.
 Result<GenerationResult> generate(CudaCausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                   const SamplingOptions& sampling, const TextCallback& on_text);
 

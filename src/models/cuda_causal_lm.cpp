@@ -340,14 +340,20 @@ Status CudaCausalLmImpl::enqueue_step(int b) {
   return Status::ok();
 }
 
-Status CudaCausalLmImpl::enqueue_pick(int b, bool fed) {
-  cuda::GreedyPickArgs p{.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab, .feed = {},
-                         .overlap = overlap};
+Status CudaCausalLmImpl::enqueue_pick(int b, bool fed, const CudaSampling& sa, int64_t salt) {
+  cuda::GreedyFeed feed{};
   if (fed) {
-    p.feed = {.tokens = buf.tokens, .positions = buf.positions,
-              .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kGreedyDepth};
+    feed = {.tokens = buf.tokens, .positions = buf.positions,
+            .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kGreedyDepth};
   }
-  return cuda::greedy_pick(ctx, p);
+  if (sa.temperature > 0.0f) {
+    return cuda::sample_pick(ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab,
+                                   .inv_temperature = 1.0f / sa.temperature, .top_k = sa.top_k, .top_p = sa.top_p,
+                                   .min_p = sa.min_p, .seed = sa.seed, .salt = salt, .feed = feed,
+                                   .overlap = overlap});
+  }
+  return cuda::greedy_pick(
+      ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab, .feed = feed, .overlap = overlap});
 }
 
 // As enqueue_step(), with the pick feeding the next step in the same graph.
@@ -358,14 +364,14 @@ Status CudaCausalLmImpl::enqueue_chain_step() {
       if (chain.graphs[b].empty()) {
         LATHE_ASSIGN_OR_RETURN(chain.graphs[b], cuda::CudaGraph::capture(ctx, [&]() -> Status {
                                  LATHE_TRY(decode_step(b));
-                                 return enqueue_pick(b, /*fed=*/true);
+                                 return enqueue_pick(b, /*fed=*/true, chain.sampling);
                                }));
       }
       return chain.graphs[b].launch(ctx);
     }
     LATHE_TRY(decode_step(b));
     decoded_eagerly[b] = true;
-    return enqueue_pick(b, /*fed=*/true);
+    return enqueue_pick(b, /*fed=*/true, chain.sampling);
   };
   Status st = step();
   if (!st.is_ok() && overlap && chain.issued == chain.taken) {
@@ -490,10 +496,18 @@ Status CudaCausalLM::forward_seq(int seq, std::span<const int32_t> tokens, std::
   return cuda::copy_to_host(m.ctx, logits.data(), m.buf.logits, logits.size() * sizeof(float));
 }
 
-Result<int32_t> CudaCausalLM::forward_greedy(std::span<const int32_t> tokens) {
+Result<int32_t> CudaCausalLM::forward_greedy(std::span<const int32_t> tokens) { return forward_pick(tokens, {}); }
+
+bool CudaCausalLM::samples_on_device() const {
+  return impl_->decode_gemv && impl_->vocab <= 262144 && cuda::supports_overlap(impl_->opts.device);
+}
+
+Result<int32_t> CudaCausalLM::forward_pick(std::span<const int32_t> tokens, const CudaSampling& sampling) {
   CudaCausalLmImpl& m = *impl_;
+  if (sampling.temperature > 0.0f && !samples_on_device())
+    return unsupported("cuda forward_pick: drawing tokens on the device needs sm_90+ and the decode step's shapes");
   LATHE_TRY(m.run(0, tokens, 1));
-  LATHE_TRY(m.enqueue_pick(1, /*fed=*/false));
+  LATHE_TRY(m.enqueue_pick(1, /*fed=*/false, sampling, m.seq_len[0] - 1));
   int32_t id = 0;
   LATHE_TRY(cuda::copy_to_host(m.ctx, &id, m.buf.next_token, sizeof(id)));
   return id;
@@ -546,23 +560,34 @@ Status CudaCausalLM::decode_batch_greedy(std::span<const int32_t> tokens, std::s
     }));
   } else {
     LATHE_TRY(m.decode(tokens));
-    LATHE_TRY(m.enqueue_pick(static_cast<int>(tokens.size()), /*fed=*/false));
+    LATHE_TRY(m.enqueue_pick(static_cast<int>(tokens.size()), /*fed=*/false, {}));
   }
   return cuda::copy_to_host(m.ctx, next.data(), m.buf.next_token, next.size() * sizeof(int32_t));
 }
 
-Status CudaCausalLM::start_greedy(std::span<const int32_t> tokens, int max_steps) {
+Status CudaCausalLM::start_decode(std::span<const int32_t> tokens, int max_steps, const CudaSampling& sampling) {
   CudaCausalLmImpl& m = *impl_;
   m.end_chain();
   LATHE_TRY(check_batch(m, tokens));
-  if (max_steps < 1) return invalid_argument("cuda start_greedy: max_steps must be at least 1, got ", max_steps);
+  if (max_steps < 1) return invalid_argument("cuda start_decode: max_steps must be at least 1, got ", max_steps);
+  if (!(sampling.temperature >= 0.0f) || sampling.top_k < 0 || !(sampling.top_p > 0.0f && sampling.top_p <= 1.0f) ||
+      !(sampling.min_p >= 0.0f && sampling.min_p <= 1.0f))
+    return invalid_argument("cuda start_decode: temperature must be >= 0, top_k >= 0, top_p in (0, 1] and min_p in "
+                            "[0, 1]");
+  if (sampling.temperature > 0.0f && !samples_on_device())
+    return unsupported("cuda start_decode: drawing tokens on the device needs sm_90+ and the decode step's shapes");
   const int b = static_cast<int>(tokens.size());
   for (int s = 0; s < b; ++s)
     if (int64_t(m.seq_len[s]) + max_steps > m.opts.max_seq)
-      return invalid_argument("cuda start_greedy: ", max_steps, " steps at position ", m.seq_len[s], " of sequence ",
+      return invalid_argument("cuda start_decode: ", max_steps, " steps at position ", m.seq_len[s], " of sequence ",
                               s, " overflow the KV cache of ", m.opts.max_seq, " tokens (max_seq)");
   GreedyChain& c = m.chain;
   c.b = b, c.issued = c.taken = 0, c.limit = max_steps;
+  c.sampling = sampling;
+  if (!(c.captured == sampling)) {  // the picks' options are part of the captured graphs
+    for (cuda::CudaGraph& g : c.graphs) g = cuda::CudaGraph();
+    c.captured = sampling;
+  }
   c.pending.assign(tokens.begin(), tokens.end());
   c.len0.assign(m.seq_len.begin(), m.seq_len.begin() + b);
   if (m.decode_gemv) {
@@ -582,14 +607,14 @@ Status CudaCausalLM::start_greedy(std::span<const int32_t> tokens, int max_steps
   return Status::ok();
 }
 
-Status CudaCausalLM::next_greedy(std::span<int32_t> picks) {
+Status CudaCausalLM::next_tokens(std::span<int32_t> picks) {
   CudaCausalLmImpl& m = *impl_;
   GreedyChain& c = m.chain;
-  if (!c.active) return invalid_argument("cuda next_greedy: no greedy decoding started (start_greedy)");
+  if (!c.active) return invalid_argument("cuda next_tokens: no greedy decoding started (start_decode)");
   if (static_cast<int>(picks.size()) != c.b)
-    return invalid_argument("cuda next_greedy: picks hold ", picks.size(), " ids, expected ", c.b);
+    return invalid_argument("cuda next_tokens: picks hold ", picks.size(), " ids, expected ", c.b);
   if (c.taken == c.limit)
-    return invalid_argument("cuda next_greedy: all ", c.limit, " steps of this start_greedy were taken");
+    return invalid_argument("cuda next_tokens: all ", c.limit, " steps of this start_decode were taken");
   if (!m.decode_gemv) {  // host-fed: one ordinary greedy step
     c.active = false;
     LATHE_TRY(decode_batch_greedy(c.pending, picks));
@@ -615,6 +640,6 @@ Status CudaCausalLM::next_greedy(std::span<int32_t> picks) {
   return Status::ok();
 }
 
-void CudaCausalLM::stop_greedy() { impl_->end_chain(); }
+void CudaCausalLM::stop_decode() { impl_->end_chain(); }
 
 }  // namespace lathe

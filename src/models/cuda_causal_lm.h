@@ -116,6 +116,16 @@ struct CudaModelOptions {
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
+// What CudaCausalLM draws decoded tokens with (cuda::sample_pick):
+// temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 are off.
+struct CudaSampling {
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f, min_p = 0.0f;
+  uint64_t seed = 0;
+  bool operator==(const CudaSampling&) const = default;
+};
+
 class CudaCausalLmImpl;
 
 class CudaCausalLM {
@@ -163,23 +173,33 @@ class CudaCausalLM {
   Status decode_batch(std::span<const int32_t> tokens, std::span<float> logits);
   Status decode_batch_greedy(std::span<const int32_t> tokens, std::span<int32_t> next);
 
-  // Greedy decoding fed on the device, for sequences 0..B−1 (B =
-  // tokens.size()). start_greedy() checks the request as decode_batch_greedy()
-  // does and room for max_steps steps in every cache; each step appends one
-  // token to each sequence (tokens first, then the previous step's picks) and
-  // its picks become the next step's input on the device, so the host copies
-  // nothing between steps and keeps up to kGreedyDepth steps queued.
-  // next_greedy() waits for the next step's picks [B] and returns them in
-  // order; a sequence then holds the inputs of the steps whose picks were
-  // returned, as after the same decode_batch_greedy() calls, and gets the
-  // same ids. stop_greedy() ends it (any other call on the model also does):
-  // the queued steps beyond those are dropped (they wrote only cache rows
-  // past each sequence's length). With no decode step for these shapes (see
-  // decode_batch()), each next_greedy() is a decode_batch_greedy() instead.
+  // Decoding fed on the device, for sequences 0..B−1 (B = tokens.size()):
+  // greedy (sampling.temperature 0), or drawn on the device by
+  // cuda::sample_pick under sampling's options (samples_on_device()).
+  // start_decode() checks the request as decode_batch_greedy() does and room
+  // for max_steps steps in every cache; each step appends one token to each
+  // sequence (tokens first, then the previous step's picks) and its picks
+  // become the next step's input on the device, so the host copies nothing
+  // between steps and keeps up to kGreedyDepth steps queued. next_tokens()
+  // waits for the next step's picks [B] and returns them in order; a
+  // sequence then holds the inputs of the steps whose picks were returned.
+  // Greedy, it gets the ids of the same decode_batch_greedy() calls; drawn,
+  // the token after position p is drawn with salt p (the same seed and
+  // inputs, the same tokens). stop_decode() ends it (any other call on the
+  // model also does): the queued steps beyond those are dropped (they wrote
+  // only cache rows past each sequence's length). With no decode step for
+  // these shapes (see decode_batch()), each greedy next_tokens() is a
+  // decode_batch_greedy() instead (drawing is refused there).
   static constexpr int kGreedyDepth = 4;
-  Status start_greedy(std::span<const int32_t> tokens, int max_steps);
-  Status next_greedy(std::span<int32_t> picks);
-  void stop_greedy();
+  Status start_decode(std::span<const int32_t> tokens, int max_steps, const CudaSampling& sampling = {});
+  Status next_tokens(std::span<int32_t> picks);
+  void stop_decode();
+  // Whether sampling with temperature > 0 runs on this device and model
+  // (sm_90+, a vocabulary of at most 262,144, the decode step's shapes).
+  bool samples_on_device() const;
+  // forward() on sequence 0, then its next token picked on the device as
+  // start_decode() would (greedy, or drawn with salt = the last token's position).
+  Result<int32_t> forward_pick(std::span<const int32_t> tokens, const CudaSampling& sampling);
 
  private:
   explicit CudaCausalLM(std::unique_ptr<CudaCausalLmImpl> impl);

@@ -89,7 +89,7 @@ class Carver {
 
 }  // namespace cuda_lm
 
-// CudaCausalLM::start_greedy()'s state: steps issued and taken, each
+// CudaCausalLM::start_decode()'s state: steps issued and taken, each
 // sequence's length at the start, the ring of picks in mapped pinned memory
 // ([max_batch, kGreedyDepth]; the pick of the token at position p in slot p
 // mod kGreedyDepth) and an event per slot.
@@ -102,6 +102,8 @@ struct GreedyChain {
   cuda::PinnedBuffer ring;
   std::vector<cuda::CudaEvent> done;
   std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B: the step and its pick with the feed
+  CudaSampling sampling;                // how the picks are made
+  CudaSampling captured;                // what the graphs were captured with
 };
 
 class CudaCausalLmImpl {
@@ -172,8 +174,9 @@ class CudaCausalLmImpl {
   Status decode_step(int b);
   Status decode(std::span<const int32_t> tokens);
   Status enqueue_step(int b);  // eagerly, or as this b's graph (captured on its second step)
-  // The step and greedy_pick of its logits (feeding the next step when fed).
-  Status enqueue_pick(int b, bool fed);
+  // The pick of the step's logits under sa (greedy_pick or sample_pick),
+  // feeding the next step when fed; salt for an unfed draw.
+  Status enqueue_pick(int b, bool fed, const CudaSampling& sa, int64_t salt = 0);
   Status enqueue_chain_step();  // one more step of the chain, then its event
   void drop_graphs();
   void end_chain();  // waits for the queued steps; every call that touches a cache runs it first

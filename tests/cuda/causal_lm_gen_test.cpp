@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -589,7 +590,7 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
   }
 }
 
-// Greedy decoding fed on the device (start_greedy / next_greedy) picks what
+// Greedy decoding fed on the device (start_decode / next_tokens) picks what
 // decode_batch_greedy() picks step by step, for one sequence and for two of
 // different lengths, eager and replayed, over more steps than it queues;
 // stopping early leaves each sequence holding the steps taken, so decoding
@@ -630,45 +631,80 @@ TEST_P(CudaGenFlash, DeviceFedGreedyEqualsHostFed) {
       gpu->set_use_graphs(graphs);
       const std::vector<int32_t> want = host_fed(prefill(b), kSteps);
       const std::vector<int32_t> first = prefill(b);
-      Status st = gpu->start_greedy(first, kSteps);
+      Status st = gpu->start_decode(first, kSteps);
       ASSERT_TRUE(st.is_ok()) << st.message();
       std::vector<int32_t> got, picks(static_cast<size_t>(b));
       for (int i = 0; i < kSteps; ++i) {
-        st = gpu->next_greedy(picks);
+        st = gpu->next_tokens(picks);
         ASSERT_TRUE(st.is_ok()) << "step " << i << ": " << st.message();
         got.insert(got.end(), picks.begin(), picks.end());
       }
       EXPECT_EQ(got, want);
       for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + kSteps) << s;
-      st = gpu->next_greedy(picks);
+      st = gpu->next_tokens(picks);
       EXPECT_NE(st.message().find("were taken"), std::string::npos) << st.message();
-      gpu->stop_greedy();
+      gpu->stop_decode();
 
       // Three steps, then the rest host-fed from the last pick.
-      ASSERT_TRUE(gpu->start_greedy(prefill(b), kSteps).is_ok());
+      ASSERT_TRUE(gpu->start_decode(prefill(b), kSteps).is_ok());
       std::vector<int32_t> part;
       for (int i = 0; i < 3; ++i) {
-        ASSERT_TRUE(gpu->next_greedy(picks).is_ok());
+        ASSERT_TRUE(gpu->next_tokens(picks).is_ok());
         part.insert(part.end(), picks.begin(), picks.end());
       }
-      gpu->stop_greedy();
+      gpu->stop_decode();
       for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + 3) << s;
       const std::vector<int32_t> rest = host_fed(picks, kSteps - 3);
       part.insert(part.end(), rest.begin(), rest.end());
       EXPECT_EQ(part, want) << "stopped after 3 steps, then host-fed";
     }
+  // Drawn on the device: the chain gives forward_pick()'s tokens step by step
+  // (the same salts: each token's position), the same seed the same tokens.
+  if (gpu->samples_on_device()) {
+    auto drawn = [&](const CudaSampling& cs, bool chained) {
+      gpu->clear();
+      std::vector<int32_t> ids;
+      auto id = gpu->forward_pick(prompt, cs);
+      EXPECT_TRUE(id.is_ok()) << id.status().message();
+      ids.push_back(id.is_ok() ? id.value() : -1);
+      if (chained) {
+        EXPECT_TRUE(gpu->start_decode(std::vector<int32_t>{ids.back()}, kSteps, cs).is_ok());
+        std::vector<int32_t> one(1);
+        for (int i = 0; i < kSteps; ++i) {
+          EXPECT_TRUE(gpu->next_tokens(one).is_ok());
+          ids.push_back(one[0]);
+        }
+        gpu->stop_decode();
+      } else {
+        for (int i = 0; i < kSteps; ++i) {
+          id = gpu->forward_pick(std::vector<int32_t>{ids.back()}, cs);
+          EXPECT_TRUE(id.is_ok()) << id.status().message();
+          ids.push_back(id.is_ok() ? id.value() : -1);
+        }
+      }
+      return ids;
+    };
+    const CudaSampling cs{.temperature = 1.5f, .top_k = 200, .top_p = 0.95f, .seed = 42};
+    const std::vector<int32_t> chain = drawn(cs, true);
+    EXPECT_EQ(chain, drawn(cs, false)) << "chained against step by step";
+    EXPECT_EQ(chain, drawn(cs, true)) << "the same seed again";
+    CudaSampling other = cs;
+    other.seed = 43;
+    EXPECT_NE(chain, drawn(other, true)) << "another seed";
+    EXPECT_EQ(std::set<int32_t>(chain.begin(), chain.end()).size() > 1, true) << "drew one token throughout";
+  }
   std::vector<int32_t> picks(1), first = prefill(1);
-  Status st = gpu->next_greedy(picks);
-  EXPECT_NE(st.message().find("start_greedy"), std::string::npos) << st.message();
-  st = gpu->start_greedy(first, kSteps + 1);
+  Status st = gpu->next_tokens(picks);
+  EXPECT_NE(st.message().find("start_decode"), std::string::npos) << st.message();
+  st = gpu->start_decode(first, kSteps + 1);
   EXPECT_NE(st.message().find("overflow"), std::string::npos) << st.message();
-  st = gpu->start_greedy(first, 0);
+  st = gpu->start_decode(first, 0);
   EXPECT_NE(st.message().find("max_steps"), std::string::npos) << st.message();
-  st = gpu->start_greedy(std::vector<int32_t>{1 << 20}, 2);
+  st = gpu->start_decode(std::vector<int32_t>{1 << 20}, 2);
   EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
-  ASSERT_TRUE(gpu->start_greedy(first, 2).is_ok());
+  ASSERT_TRUE(gpu->start_decode(first, 2).is_ok());
   std::vector<int32_t> two(2);
-  st = gpu->next_greedy(two);
+  st = gpu->next_tokens(two);
   EXPECT_NE(st.message().find("expected 1"), std::string::npos) << st.message();
   EXPECT_EQ(gpu->n_tokens(0), int(prompt.size())) << "a refused call appended nothing";
 }

@@ -250,6 +250,27 @@ struct GreedyPickArgs {
 };
 Status greedy_pick(CudaContext& ctx, const GreedyPickArgs& a);
 
+// next[r] = a token drawn from logits row r (sm_90+; vocabularies up to
+// 262,144): x = logit · inv_temperature, then top-k (0: off), the softmax,
+// top-p (1: off) and min-p (0: off) as the CPU sampler applies them
+// (engine/sampler.h), and the draw by inverse CDF over the survivors in id
+// order with u from (seed, r, salt), where salt is the row's position when
+// fed (feed.positions[r] before the step moves it), else `salt`. The same
+// inputs give the same token. The feed as greedy_pick's.
+struct SampleArgs {
+  const float* logits = nullptr;  // [rows, vocab]
+  int32_t* next = nullptr;        // [rows]
+  int64_t rows = 0, vocab = 0;
+  float inv_temperature = 1.0f;
+  int top_k = 0;
+  float top_p = 1.0f, min_p = 0.0f;
+  uint64_t seed = 0;
+  int64_t salt = 0;
+  GreedyFeed feed;
+  bool overlap = false;
+};
+Status sample_pick(CudaContext& ctx, const SampleArgs& a);
+
 // Whether device supports `overlap` (compute capability 9.0 or later).
 bool supports_overlap(int device);
 

@@ -18,6 +18,7 @@ Status rope_append(CudaContext&, const RopeAppendArgs&) { return no_cuda(); }
 Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs&, int) { return no_cuda(); }
 bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs&) { return false; }
 Status greedy_pick(CudaContext&, const GreedyPickArgs&) { return no_cuda(); }
+Status sample_pick(CudaContext&, const SampleArgs&) { return no_cuda(); }
 bool supports_overlap(int) { return false; }
 
 }  // namespace lathe::cuda

@@ -1,0 +1,368 @@
+// sample_pick (decode_ops.h): a token drawn from each logits row under
+// temperature, top-k, top-p and min-p, on the device, and with a feed the
+// next decode step's input (as greedy_pick).
+//
+// The warpers are the CPU sampler's (engine/sampler.h, Hugging Face's
+// order): x = logit / T; top-k keeps x at or above the k-th largest (ties
+// stay); the softmax of what is left; top-p keeps the most probable tokens
+// until their mass reaches top_p (the one that crosses it included, equal
+// probabilities taken in id order); min-p drops p < min_p · max p; then the
+// token is drawn by inverse CDF over the survivors in id order. The sums run
+// in double; p is exp(x − max) in f32 (the CPU takes it in double, so a
+// token at a boundary may fall the other way, never a token far from it).
+//
+// One cluster of kSampleSplit blocks takes a row; block b holds the ids
+// [b·per, (b+1)·per), thread t a run of E consecutive ids in registers. The
+// k-th largest x and the top-p threshold are found by searching the
+// float's order-preserving 32-bit key (11 rounds of cluster-wide counts or
+// masses at 7 thresholds each: exact, no sort). Every reduction adds the blocks in rank order and
+// the threads in a fixed tree: the draw depends only on the logits, the
+// options, the seed and the row's salt (its position with a feed).
+#include <cooperative_groups.h>
+
+#include "backends/cuda/context_impl.h"
+#include "backends/cuda/decode_launch.cuh"
+#include "backends/cuda/decode_ops.h"
+
+namespace lathe::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kSampleThreads = 512;
+constexpr int kSampleWarps = kSampleThreads / 32;
+constexpr int kSampleSplit = 8;  // blocks per row (a portable cluster)
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+
+__device__ __forceinline__ float key_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+struct SampleShared {
+  double slot[2][kSampleWarps];           // a reduction's warp totals (two rounds in flight)
+  double block[2];                        // the block's total, read by the cluster (double-buffered)
+  double gathered[2][kSampleSplit];       // every block's total, in rank order
+  double ways[2][8][kSampleWarps];        // search_key: each threshold's warp weights
+  double ways_block[2][8];                // search_key: the block's weight per threshold
+  double ways_all[2][kSampleSplit * 8];   // search_key: every block's, in rank order
+  int found;                              // the drawn id in this block, or -1
+  int last_kept;                          // the block's largest kept id, or -1
+};
+
+// Every block's value `own` (thread 0's) into s.gathered[r], in rank order:
+// one remote read per block and thread 0..kSampleSplit−1.
+__device__ const double* cluster_gather(double own, SampleShared& s, cg::cluster_group& cluster, int& round) {
+  const int r = round & 1;
+  ++round;
+  if (threadIdx.x == 0) s.block[r] = own;
+  cluster.sync();  // every block's value is written; the other buffer's readers are done
+  if (threadIdx.x < kSampleSplit) s.gathered[r][threadIdx.x] = cluster.map_shared_rank(&s, threadIdx.x)->block[r];
+  __syncthreads();
+  return s.gathered[r];
+}
+
+// The block's total of v over its threads (thread 0 gets it): a fixed
+// shuffle tree per warp, the warps in order.
+template <class Op>
+__device__ double block_total(double v, Op op, double init, SampleShared& s, int r) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
+  if (threadIdx.x % 32 == 0) s.slot[r][threadIdx.x / 32] = v;
+  __syncthreads();
+  double b = init;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kSampleWarps; ++w) b = op(b, s.slot[r][w]);
+  return b;
+}
+
+// The cluster's sum of v (every thread of every block gets it), the blocks
+// added in rank order.
+__device__ double cluster_sum(double v, SampleShared& s, cg::cluster_group& cluster, int& round) {
+  auto add = [](double a, double b) { return a + b; };
+  const double* g = cluster_gather(block_total(v, add, 0.0, s, round & 1), s, cluster, round);
+  double total = 0.0;
+#pragma unroll
+  for (int k = 0; k < kSampleSplit; ++k) total += g[k];
+  return total;
+}
+__device__ float cluster_max(float v, SampleShared& s, cg::cluster_group& cluster, int& round) {
+  auto mx = [](double a, double b) { return fmax(a, b); };
+  const double* g = cluster_gather(block_total(double(v), mx, -INFINITY, s, round & 1), s, cluster, round);
+  double m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kSampleSplit; ++k) m = fmax(m, g[k]);
+  return static_cast<float>(m);
+}
+// The sum over the blocks of lower rank of each block's `own` (thread 0's).
+__device__ double cluster_prefix(double own, SampleShared& s, cg::cluster_group& cluster, int& round) {
+  const double* g = cluster_gather(own, s, cluster, round);
+  double before = 0.0;
+  for (unsigned k = 0; k < cluster.block_rank(); ++k) before += g[k];
+  return before;
+}
+// Exclusive prefix of v over the block's threads in order (threads hold
+// consecutive ids); the block's total to *total.
+__device__ double block_exclusive(double v, double* total) {
+  __shared__ double warp_tot[kSampleWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double incl = v;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const double o = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += o;
+  }
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  double before = 0.0, all = 0.0;
+  for (int w = 0; w < kSampleWarps; ++w) {
+    if (w < warp) before += warp_tot[w];
+    all += warp_tot[w];
+  }
+  *total = all;
+  __syncthreads();  // warp_tot is reused by the next call
+  return before + incl - v;
+}
+
+constexpr int kWays = 8;  // the key search splits its range in 8 per round: 11 rounds for 32 bits
+
+// The largest key v such that the kept values with order_key >= v weigh at
+// least `target` (weight 1 each, or the value itself when weighted), over
+// the cluster: each round weighs 7 thresholds splitting [lo, hi] at once
+// (f32 within a thread, f64 across threads, the blocks in rank order).
+template <int E>
+__device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, double target, SampleShared& s,
+                               cg::cluster_group& cluster, int& round) {
+  uint32_t lo = 0, hi = 0xffffffffu;
+  while (lo < hi) {
+    uint32_t t[kWays];  // t[0] = lo; t[j] the j-th threshold above it
+    const uint64_t span = uint64_t(hi) - lo + 1;
+#pragma unroll
+    for (int j = 0; j < kWays; ++j) t[j] = lo + uint32_t((span * j + kWays - 1) / kWays);
+    float w[kWays] = {};
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!((keep >> e) & 1u)) continue;
+      const uint32_t k = order_key(v[e]);
+      const float we = weighted ? v[e] : 1.0f;
+#pragma unroll
+      for (int j = 1; j < kWays; ++j) w[j] += k >= t[j] ? we : 0.0f;
+    }
+    const int r = round & 1;
+    ++round;
+#pragma unroll
+    for (int j = 1; j < kWays; ++j) {
+      double d = w[j];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      if (threadIdx.x % 32 == 0) s.ways[r][j][threadIdx.x / 32] = d;
+    }
+    __syncthreads();
+    if (threadIdx.x >= 1 && threadIdx.x < kWays) {
+      double b = 0.0;
+      for (int wp = 0; wp < kSampleWarps; ++wp) b += s.ways[r][threadIdx.x][wp];
+      s.ways_block[r][threadIdx.x] = b;
+    }
+    cluster.sync();  // every block's weights are written; the other buffer's readers are done
+    if (threadIdx.x < kSampleSplit * kWays && threadIdx.x % kWays != 0)
+      s.ways_all[r][threadIdx.x] = cluster.map_shared_rank(&s, threadIdx.x / kWays)->ways_block[r][threadIdx.x % kWays];
+    __syncthreads();
+    int best = 0;  // the highest threshold still weighing enough (t[0] = lo always does)
+#pragma unroll
+    for (int j = 1; j < kWays; ++j) {
+      double total = 0.0;
+#pragma unroll
+      for (int k = 0; k < kSampleSplit; ++k) total += s.ways_all[r][k * kWays + j];
+      if (t[j] > t[j - 1] && total >= target) best = j;
+    }
+    const uint32_t new_hi = best + 1 < kWays && t[best + 1] > t[best] ? t[best + 1] - 1 : hi;
+    lo = t[best];
+    hi = new_hi;
+  }
+  return lo;
+}
+
+template <int E>
+__global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ SampleShared s;
+  cg::cluster_group cluster = cg::this_cluster();
+  allow_next_grid();
+  wait_prior_grid();  // the logits come from the previous kernel
+  int round = 0;
+  const int64_t r = blockIdx.y;
+  const int64_t per = int64_t(kSampleThreads) * E;
+  const int64_t id0 = int64_t(cluster.block_rank()) * per + int64_t(threadIdx.x) * E;
+  const float* row = a.logits + r * a.vocab;
+  float x[E];
+  uint64_t keep = 0;  // bit e: id0 + e survives so far
+  auto kept = [&](int e) { return ((keep >> e) & 1u) != 0; };
+  int n_mine = 0;
+  // The run's loads all in flight at once: 16-byte loads where the run is whole and aligned.
+  if (id0 + E <= a.vocab && (reinterpret_cast<uintptr_t>(row + id0) & 15) == 0) {
+#pragma unroll
+    for (int e = 0; e < E; e += 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(row + id0 + e));
+      x[e] = q.x, x[e + 1] = q.y, x[e + 2] = q.z, x[e + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = id0 + e < a.vocab ? __ldg(row + id0 + e) : -INFINITY;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const float v = x[e] * a.inv_temperature;
+    const bool ok = v > -INFINITY;  // NaN and -inf never survive (as the CPU's candidate list)
+    keep |= uint64_t(ok) << e;
+    x[e] = ok ? v : -INFINITY;
+    n_mine += ok;
+  }
+  float local_max = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < E; ++e) local_max = fmaxf(local_max, x[e]);
+  const float mx = cluster_max(local_max, s, cluster, round);
+  const double n_valid = cluster_sum(double(n_mine), s, cluster, round);
+  // top-k: the largest key v with at least k keys >= v (the k-th largest x).
+  if (a.top_k > 0 && double(a.top_k) < n_valid) {
+    const uint32_t lo = search_key<E>(x, keep, /*weighted=*/false, double(a.top_k), s, cluster, round);
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (order_key(x[e]) < lo) keep &= ~(uint64_t(1) << e);
+  }
+  float* p = x;  // x becomes p = exp(x − max) in place (the registers of one array)
+  float mine_f = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    p[e] = kept(e) ? expf(x[e] - mx) : 0.f;
+    mine_f += p[e];
+  }
+  double mine = mine_f;
+  double z = cluster_sum(mine, s, cluster, round);
+  // top-p: the largest p (as a key) whose tokens at or above it hold top_p of the mass; among the tokens at
+  // exactly that p, the first ones in id order until the mass is reached.
+  if (a.top_p < 1.0f) {
+    const double target = double(a.top_p) * z;
+    const uint32_t lo = search_key<E>(p, keep, /*weighted=*/true, target, s, cluster, round);
+    double above = 0.0;
+    int ties = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!kept(e)) continue;
+      const uint32_t k = order_key(p[e]);
+      if (k > lo) above += p[e];
+      ties += k == lo;
+    }
+    above = cluster_sum(above, s, cluster, round);
+    // Ties at the threshold: the first j in id order, j the fewest that reach the target (at least one).
+    const double tau = key_float(lo);
+    const int j = int(fmax(1.0, tau > 0.0 ? ceil((target - above) / tau) : 1.0));
+    double tie_total = 0.0;
+    const double tie_before = block_exclusive(double(ties), &tie_total);
+    int rank = int(tie_before + cluster_prefix(tie_total, s, cluster, round));
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!kept(e)) continue;
+      const uint32_t k = order_key(p[e]);
+      if (k < lo || (k == lo && rank++ >= j)) keep &= ~(uint64_t(1) << e);
+    }
+  }
+  // min-p: the largest p is exp(0) = 1.
+  if (a.min_p > 0.0f) {
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (p[e] < a.min_p) keep &= ~(uint64_t(1) << e);
+  }
+  mine = 0.0;
+  int last = -1;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (kept(e)) mine += p[e], last = int(id0 + e);
+  z = cluster_sum(mine, s, cluster, round);
+  // The draw: u in [0, 1) from the seed, the row and its salt; the first kept id whose running mass passes u·z.
+  const uint64_t salt = a.feed.positions ? uint64_t(uint32_t(a.feed.positions[r])) : uint64_t(a.salt);
+  const uint64_t bits =
+      mix64(a.seed ^ mix64(0x9e3779b97f4a7c15ull * (uint64_t(r) + 1) ^ mix64(salt + 0x632be59bd9b4e019ull)));
+  const double u = double(bits >> 11) * 0x1.0p-53;
+  const double target = u * z;
+  double block_mass = 0.0;
+  const double before = block_exclusive(mine, &block_mass);
+  if (threadIdx.x == 0) s.found = -1, s.last_kept = -1;
+  __syncthreads();
+  const double start = cluster_prefix(block_mass, s, cluster, round) + before;
+  int warp_last = last;
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) warp_last = max(warp_last, __shfl_xor_sync(0xffffffffu, warp_last, off));
+  if (threadIdx.x % 32 == 0 && warp_last >= 0) atomicMax(&s.last_kept, warp_last);
+  if (start <= target && target < start + mine) {
+    double acc = start;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!kept(e)) continue;
+      acc += p[e];
+      if (target < acc) {
+        s.found = int(id0 + e);
+        break;
+      }
+    }
+  }
+  cluster.sync();  // every block's found / last_kept is written
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+    int id = -1, fallback = -1;
+    for (unsigned k = 0; k < cluster.num_blocks(); ++k) {
+      const SampleShared* o = cluster.map_shared_rank(&s, k);
+      if (id < 0 && o->found >= 0) id = o->found;
+      if (o->last_kept >= 0) fallback = o->last_kept;
+    }
+    if (id < 0) id = fallback >= 0 ? fallback : 0;  // rounding past the last survivor: the CPU takes the last too
+    a.next[r] = id;
+    if (a.feed.tokens) {
+      const int32_t pos = a.feed.positions[r];
+      a.feed.tokens[r] = id;
+      a.feed.positions[r] = pos + 1;
+      const int slot = ((pos % a.feed.ring_slots) + a.feed.ring_slots) % a.feed.ring_slots;
+      a.feed.host_ring[r * a.feed.ring_slots + slot] = id;
+    }
+  }
+  cluster.sync();  // no block leaves while block 0 reads its shared memory
+#endif
+}
+
+}  // namespace
+
+Status sample_pick(CudaContext& ctx, const SampleArgs& a) {
+  if (a.rows < 0 || a.vocab <= 0 || a.rows > 65535)
+    return invalid_argument("cuda sample_pick: bad shape ", a.rows, "x", a.vocab);
+  if (!a.logits || !a.next) return invalid_argument("cuda sample_pick: null argument");
+  if (!(a.inv_temperature > 0.0f) || a.top_k < 0 || !(a.top_p > 0.0f && a.top_p <= 1.0f) ||
+      !(a.min_p >= 0.0f && a.min_p <= 1.0f))
+    return invalid_argument("cuda sample_pick: inv_temperature must be > 0, top_k >= 0, top_p in (0, 1], min_p in "
+                            "[0, 1]");
+  if (a.feed.tokens && (!a.feed.positions || !a.feed.host_ring || a.feed.ring_slots <= 0))
+    return invalid_argument("cuda sample_pick: a feed needs positions, a host ring and ring_slots > 0");
+  if (!supports_overlap(ctx.device())) return unsupported("cuda sample_pick: needs sm_90 (thread block clusters)");
+  if (a.rows == 0) return Status::ok();
+  const int64_t row_threads = int64_t(kSampleSplit) * kSampleThreads;
+  const int64_t per_thread = (a.vocab + row_threads - 1) / row_threads;
+  if (per_thread > 64)
+    return unsupported("cuda sample_pick: a vocabulary of ", a.vocab, " (at most ", row_threads * 64, ")");
+  const cudaStream_t st = stream_of(ctx);
+  const dim3 grid(kSampleSplit, unsigned(a.rows));
+  auto go = [&](auto kernel) {
+    return cuda_check(launch_overlapped_cluster(kernel, grid, dim3(kSampleThreads), kSampleSplit, st, a.overlap, a),
+                      "sample_pick launch");
+  };
+  if (per_thread <= 16) return go(sample_pick_kernel<16>);
+  if (per_thread <= 32) return go(sample_pick_kernel<32>);
+  return go(sample_pick_kernel<64>);
+}
+
+}  // namespace lathe::cuda
