@@ -129,19 +129,20 @@ Result<GenerationResult> generate(CudaCausalLM& model, const Tokenizer& tokenize
                                   const SamplingOptions& sampling, const TextCallback& on_text) {
   model.clear();
   GenerateArgs args{.prompt = prompt, .sampling = sampling, .max_context_tokens = model.max_seq()};
-  if (sampling.repetition_penalty != 1.0f || (!sampling.greedy() && !model.samples_on_device())) {
+  if (!(sampling.greedy() && sampling.repetition_penalty == 1.0f) && !model.samples_on_device()) {
     StepFn step = [&](std::span<const int32_t> tokens, std::span<float> logits) {
       return model.forward(tokens, logits);
     };
     return generate_with(step, model.config().vocab_size, tokenizer, args, on_text);
   }
-  // Greedy, or drawn under temperature / top-k / top-p / min-p without a
-  // penalty: the device picks every token and feeds it to the next step
-  // itself (CudaCausalLM::start_decode), steps queued ahead of the host;
-  // those past a stop are dropped. (Drawn on the device, a seed gives other
-  // tokens than the CPU's sampler would.)
+  // The device picks every token (greedy, or drawn under temperature /
+  // top-k / top-p / min-p, after the repetition penalty) and feeds it to the
+  // next step itself (CudaCausalLM::start_decode), steps queued ahead of the
+  // host; those past a stop are dropped. (Drawn on the device, a seed gives
+  // other tokens than the CPU's sampler would.)
   const CudaSampling cs{.temperature = sampling.temperature, .top_k = sampling.top_k, .top_p = sampling.top_p,
-                        .min_p = sampling.min_p, .seed = sampling.seed};
+                        .min_p = sampling.min_p, .repetition_penalty = sampling.repetition_penalty,
+                        .seed = sampling.seed};
   bool started = false;
   FirstFn first = [&](std::span<const int32_t> p) { return model.forward_pick(p, cs); };
   ThenFn then = [&](int32_t id, int left) -> Result<int32_t> {

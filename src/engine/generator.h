@@ -63,11 +63,12 @@ Result<GenerationResult> generate(const CausalLM& model, const Tokenizer& tokeni
                                   const SamplingOptions& sampling, const TextCallback& on_text);
 
 // The generation loop on a CudaCausalLM: its cache is cleared first; the
-// length is capped by the max_seq it was loaded with. Without a repetition
-// penalty the tokens are picked on the device (greedy, or drawn there under
-// temperature, top-k, top-p and min-p where samples_on_device()) and fed to
-// the next step there, steps queued ahead of the host; otherwise
-// generate_with(): the logits come to the host each step for the Sampler.
+// length is capped by the max_seq it was loaded with. The tokens are picked
+// on the device (greedy, or drawn there under temperature, top-k, top-p,
+// min-p and the repetition penalty where samples_on_device()) and fed to
+// the next step there, steps queued ahead of the host; where the device
+// cannot, generate_with(): the logits come to the host each step for the
+// Sampler.
 // Drawn on the device, the same seed gives the same tokens run after run,
 // but not the CPU sampler's.
 Result<GenerationResult> generate(CudaCausalLM& model, const Tokenizer& tokenizer, std::span<const int32_t> prompt,

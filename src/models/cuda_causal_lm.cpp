@@ -139,8 +139,10 @@ Status CudaCausalLmImpl::prefill_layer(int l, int64_t n, int seq, int pos0) {
 // One prefill pass over n tokens of sequence seq whose ids and positions are
 // already on the device. logit_rows: 0 none, 1 the last token's, n all of them.
 Status CudaCausalLmImpl::pass(int64_t n, int seq, int pos0, int64_t logit_rows) {
+  uint32_t* seen = buf.seen + seq * seen_words;
+  if (pos0 == 0) LATHE_TRY(cuda::fill_zero(ctx, seen, size_t(seen_words) * sizeof(uint32_t)));  // a new sequence
   LATHE_TRY(cuda::embedding_f32(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = n, .vocab = vocab,
-                                      .dim = hidden}));
+                                      .dim = hidden, .seen = seen, .seen_stride = 0}));
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = n, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(prefill_layer(l, n, seq, pos0));
@@ -275,7 +277,7 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
 Status CudaCausalLmImpl::decode_step(int b) {
   LATHE_TRY(cuda::embedding_f32(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = b, .vocab = vocab,
-                                      .dim = hidden}));
+                                      .dim = hidden, .seen = buf.seen, .seen_stride = seen_words}));
   LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
                                     .sin = buf.sin, .n_tokens = b, .half = half}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
@@ -313,6 +315,7 @@ Status CudaCausalLmImpl::decode(std::span<const int32_t> tokens) {
     LATHE_TRY(check_tokens(s, tokens.subspan(s, 1)).with_context("decode step, sequence " + std::to_string(s)));
   }
   LATHE_TRY(upload_step(tokens, [&](int64_t i) { return seq_len[i]; }));
+  LATHE_TRY(clear_seen_of_empty(b));
   Status st = enqueue_step(b);
   if (!st.is_ok() && overlap) {
     // A driver that refuses programmatic dependent launches (or their capture):
@@ -340,7 +343,14 @@ Status CudaCausalLmImpl::enqueue_step(int b) {
   return Status::ok();
 }
 
+Status CudaCausalLmImpl::clear_seen_of_empty(int b) {
+  for (int s = 0; s < b; ++s)
+    if (seq_len[s] == 0) LATHE_TRY(cuda::fill_zero(ctx, buf.seen + s * seen_words, size_t(seen_words) * 4));
+  return Status::ok();
+}
+
 Status CudaCausalLmImpl::enqueue_pick(int b, bool fed, const CudaSampling& sa, int64_t salt) {
+  const cuda::SeenPenalty pen{.seen = buf.seen, .stride = seen_words, .penalty = sa.repetition_penalty};
   cuda::GreedyFeed feed{};
   if (fed) {
     feed = {.tokens = buf.tokens, .positions = buf.positions,
@@ -350,10 +360,10 @@ Status CudaCausalLmImpl::enqueue_pick(int b, bool fed, const CudaSampling& sa, i
     return cuda::sample_pick(ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab,
                                    .inv_temperature = 1.0f / sa.temperature, .top_k = sa.top_k, .top_p = sa.top_p,
                                    .min_p = sa.min_p, .seed = sa.seed, .salt = salt, .feed = feed,
-                                   .overlap = overlap});
+                                   .overlap = overlap, .penalty = pen});
   }
-  return cuda::greedy_pick(
-      ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab, .feed = feed, .overlap = overlap});
+  return cuda::greedy_pick(ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab, .feed = feed,
+                                 .overlap = overlap, .penalty = pen});
 }
 
 // As enqueue_step(), with the pick feeding the next step in the same graph.
@@ -504,8 +514,9 @@ bool CudaCausalLM::samples_on_device() const {
 
 Result<int32_t> CudaCausalLM::forward_pick(std::span<const int32_t> tokens, const CudaSampling& sampling) {
   CudaCausalLmImpl& m = *impl_;
-  if (sampling.temperature > 0.0f && !samples_on_device())
-    return unsupported("cuda forward_pick: drawing tokens on the device needs sm_90+ and the decode step's shapes");
+  if ((sampling.temperature > 0.0f || sampling.repetition_penalty != 1.0f) && !samples_on_device())
+    return unsupported("cuda forward_pick: drawing tokens or a repetition penalty on the device needs sm_90+ and the "
+                       "decode step's shapes");
   LATHE_TRY(m.run(0, tokens, 1));
   LATHE_TRY(m.enqueue_pick(1, /*fed=*/false, sampling, m.seq_len[0] - 1));
   int32_t id = 0;
@@ -571,11 +582,13 @@ Status CudaCausalLM::start_decode(std::span<const int32_t> tokens, int max_steps
   LATHE_TRY(check_batch(m, tokens));
   if (max_steps < 1) return invalid_argument("cuda start_decode: max_steps must be at least 1, got ", max_steps);
   if (!(sampling.temperature >= 0.0f) || sampling.top_k < 0 || !(sampling.top_p > 0.0f && sampling.top_p <= 1.0f) ||
-      !(sampling.min_p >= 0.0f && sampling.min_p <= 1.0f))
-    return invalid_argument("cuda start_decode: temperature must be >= 0, top_k >= 0, top_p in (0, 1] and min_p in "
-                            "[0, 1]");
-  if (sampling.temperature > 0.0f && !samples_on_device())
-    return unsupported("cuda start_decode: drawing tokens on the device needs sm_90+ and the decode step's shapes");
+      !(sampling.min_p >= 0.0f && sampling.min_p <= 1.0f) || !(sampling.repetition_penalty > 0.0f) ||
+      !std::isfinite(sampling.repetition_penalty))
+    return invalid_argument("cuda start_decode: temperature must be >= 0, top_k >= 0, top_p in (0, 1], min_p in "
+                            "[0, 1] and repetition_penalty > 0");
+  if ((sampling.temperature > 0.0f || sampling.repetition_penalty != 1.0f) && !samples_on_device())
+    return unsupported("cuda start_decode: drawing tokens or a repetition penalty on the device needs sm_90+ and the "
+                       "decode step's shapes");
   const int b = static_cast<int>(tokens.size());
   for (int s = 0; s < b; ++s)
     if (int64_t(m.seq_len[s]) + max_steps > m.opts.max_seq)
@@ -602,6 +615,7 @@ Status CudaCausalLM::start_decode(std::span<const int32_t> tokens, int max_steps
       }
     }
     LATHE_TRY(m.upload_step(tokens, [&](int64_t i) { return m.seq_len[i]; }));
+    LATHE_TRY(m.clear_seen_of_empty(b));
   }
   c.active = true;
   return Status::ok();

@@ -116,12 +116,15 @@ struct CudaModelOptions {
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
-// What CudaCausalLM draws decoded tokens with (cuda::sample_pick):
-// temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 are off.
+// What CudaCausalLM picks decoded tokens with (cuda::greedy_pick and
+// sample_pick): temperature 0 is greedy; top_k 0, top_p 1, min_p 0 and
+// repetition_penalty 1 are off. The penalty covers every token the
+// sequence holds (prompt and generated), as the CPU sampler's context.
 struct CudaSampling {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f, min_p = 0.0f;
+  float repetition_penalty = 1.0f;
   uint64_t seed = 0;
   bool operator==(const CudaSampling&) const = default;
 };
@@ -175,7 +178,8 @@ class CudaCausalLM {
 
   // Decoding fed on the device, for sequences 0..B−1 (B = tokens.size()):
   // greedy (sampling.temperature 0), or drawn on the device by
-  // cuda::sample_pick under sampling's options (samples_on_device()).
+  // cuda::sample_pick under sampling's options, either with sampling's
+  // repetition penalty (drawing and the penalty: samples_on_device()).
   // start_decode() checks the request as decode_batch_greedy() does and room
   // for max_steps steps in every cache; each step appends one token to each
   // sequence (tokens first, then the previous step's picks) and its picks
@@ -194,8 +198,9 @@ class CudaCausalLM {
   Status start_decode(std::span<const int32_t> tokens, int max_steps, const CudaSampling& sampling = {});
   Status next_tokens(std::span<int32_t> picks);
   void stop_decode();
-  // Whether sampling with temperature > 0 runs on this device and model
-  // (sm_90+, a vocabulary of at most 262,144, the decode step's shapes).
+  // Whether drawing (temperature > 0) and the repetition penalty run on this
+  // device and model (sm_90+, a vocabulary of at most 262,144, the decode
+  // step's shapes); greedy without a penalty always does.
   bool samples_on_device() const;
   // forward() on sequence 0, then its next token picked on the device as
   // start_decode() would (greedy, or drawn with salt = the last token's position).

@@ -61,6 +61,7 @@ struct StateBuffers {
   float* logits = nullptr;       // [max(max_logit_rows, max_batch), vocab]
   void* attn_workspace = nullptr;
   int32_t* next_token = nullptr;  // [max_batch] greedy picks
+  uint32_t* seen = nullptr;       // [max_batch, seen_words] the tokens each sequence holds, a bit per id
   // Per layer 2·S slots (S = max_batch rounded up to even): sequence s's k
   // cache at slot s, its v cache at S + s (the pointer arrays of
   // attention_decode_batch and rope_append, each 16-byte aligned).
@@ -127,6 +128,7 @@ class CudaCausalLmImpl {
   std::vector<bf16_bits*> k_cache, v_cache;  // per layer [max_batch, max_seq, n_head_kv, head_dim]
   cuda_lm::StateBuffers buf;
   int ptr_slots = 2;       // S above
+  int64_t seen_words = 0;  // ceil(vocab / 32)
   bool decode_gemv = true;  // the decode step's shapes suit gemv(); otherwise decode runs the prefill path
   bool overlap = false;     // decode kernels as programmatic dependent launches
   CudaL2PrefetchUnits env_l2_prefetch{};  // LATHE_CUDA_DECODE_L2_PREFETCH, read at load (-1: unset)
@@ -177,6 +179,7 @@ class CudaCausalLmImpl {
   // The pick of the step's logits under sa (greedy_pick or sample_pick),
   // feeding the next step when fed; salt for an unfed draw.
   Status enqueue_pick(int b, bool fed, const CudaSampling& sa, int64_t salt = 0);
+  Status clear_seen_of_empty(int b);  // zeroes the token bitmaps of sequences 0..b−1 that hold nothing yet
   Status enqueue_chain_step();  // one more step of the chain, then its event
   void drop_graphs();
   void end_chain();  // waits for the queued steps; every call that touches a cache runs it first

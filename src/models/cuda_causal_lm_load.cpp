@@ -143,6 +143,8 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   const size_t ws = cuda::attention_decode_workspace_bytes(opts.max_batch, cfg.num_attention_heads, static_cast<int>(hd));
   LATHE_ASSIGN_OR_RETURN(buf.attn_workspace, c.take<char>(static_cast<int64_t>(std::max<size_t>(ws, 16)), "attention workspace"));
   LATHE_ASSIGN_OR_RETURN(buf.next_token, c.take<int32_t>(nb, "next tokens"));
+  seen_words = (vocab + 31) / 32;
+  LATHE_ASSIGN_OR_RETURN(buf.seen, c.take<uint32_t>(nb * seen_words, "tokens seen"));
   LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
   return Status::ok();
 }

@@ -43,6 +43,7 @@
 #include "backends/cuda/device.h"
 #include "core/check.h"
 #include "core/scoped_env.h"
+#include "engine/sampler.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
@@ -692,6 +693,21 @@ TEST_P(CudaGenFlash, DeviceFedGreedyEqualsHostFed) {
     other.seed = 43;
     EXPECT_NE(chain, drawn(other, true)) << "another seed";
     EXPECT_EQ(std::set<int32_t>(chain.begin(), chain.end()).size() > 1, true) << "drew one token throughout";
+
+    // A repetition penalty over everything the sequence holds: the CPU
+    // sampler's rule on the same logits, step by step on the host.
+    const CudaSampling pen{.repetition_penalty = 1.8f};
+    gpu->clear();
+    std::vector<int32_t> context = prompt, want;
+    ASSERT_TRUE(gpu->forward(prompt, logits).is_ok());
+    for (int i = 0; i <= kSteps; ++i) {
+      if (i > 0) ASSERT_TRUE(gpu->forward(std::vector<int32_t>{want.back()}, logits).is_ok());
+      apply_repetition_penalty(logits, context, pen.repetition_penalty);
+      want.push_back(argmax(logits));
+      context.push_back(want.back());
+    }
+    EXPECT_EQ(drawn(pen, true), want) << "greedy with a repetition penalty";
+    EXPECT_NE(drawn({}, true), want) << "the penalty changed nothing";
   }
   std::vector<int32_t> picks(1), first = prefill(1);
   Status st = gpu->next_tokens(picks);

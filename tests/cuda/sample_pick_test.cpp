@@ -112,6 +112,49 @@ TEST(CudaSamplePick, TiesFollowTheCpu) {
   }
 }
 
+// The repetition penalty (SeenPenalty: the row's bitmap of tokens held):
+// greedy_pick and sample_pick see the logits the CPU's
+// apply_repetition_penalty leaves, for positive and negative logits, the
+// argmax among them; a row without the bitmap's tokens is untouched.
+TEST(CudaSamplePick, RepetitionPenaltyAsTheCpu) {
+  LATHE_SKIP_WITHOUT_GPU();
+  if (!clusters_run()) GTEST_SKIP() << "sample_pick runs on sm_90+";
+  CudaContext ctx = make_context();
+  constexpr int64_t kVocab = 5000;
+  std::vector<float> row = random_bf16(kVocab, 94, 2.0f);
+  const int32_t top = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+  std::vector<int32_t> held = {top, 7, 4095, 4999};
+  for (int i = 0; i < 40; ++i) held.push_back((i * 977) % kVocab);
+  row[7] = -1.5f;  // a negative logit held
+  std::vector<uint32_t> bits(size_t((kVocab + 31) / 32), 0);
+  for (int32_t id : held) bits[size_t(id / 32)] |= 1u << (id % 32);
+  std::vector<float> want_row = row;
+  apply_repetition_penalty(want_row, held, 2.0f);
+  // Row 0 with the bitmap, row 1 (the same logits) with an empty one.
+  std::vector<float> rows = row;
+  rows.insert(rows.end(), row.begin(), row.end());
+  std::vector<uint32_t> both = bits;
+  both.insert(both.end(), bits.size(), 0u);
+  DeviceBuffer dx = upload(ctx, rows), dseen = upload(ctx, both), next = upload(ctx, std::vector<int32_t>(2, -1));
+  const SeenPenalty pen{.seen = dptr<uint32_t>(dseen), .stride = int64_t(bits.size()), .penalty = 2.0f};
+  Status st = greedy_pick(ctx, {.logits = dptr<float>(dx), .next = dptr<int32_t>(next), .rows = 2, .vocab = kVocab,
+                                .feed = {}, .penalty = pen});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(download<int32_t>(ctx, next, 2), (std::vector<int32_t>{argmax(want_row), top}));
+  ASSERT_NE(argmax(want_row), top) << "the test's penalty must move the argmax";
+  // Drawn: many rows of row 0's logits, all with its bitmap (stride 0).
+  constexpr int64_t kDraws = 20000;
+  std::vector<float> many;
+  for (int64_t r = 0; r < kDraws; ++r) many.insert(many.end(), row.begin(), row.end());
+  DeviceBuffer dm = upload(ctx, many), dnext = upload(ctx, std::vector<int32_t>(size_t(kDraws), -1));
+  const SamplingOptions o{.temperature = 0.7f, .top_k = 30};
+  st = sample_pick(ctx, {.logits = dptr<float>(dm), .next = dptr<int32_t>(dnext), .rows = kDraws, .vocab = kVocab,
+                         .inv_temperature = 1.0f / o.temperature, .top_k = o.top_k, .seed = 9,
+                         .penalty = {.seen = dptr<uint32_t>(dseen), .stride = 0, .penalty = 2.0f}});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  check_distribution(download<int32_t>(ctx, dnext, kDraws), want_row, o);
+}
+
 TEST(CudaSamplePick, FeedSaltsByPositionAndAdvances) {
   LATHE_SKIP_WITHOUT_GPU();
   if (!clusters_run()) GTEST_SKIP() << "sample_pick runs on sm_90+";

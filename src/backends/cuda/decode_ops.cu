@@ -25,6 +25,7 @@ __global__ void embedding_f32_kernel(EmbeddingF32Args a) {
   const int64_t r = i / a.dim, j = i % a.dim;
   const int32_t id = a.tokens[r];
   a.out[i] = id >= 0 && id < a.vocab ? dev::ld(a.table, int64_t(id) * a.dim + j) : 0.0f;
+  if (a.seen && j == 0 && id >= 0 && id < a.vocab) atomicOr(a.seen + r * a.seen_stride + id / 32, 1u << (id % 32));
 }
 
 __global__ void residual_norm_kernel(ResidualNormArgs a) {

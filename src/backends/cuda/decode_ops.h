@@ -172,11 +172,16 @@ Status broadcast_rows(CudaContext& ctx, bf16_bits* y, const bf16_bits* b, int64_
 
 // h[r] = table[tokens[r]] in f32 (the start of the residual stream). Ids are
 // checked on the host; one outside [0, vocab) yields a zero row.
+// With seen set, each row's token also sets its bit in that row's bitmap of
+// the tokens a sequence holds (seen + r·seen_stride words; seen_stride 0
+// when every row belongs to one sequence): what a repetition penalty reads.
 struct EmbeddingF32Args {
   const int32_t* tokens = nullptr;   // [n]
   const bf16_bits* table = nullptr;  // [vocab, dim]
   float* out = nullptr;              // [n, dim]
   int64_t n = 0, vocab = 0, dim = 0;
+  uint32_t* seen = nullptr;  // bit id of word id / 32
+  int64_t seen_stride = 0;
 };
 Status embedding_f32(CudaContext& ctx, const EmbeddingF32Args& a);
 
@@ -241,12 +246,22 @@ struct GreedyFeed {
   int32_t* host_ring = nullptr;  // [rows, ring_slots] mapped host memory (device address)
   int ring_slots = 0;
 };
+// Hugging Face's repetition penalty before a pick: a logit of a token in
+// row r's bitmap (seen + r·stride words, as embedding_f32 sets them) is
+// divided by penalty when positive, multiplied when negative (the CPU's
+// apply_repetition_penalty). Off when seen is null or penalty is 1.
+struct SeenPenalty {
+  const uint32_t* seen = nullptr;
+  int64_t stride = 0;
+  float penalty = 1.0f;
+};
 struct GreedyPickArgs {
   const float* logits = nullptr;  // [rows, vocab]
   int32_t* next = nullptr;        // [rows]
   int64_t rows = 0, vocab = 0;
   GreedyFeed feed;
   bool overlap = false;
+  SeenPenalty penalty;
 };
 Status greedy_pick(CudaContext& ctx, const GreedyPickArgs& a);
 
@@ -268,6 +283,7 @@ struct SampleArgs {
   int64_t salt = 0;
   GreedyFeed feed;
   bool overlap = false;
+  SeenPenalty penalty;  // applied before the temperature, as the CPU does
 };
 Status sample_pick(CudaContext& ctx, const SampleArgs& a);
 

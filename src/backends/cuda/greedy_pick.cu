@@ -17,6 +17,7 @@
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
+#include "backends/cuda/penalty.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -43,10 +44,12 @@ __device__ __forceinline__ Best warp_best(Best b) {
   return b;
 }
 
-// The best of columns [c0, c1) of row, merged over the block (every thread gets it).
-__device__ Best block_best(const float* row, int64_t c0, int64_t c1, Best* s_warp) {
+// The best of columns [c0, c1) of row r, merged over the block (every thread gets it).
+__device__ Best block_best(const float* row, int64_t c0, int64_t c1, Best* s_warp, const SeenPenalty& pen,
+                           int64_t r) {
   Best b{-INFINITY, -1};
   auto consider = [&](float v, int64_t j) {
+    v = penalized(pen, r, j, v);
     if (v != v) return;  // NaN never wins
     if (b.i < 0 || v > b.v) b = {v, j};  // strictly greater: the first of equals stays
   };
@@ -103,7 +106,7 @@ __global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickArg
   const int64_t r = blockIdx.y;
   const float* row = a.logits + r * a.vocab;
   if constexpr (!kCluster) {
-    const Best b = block_best(row, 0, a.vocab, s_warp);
+    const Best b = block_best(row, 0, a.vocab, s_warp, a.penalty, r);
     if (threadIdx.x == 0) finish(a, r, b);
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickArg
     const int64_t rank = cluster.block_rank(), n = cluster.num_blocks();
     const int64_t per = (a.vocab + n - 1) / n;
     const int64_t c0 = min(a.vocab, rank * per), c1 = min(a.vocab, c0 + per);
-    const Best b = block_best(row, c0, c1, s_warp);
+    const Best b = block_best(row, c0, c1, s_warp, a.penalty, r);
     if (threadIdx.x == 0) s_block = b;
     cluster.sync();  // every block's winner is in its shared memory
     if (rank == 0 && threadIdx.x == 0) {

@@ -23,6 +23,7 @@
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
+#include "backends/cuda/penalty.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -59,6 +60,8 @@ struct SampleShared {
   int last_kept;                          // the block's largest kept id, or -1
 };
 
+// The cluster pieces below compile from sm_90 on (the kernel is empty before).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Every block's value `own` (thread 0's) into s.gathered[r], in rank order:
 // one remote read per block and thread 0..kSampleSplit−1.
 __device__ const double* cluster_gather(double own, SampleShared& s, cg::cluster_group& cluster, int& round) {
@@ -191,6 +194,8 @@ __device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, dou
   return lo;
 }
 
+#endif  // __CUDA_ARCH__ >= 900
+
 template <int E>
 __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
   }
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    const float v = x[e] * a.inv_temperature;
+    const float v = (id0 + e < a.vocab ? penalized(a.penalty, r, id0 + e, x[e]) : x[e]) * a.inv_temperature;
     const bool ok = v > -INFINITY;  // NaN and -inf never survive (as the CPU's candidate list)
     keep |= uint64_t(ok) << e;
     x[e] = ok ? v : -INFINITY;
