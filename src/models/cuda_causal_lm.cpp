@@ -567,7 +567,8 @@ Status CudaCausalLM::decode_batch_greedy(std::span<const int32_t> tokens, std::s
   LATHE_TRY(check_batch(m, tokens));
   if (!m.decode_gemv) {
     LATHE_TRY(decode_each(m, tokens, [&](int s) {
-      return cuda::argmax_rows(m.ctx, m.buf.logits, 1, m.vocab, m.buf.next_token + s);
+      return cuda::greedy_pick(m.ctx,
+                               {.logits = m.buf.logits, .next = m.buf.next_token + s, .rows = 1, .vocab = m.vocab});
     }));
   } else {
     LATHE_TRY(m.decode(tokens));

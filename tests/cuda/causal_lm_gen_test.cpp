@@ -405,15 +405,25 @@ struct FlashCase {
 };
 class CudaGenFlash : public ::testing::TestWithParam<FlashCase> {};
 std::string case_name(const FlashCase& c) { return "random/" + c.family + std::to_string(c.head_dim); }
+// A random model of case c in a temp dir of its own (tag: the test's).
+struct FlashModel : TempDir {
+  FlashModel(const FlashCase& c, const std::string& tag) : TempDir(c.family + std::to_string(c.head_dim) + tag) {
+    write_random_model(str(), c.family, c.head_dim, c.window);
+  }
+};
+// n prompt ids (i·mul + add) mod 512.
+std::vector<int32_t> flash_prompt(int n, int mul, int add) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < n; ++i) prompt.push_back((i * mul + add) % 512);
+  return prompt;
+}
 
 TEST_P(CudaGenFlash, MatchesCpu) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim));
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  FlashModel dir(c, "");
   auto cpu = load_cpu(dir.str());
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   for (bool simple : {false, true}) {
     SCOPED_TRACE(simple ? "plain attention" : "flash attention");
     auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens, .simple_attention = simple});
@@ -424,10 +434,8 @@ TEST_P(CudaGenFlash, MatchesCpu) {
 TEST_P(CudaGenFlash, GraphReplayEqualsEagerBitwise) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_graph");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  FlashModel dir(c, "_graph");
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens});
   check_graph_replay(*gpu, prompt);
 }
@@ -439,10 +447,8 @@ TEST_P(CudaGenFlash, GraphReplayEqualsEagerBitwise) {
 TEST_P(CudaGenFlash, OverlappedLaunchesEqualOrdinaryBitwise) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_overlap");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 41 + 3) % 512);
+  FlashModel dir(c, "_overlap");
+  std::vector<int32_t> prompt = flash_prompt(20, 41, 3);
   auto on = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens, .overlap_launches = true});
   auto off = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kGreedyTokens, .overlap_launches = false});
   for (bool graphs : {false, true}) {
@@ -454,10 +460,8 @@ TEST_P(CudaGenFlash, OverlappedLaunchesEqualOrdinaryBitwise) {
 TEST_P(CudaGenFlash, ChunkedPrefillEqualsOnePass) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_chunk");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 40; ++i) prompt.push_back((i * 53 + 5) % 512);
+  FlashModel dir(c, "_chunk");
+  std::vector<int32_t> prompt = flash_prompt(40, 53, 5);
   auto whole = load_gpu(dir.str(), {.max_seq = 64});
   auto chunked = load_gpu(dir.str(), {.max_seq = 64, .max_forward_tokens = 16});
   std::vector<float> a(512), b(512);
@@ -470,10 +474,8 @@ TEST_P(CudaGenFlash, ChunkedPrefillEqualsOnePass) {
 TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_batch");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  FlashModel dir(c, "_batch");
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   for (bool simple : {false, true}) {
     SCOPED_TRACE(simple ? "plain attention" : "flash attention");
     check_batch_decode(dir.str(), prompt, simple);
@@ -489,11 +491,9 @@ TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
 TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_bulk");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  FlashModel dir(c, "_bulk");
   auto cpu = load_cpu(dir.str());
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
   auto on = load_gpu(dir.str(), {.max_seq = max_seq, .bulk_gemv = true, .bulk_per_sm = 1, .attention_min_chunk = 8});
   auto off = load_gpu(dir.str(), {.max_seq = max_seq, .overlap_launches = false, .bulk_gemv = true, .bulk_per_sm = 1,
@@ -517,11 +517,9 @@ TEST_P(CudaGenFlash, BulkGemvDecodeMatchesCpu) {
 TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_attention");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  FlashModel dir(c, "_attention");
   auto cpu = load_cpu(dir.str());
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
   for (const CudaModelOptions& o : {CudaModelOptions{.split_k_attention = true},
                                     CudaModelOptions{.attention_cluster_heads = 4}}) {
@@ -548,11 +546,9 @@ TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
 TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_prefetch");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
+  FlashModel dir(c, "_prefetch");
   auto cpu = load_cpu(dir.str());
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   const int max_seq = int(prompt.size()) + kGreedyTokens;
   auto plain = load_gpu(dir.str(), {.max_seq = max_seq, .l2_prefetch_units = 0});
   const std::vector<float> want = decode_logits(*plain, prompt, true);
@@ -599,10 +595,8 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
 TEST_P(CudaGenFlash, DeviceFedGreedyEqualsHostFed) {
   SKIP_WITHOUT_GPU();
   const FlashCase& c = GetParam();
-  TempDir dir(c.family + std::to_string(c.head_dim) + "_fed");
-  write_random_model(dir.str(), c.family, c.head_dim, c.window);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  FlashModel dir(c, "_fed");
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   constexpr int kSteps = 3 * CudaCausalLM::kGreedyDepth + 1;
   auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kSteps, .max_batch = 2});
   std::vector<float> logits(static_cast<size_t>(gpu->config().vocab_size));
@@ -788,8 +782,7 @@ TEST(CudaGen, GreedyChecksHaveDecisiveSteps) {
     std::printf("  %s: %d of %d steps decisive\n", family, n, kGreedyTokens);
     EXPECT_GE(n, kGreedyTokens / 4) << family;
   }
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 11) % 512);
+  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
   for (auto [family, hd, window] : {std::tuple{"llama", 64, 0}, std::tuple{"mistral", 128, 8}}) {
     TempDir dir(std::string("decisive_rand_") + family);
     write_random_model(dir.str(), family, hd, window);

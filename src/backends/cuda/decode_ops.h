@@ -232,8 +232,8 @@ Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs& a, int min
 // kernel field aside: what kAuto picks) on the current device.
 bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs& a);
 
-// next[r] = the column of the largest logits[r, :] (argmax_rows' rule: the
-// first of equals; NaN never wins; a row of NaN gives 0), a cluster of
+// next[r] = the column of the largest logits[r, :] (the first of equals;
+// NaN never wins; a row of NaN gives 0), a cluster of
 // blocks per row on sm_90+. With feed.tokens set, the pick also becomes the
 // next decode step's input on the device: tokens[r] = next[r],
 // positions[r] += 1, and host_ring[r·ring_slots + p mod ring_slots] =

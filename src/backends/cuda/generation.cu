@@ -1,7 +1,6 @@
 // Generation's small kernels (see generation_ops.h): each is one plain
-// kernel, sized for clarity over speed except where a decode step spends
-// time (kv_append and add_bias are a few kilobytes per token; argmax reads
-// the vocabulary once). attention_simple is the obviously-right attention:
+// kernel, sized for clarity over speed (kv_append and add_bias are a few
+// kilobytes per token). attention_simple is the obviously-right attention:
 // one warp walks the visible keys one at a time with an online softmax.
 #include <utility>
 
@@ -69,63 +68,6 @@ __global__ void attention_simple_kernel(SimpleAttentionArgs a) {
   }
 }
 
-// One block of kArgmaxThreads per row; ties keep the smaller column. Each
-// thread walks its columns in increasing order (so a strictly greater value
-// is what replaces its best), 4 float4 loads in flight at a time when the
-// row is 16-byte aligned.
-constexpr int kArgmaxThreads = 1024;
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* x, int64_t cols, int32_t* out) {
-  __shared__ float s_val[kArgmaxThreads];
-  __shared__ int64_t s_idx[kArgmaxThreads];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
-  float best = -INFINITY;
-  int64_t best_i = -1;
-  auto consider = [&](float v, int64_t j) {
-    if (v != v) return;              // NaN never wins
-    if (best_i < 0 || v > best) {  // strictly greater: the first of equals stays
-      best = v;
-      best_i = j;
-    }
-  };
-  const int64_t t = threadIdx.x, n4 = (reinterpret_cast<uintptr_t>(row) & 15) == 0 ? cols / 4 : 0;
-  const float4* row4 = reinterpret_cast<const float4*>(row);
-  for (int64_t i = t; i < n4; i += 4 * kArgmaxThreads) {
-    float4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t q = i + u * kArgmaxThreads;
-      v[u] = q < n4 ? __ldg(row4 + q) : make_float4(NAN, NAN, NAN, NAN);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t j = 4 * (i + u * kArgmaxThreads);
-      consider(v[u].x, j);
-      consider(v[u].y, j + 1);
-      consider(v[u].z, j + 2);
-      consider(v[u].w, j + 3);
-    }
-  }
-  for (int64_t j = 4 * n4 + t; j < cols; j += kArgmaxThreads) consider(row[j], j);  // the rest (or all, unaligned)
-  s_val[threadIdx.x] = best;
-  s_idx[threadIdx.x] = best_i;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float ov = s_val[threadIdx.x + stride];
-      const int64_t oi = s_idx[threadIdx.x + stride];
-      const float mv = s_val[threadIdx.x];
-      const int64_t mi = s_idx[threadIdx.x];
-      const bool take = oi >= 0 && (mi < 0 || ov > mv || (ov == mv && oi < mi));
-      if (take) {
-        s_val[threadIdx.x] = ov;
-        s_idx[threadIdx.x] = oi;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(s_idx[0] < 0 ? 0 : s_idx[0]);
-}
-
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -168,14 +110,6 @@ Status attention_simple(CudaContext& ctx, const SimpleAttentionArgs& a) {
   if (a.n_tokens == 0) return Status::ok();
   attention_simple_kernel<<<dim3(a.n_tokens, a.n_head), 32, 0, stream_of(ctx)>>>(a);
   return ctx.check_launch("attention_simple");
-}
-
-Status argmax_rows(CudaContext& ctx, const float* x, int64_t rows, int64_t cols, int32_t* out) {
-  if (rows < 0 || cols <= 0) return invalid_argument("cuda argmax_rows: bad shape ", rows, "x", cols);
-  if (!x || !out) return invalid_argument("cuda argmax_rows: null argument");
-  if (rows == 0) return Status::ok();
-  argmax_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream_of(ctx)>>>(x, cols, out);
-  return ctx.check_launch("argmax_rows");
 }
 
 Status fill_random_bf16(CudaContext& ctx, bf16_bits* dst, int64_t n, uint64_t seed, float mean, float stddev) {

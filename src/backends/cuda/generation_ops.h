@@ -1,9 +1,9 @@
 // The small device pieces generation needs besides the training kernels:
 // bias add, appending k/v rows to a KV cache at a position read from device
 // memory, a plain attention kernel for any head_dim (the flash kernels
-// compile 64 and 128 only; this one is also their slow twin in tests),
-// argmax over rows (greedy decoding without copying logits), a random fill
-// (benchmarks), and a captured CUDA graph. Everything a decode step reads
+// compile 64 and 128 only; this one is also their slow twin in tests), a
+// random fill (benchmarks), and a captured CUDA graph. (The greedy pick is
+// decode_ops.h's greedy_pick.) Everything a decode step reads
 // that changes per token (token id, position) is a device pointer, so one
 // captured graph replays for every step. Stubs in generation_stub.cpp.
 #pragma once
@@ -44,10 +44,6 @@ struct SimpleAttentionArgs {
   float scale = 1.0f;
 };
 Status attention_simple(CudaContext& ctx, const SimpleAttentionArgs& a);
-
-// out[r] = the column of the largest x[r, :] (the first one on ties; NaN
-// never wins).
-Status argmax_rows(CudaContext& ctx, const float* x, int64_t rows, int64_t cols, int32_t* out);
 
 // dst[i] = mean + stddev · u_i with u_i uniform on [−√3, √3] (unit variance)
 // from a hash of (seed, i): deterministic, no host memory.

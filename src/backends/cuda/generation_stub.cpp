@@ -12,7 +12,6 @@ Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA bac
 Status add_bias(CudaContext&, bf16_bits*, const bf16_bits*, int64_t, int64_t) { return no_cuda(); }
 Status kv_append(CudaContext&, const KvAppendArgs&) { return no_cuda(); }
 Status attention_simple(CudaContext&, const SimpleAttentionArgs&) { return no_cuda(); }
-Status argmax_rows(CudaContext&, const float*, int64_t, int64_t, int32_t*) { return no_cuda(); }
 Status fill_random_bf16(CudaContext&, bf16_bits*, int64_t, uint64_t, float, float) { return no_cuda(); }
 
 Result<CudaGraph> CudaGraph::capture(CudaContext&, const std::function<Status()>&) { return no_cuda(); }

@@ -1,15 +1,15 @@
 // greedy_pick (decode_ops.h): the greedy token of each logits row, and with
 // a feed the next decode step's input, written on the device.
 //
-// argmax_rows (generation.cu) walks a row with one block: 128,256 logits
-// (513 KB) through one SM's loads. Here a cluster of kPickSplit blocks
-// takes a row (sm_90+), each an equal run of columns, and block 0 merges
-// their winners through distributed shared memory, so the row is read by
-// kPickSplit SMs at once and the launch overlaps the LM head's tail
-// (programmatic dependent launch). Before sm_90 one block takes a row.
+// One block walking a row would take 128,256 logits (513 KB) through one
+// SM's loads. Here a cluster of kPickSplit blocks takes a row (sm_90+),
+// each an equal run of columns, and block 0 merges their winners through
+// distributed shared memory, so the row is read by kPickSplit SMs at once
+// and the launch overlaps the LM head's tail (programmatic dependent
+// launch). Before sm_90 one block takes a row.
 //
-// The rule is argmax_rows': the largest value wins, the first column of
-// equals, NaN never (a row of NaN gives 0). A thread keeps the first of
+// The rule: the largest value wins, the first column of equals, NaN never
+// (a row of NaN gives 0). A thread keeps the first of
 // its equals (it walks its columns in order), warps and blocks merge by
 // (value, then lower column), so the result does not depend on the split.
 #include <cooperative_groups.h>
@@ -17,7 +17,7 @@
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
-#include "backends/cuda/penalty.cuh"
+#include "backends/cuda/pick_common.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -84,17 +84,9 @@ __device__ Best block_best(const float* row, int64_t c0, int64_t c1, Best* s_war
   return warp_best(b);
 }
 
-// Row blockIdx.y's pick to next (and the feed), by the row's block 0.
+// Row r's pick to next (and the feed), by the row's block 0.
 __device__ void finish(const GreedyPickArgs& a, int64_t r, const Best& b) {
-  const int32_t id = static_cast<int32_t>(b.i < 0 ? 0 : b.i);
-  a.next[r] = id;
-  if (!a.feed.tokens) return;
-  const int32_t pos = a.feed.positions[r];
-  a.feed.tokens[r] = id;
-  a.feed.positions[r] = pos + 1;
-  // The host reads the pick of the token at position p from slot p mod ring_slots.
-  const int slot = ((pos % a.feed.ring_slots) + a.feed.ring_slots) % a.feed.ring_slots;
-  a.feed.host_ring[r * a.feed.ring_slots + slot] = id;
+  write_pick(a.next, a.feed, r, static_cast<int32_t>(b.i < 0 ? 0 : b.i));
 }
 
 template <bool kCluster>
@@ -134,11 +126,7 @@ __global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickArg
 }  // namespace
 
 Status greedy_pick(CudaContext& ctx, const GreedyPickArgs& a) {
-  if (a.rows < 0 || a.vocab <= 0 || a.rows > 65535)
-    return invalid_argument("cuda greedy_pick: bad shape ", a.rows, "x", a.vocab);
-  if (!a.logits || !a.next) return invalid_argument("cuda greedy_pick: null argument");
-  if (a.feed.tokens && (!a.feed.positions || !a.feed.host_ring || a.feed.ring_slots <= 0))
-    return invalid_argument("cuda greedy_pick: a feed needs positions, a host ring and ring_slots > 0");
+  LATHE_TRY(check_pick("cuda greedy_pick: ", a.logits, a.next, a.rows, a.vocab, a.feed));
   if (a.rows == 0) return Status::ok();
   const cudaStream_t st = stream_of(ctx);
   if (supports_overlap(ctx.device()) && a.vocab >= int64_t(kPickSplit) * kPickThreads) {

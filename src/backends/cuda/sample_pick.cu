@@ -23,7 +23,7 @@
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
-#include "backends/cuda/penalty.cuh"
+#include "backends/cuda/pick_common.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -328,14 +328,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
       if (o->last_kept >= 0) fallback = o->last_kept;
     }
     if (id < 0) id = fallback >= 0 ? fallback : 0;  // rounding past the last survivor: the CPU takes the last too
-    a.next[r] = id;
-    if (a.feed.tokens) {
-      const int32_t pos = a.feed.positions[r];
-      a.feed.tokens[r] = id;
-      a.feed.positions[r] = pos + 1;
-      const int slot = ((pos % a.feed.ring_slots) + a.feed.ring_slots) % a.feed.ring_slots;
-      a.feed.host_ring[r * a.feed.ring_slots + slot] = id;
-    }
+    write_pick(a.next, a.feed, r, id);
   }
   cluster.sync();  // no block leaves while block 0 reads its shared memory
 #endif
@@ -344,15 +337,11 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
 }  // namespace
 
 Status sample_pick(CudaContext& ctx, const SampleArgs& a) {
-  if (a.rows < 0 || a.vocab <= 0 || a.rows > 65535)
-    return invalid_argument("cuda sample_pick: bad shape ", a.rows, "x", a.vocab);
-  if (!a.logits || !a.next) return invalid_argument("cuda sample_pick: null argument");
+  LATHE_TRY(check_pick("cuda sample_pick: ", a.logits, a.next, a.rows, a.vocab, a.feed));
   if (!(a.inv_temperature > 0.0f) || a.top_k < 0 || !(a.top_p > 0.0f && a.top_p <= 1.0f) ||
       !(a.min_p >= 0.0f && a.min_p <= 1.0f))
     return invalid_argument("cuda sample_pick: inv_temperature must be > 0, top_k >= 0, top_p in (0, 1], min_p in "
                             "[0, 1]");
-  if (a.feed.tokens && (!a.feed.positions || !a.feed.host_ring || a.feed.ring_slots <= 0))
-    return invalid_argument("cuda sample_pick: a feed needs positions, a host ring and ring_slots > 0");
   if (!supports_overlap(ctx.device())) return unsupported("cuda sample_pick: needs sm_90 (thread block clusters)");
   if (a.rows == 0) return Status::ok();
   const int64_t row_threads = int64_t(kSampleSplit) * kSampleThreads;
