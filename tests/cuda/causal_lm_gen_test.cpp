@@ -22,7 +22,6 @@
 // tolerance, and, teacher-forced on the CPU's tokens, at every step whose gap
 // is above it. Graph replay against eager decode: bitwise equal logits.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +32,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -43,7 +41,7 @@
 #include "backends/cuda/device.h"
 #include "core/check.h"
 #include "core/scoped_env.h"
-#include "engine/sampler.h"
+#include "cuda/gen_test_util.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
@@ -52,6 +50,8 @@
 
 namespace lathe {
 namespace {
+
+using namespace gen_test;
 
 namespace fs = std::filesystem;
 
@@ -106,9 +106,6 @@ double rel_error(const float* got, const float* want, int64_t n) {
   return ref > 0 ? diff / ref : diff;
 }
 
-int32_t argmax(const std::vector<float>& x) {
-  return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
-}
 // Best logit minus the second best.
 float top2_gap(std::vector<float> x) {
   std::partial_sort(x.begin(), x.begin() + 2, x.end(), std::greater<float>());
@@ -119,21 +116,6 @@ float max_abs(const std::vector<float>& x) {
   for (float v : x) m = std::max(m, std::abs(v));
   return m;
 }
-
-// A scratch directory removed at the end of the test.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    path_ = fs::temp_directory_path() / ("lathe_cudagen_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
 
 // src's config.json and its weights rounded to bf16, written to dst: what the
 // GPU holds, for the CPU to run in f32.
@@ -147,31 +129,6 @@ void write_bf16_copy(const std::string& src, const std::string& dst) {
   LATHE_CHECK(st.is_ok(), st.message());
 }
 
-// A random-init model with bf16 weights (so CPU and GPU hold the same values).
-void write_random_model(const std::string& dir, const std::string& family, int head_dim, int window) {
-  ModelConfig c;
-  c.model_type = family;
-  c.architecture = family == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
-  c.vocab_size = 512;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = head_dim;
-  c.hidden_size = 2 * head_dim;
-  c.intermediate_size = 4 * head_dim;
-  c.num_hidden_layers = 2;
-  c.max_position_embeddings = 256;
-  c.sliding_window = window;
-  c.torch_dtype = "bfloat16";
-  std::ofstream(dir + "/config.json") << model_config_to_json(c);
-  Status st = write_random_weights(dir, c, {.seed = 7, .dtype = DType::BF16, .initializer_range = 0.1f});
-  LATHE_CHECK(st.is_ok(), st.message());
-}
-
-std::unique_ptr<CudaCausalLM> load_gpu(const std::string& dir, CudaModelOptions opts) {
-  auto m = CudaCausalLM::load(dir, opts);
-  LATHE_CHECK(m.is_ok(), m.status().message());
-  return std::move(m).value();
-}
 std::unique_ptr<CausalLM> load_cpu(const std::string& dir, const LoadOptions& opts = {}) {
   auto m = CausalLM::load(dir, opts);
   LATHE_CHECK(m.is_ok(), m.status().message());
@@ -399,24 +356,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaGenFixture, ::testing::Values("llama", "m
 
 // head_dim 64 (Llama) and 128 (Mistral, sliding window 8 < prompt + output):
 // the flash prefill and split-K decode kernels, and the plain kernel as twin.
-struct FlashCase {
-  std::string family;
-  int head_dim, window;
-};
 class CudaGenFlash : public ::testing::TestWithParam<FlashCase> {};
 std::string case_name(const FlashCase& c) { return "random/" + c.family + std::to_string(c.head_dim); }
-// A random model of case c in a temp dir of its own (tag: the test's).
-struct FlashModel : TempDir {
-  FlashModel(const FlashCase& c, const std::string& tag) : TempDir(c.family + std::to_string(c.head_dim) + tag) {
-    write_random_model(str(), c.family, c.head_dim, c.window);
-  }
-};
-// n prompt ids (i·mul + add) mod 512.
-std::vector<int32_t> flash_prompt(int n, int mul, int add) {
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < n; ++i) prompt.push_back((i * mul + add) % 512);
-  return prompt;
-}
 
 TEST_P(CudaGenFlash, MatchesCpu) {
   SKIP_WITHOUT_GPU();
@@ -585,138 +526,6 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
     ASSERT_FALSE(bad.is_ok()) << var;
     EXPECT_NE(bad.status().message().find(var), std::string::npos) << bad.status().message();
   }
-}
-
-// Greedy decoding fed on the device (start_decode / next_tokens) picks what
-// decode_batch_greedy() picks step by step, for one sequence and for two of
-// different lengths, eager and replayed, over more steps than it queues;
-// stopping early leaves each sequence holding the steps taken, so decoding
-// on from there gives the same ids; bad calls are clear errors.
-TEST_P(CudaGenFlash, DeviceFedGreedyEqualsHostFed) {
-  SKIP_WITHOUT_GPU();
-  const FlashCase& c = GetParam();
-  FlashModel dir(c, "_fed");
-  std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
-  constexpr int kSteps = 3 * CudaCausalLM::kGreedyDepth + 1;
-  auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kSteps, .max_batch = 2});
-  std::vector<float> logits(static_cast<size_t>(gpu->config().vocab_size));
-  // Sequence s gets the prompt less 2·s tokens; returns each one's first pick.
-  auto prefill = [&](int b) {
-    gpu->clear();
-    std::vector<int32_t> first;
-    for (int s = 0; s < b; ++s) {
-      EXPECT_TRUE(gpu->forward_seq(s, std::vector<int32_t>(prompt.begin(), prompt.end() - 2 * s), logits).is_ok());
-      first.push_back(argmax(logits));
-    }
-    return first;
-  };
-  auto host_fed = [&](std::vector<int32_t> cur, int steps) {
-    std::vector<int32_t> ids, next(cur.size());
-    for (int i = 0; i < steps; ++i) {
-      Status st = gpu->decode_batch_greedy(cur, next);
-      EXPECT_TRUE(st.is_ok()) << st.message();
-      ids.insert(ids.end(), next.begin(), next.end());
-      cur = next;
-    }
-    return ids;
-  };
-  for (bool graphs : {false, true})
-    for (int b : {1, 2}) {
-      SCOPED_TRACE(::testing::Message() << (graphs ? "graphs" : "eager") << ", " << b << " sequences");
-      gpu->set_use_graphs(graphs);
-      const std::vector<int32_t> want = host_fed(prefill(b), kSteps);
-      const std::vector<int32_t> first = prefill(b);
-      Status st = gpu->start_decode(first, kSteps);
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      std::vector<int32_t> got, picks(static_cast<size_t>(b));
-      for (int i = 0; i < kSteps; ++i) {
-        st = gpu->next_tokens(picks);
-        ASSERT_TRUE(st.is_ok()) << "step " << i << ": " << st.message();
-        got.insert(got.end(), picks.begin(), picks.end());
-      }
-      EXPECT_EQ(got, want);
-      for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + kSteps) << s;
-      st = gpu->next_tokens(picks);
-      EXPECT_NE(st.message().find("were taken"), std::string::npos) << st.message();
-      gpu->stop_decode();
-
-      // Three steps, then the rest host-fed from the last pick.
-      ASSERT_TRUE(gpu->start_decode(prefill(b), kSteps).is_ok());
-      std::vector<int32_t> part;
-      for (int i = 0; i < 3; ++i) {
-        ASSERT_TRUE(gpu->next_tokens(picks).is_ok());
-        part.insert(part.end(), picks.begin(), picks.end());
-      }
-      gpu->stop_decode();
-      for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + 3) << s;
-      const std::vector<int32_t> rest = host_fed(picks, kSteps - 3);
-      part.insert(part.end(), rest.begin(), rest.end());
-      EXPECT_EQ(part, want) << "stopped after 3 steps, then host-fed";
-    }
-  // Drawn on the device: the chain gives forward_pick()'s tokens step by step
-  // (the same salts: each token's position), the same seed the same tokens.
-  if (gpu->samples_on_device()) {
-    auto drawn = [&](const CudaSampling& cs, bool chained) {
-      gpu->clear();
-      std::vector<int32_t> ids;
-      auto id = gpu->forward_pick(prompt, cs);
-      EXPECT_TRUE(id.is_ok()) << id.status().message();
-      ids.push_back(id.is_ok() ? id.value() : -1);
-      if (chained) {
-        EXPECT_TRUE(gpu->start_decode(std::vector<int32_t>{ids.back()}, kSteps, cs).is_ok());
-        std::vector<int32_t> one(1);
-        for (int i = 0; i < kSteps; ++i) {
-          EXPECT_TRUE(gpu->next_tokens(one).is_ok());
-          ids.push_back(one[0]);
-        }
-        gpu->stop_decode();
-      } else {
-        for (int i = 0; i < kSteps; ++i) {
-          id = gpu->forward_pick(std::vector<int32_t>{ids.back()}, cs);
-          EXPECT_TRUE(id.is_ok()) << id.status().message();
-          ids.push_back(id.is_ok() ? id.value() : -1);
-        }
-      }
-      return ids;
-    };
-    const CudaSampling cs{.temperature = 1.5f, .top_k = 200, .top_p = 0.95f, .seed = 42};
-    const std::vector<int32_t> chain = drawn(cs, true);
-    EXPECT_EQ(chain, drawn(cs, false)) << "chained against step by step";
-    EXPECT_EQ(chain, drawn(cs, true)) << "the same seed again";
-    CudaSampling other = cs;
-    other.seed = 43;
-    EXPECT_NE(chain, drawn(other, true)) << "another seed";
-    EXPECT_EQ(std::set<int32_t>(chain.begin(), chain.end()).size() > 1, true) << "drew one token throughout";
-
-    // A repetition penalty over everything the sequence holds: the CPU
-    // sampler's rule on the same logits, step by step on the host.
-    const CudaSampling pen{.repetition_penalty = 1.8f};
-    gpu->clear();
-    std::vector<int32_t> context = prompt, want;
-    ASSERT_TRUE(gpu->forward(prompt, logits).is_ok());
-    for (int i = 0; i <= kSteps; ++i) {
-      if (i > 0) ASSERT_TRUE(gpu->forward(std::vector<int32_t>{want.back()}, logits).is_ok());
-      apply_repetition_penalty(logits, context, pen.repetition_penalty);
-      want.push_back(argmax(logits));
-      context.push_back(want.back());
-    }
-    EXPECT_EQ(drawn(pen, true), want) << "greedy with a repetition penalty";
-    EXPECT_NE(drawn({}, true), want) << "the penalty changed nothing";
-  }
-  std::vector<int32_t> picks(1), first = prefill(1);
-  Status st = gpu->next_tokens(picks);
-  EXPECT_NE(st.message().find("start_decode"), std::string::npos) << st.message();
-  st = gpu->start_decode(first, kSteps + 1);
-  EXPECT_NE(st.message().find("overflow"), std::string::npos) << st.message();
-  st = gpu->start_decode(first, 0);
-  EXPECT_NE(st.message().find("max_steps"), std::string::npos) << st.message();
-  st = gpu->start_decode(std::vector<int32_t>{1 << 20}, 2);
-  EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
-  ASSERT_TRUE(gpu->start_decode(first, 2).is_ok());
-  std::vector<int32_t> two(2);
-  st = gpu->next_tokens(two);
-  EXPECT_NE(st.message().find("expected 1"), std::string::npos) << st.message();
-  EXPECT_EQ(gpu->n_tokens(0), int(prompt.size())) << "a refused call appended nothing";
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, CudaGenFlash,
