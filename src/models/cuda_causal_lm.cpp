@@ -595,7 +595,7 @@ Status CudaCausalLM::start_decode(std::span<const int32_t> tokens, int max_steps
     if (int64_t(m.seq_len[s]) + max_steps > m.opts.max_seq)
       return invalid_argument("cuda start_decode: ", max_steps, " steps at position ", m.seq_len[s], " of sequence ",
                               s, " overflow the KV cache of ", m.opts.max_seq, " tokens (max_seq)");
-  GreedyChain& c = m.chain;
+  DecodeChain& c = m.chain;
   c.b = b, c.issued = c.taken = 0, c.limit = max_steps;
   c.sampling = sampling;
   if (!(c.captured == sampling)) {  // the picks' options are part of the captured graphs
@@ -624,8 +624,8 @@ Status CudaCausalLM::start_decode(std::span<const int32_t> tokens, int max_steps
 
 Status CudaCausalLM::next_tokens(std::span<int32_t> picks) {
   CudaCausalLmImpl& m = *impl_;
-  GreedyChain& c = m.chain;
-  if (!c.active) return invalid_argument("cuda next_tokens: no greedy decoding started (start_decode)");
+  DecodeChain& c = m.chain;
+  if (!c.active) return invalid_argument("cuda next_tokens: no decoding started (start_decode)");
   if (static_cast<int>(picks.size()) != c.b)
     return invalid_argument("cuda next_tokens: picks hold ", picks.size(), " ids, expected ", c.b);
   if (c.taken == c.limit)

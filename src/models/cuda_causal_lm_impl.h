@@ -94,7 +94,7 @@ class Carver {
 // sequence's length at the start, the ring of picks in mapped pinned memory
 // ([max_batch, kGreedyDepth]; the pick of the token at position p in slot p
 // mod kGreedyDepth) and an event per slot.
-struct GreedyChain {
+struct DecodeChain {
   bool active = false;
   int b = 0;
   int64_t issued = 0, taken = 0, limit = 0;
@@ -138,7 +138,7 @@ class CudaCausalLmImpl {
   std::vector<bool> decoded_eagerly;    // [max_batch + 1] by B: an eager step of B ran
   std::vector<cuda::CudaGraph> graphs;  // [max_batch + 1] by B
   std::vector<int32_t> host_step;       // staging [2·R]: tokens at 0, positions at R (buf.tokens' layout)
-  GreedyChain chain;
+  DecodeChain chain;
 
   Status init(const ModelHeader& header, const CudaModelOptions& options);
   Status allocate();
