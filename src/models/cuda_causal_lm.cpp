@@ -354,7 +354,7 @@ Status CudaCausalLmImpl::enqueue_pick(int b, bool fed, const CudaSampling& sa, i
   cuda::GreedyFeed feed{};
   if (fed) {
     feed = {.tokens = buf.tokens, .positions = buf.positions,
-            .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kGreedyDepth};
+            .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kDecodeDepth};
   }
   if (sa.temperature > 0.0f) {
     return cuda::sample_pick(ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab,
@@ -392,7 +392,7 @@ Status CudaCausalLmImpl::enqueue_chain_step() {
     st = step();
   }
   LATHE_TRY(st);
-  LATHE_TRY(chain.done[size_t(chain.issued % CudaCausalLM::kGreedyDepth)].record(ctx));
+  LATHE_TRY(chain.done[size_t(chain.issued % CudaCausalLM::kDecodeDepth)].record(ctx));
   ++chain.issued;
   return Status::ok();
 }
@@ -607,10 +607,10 @@ Status CudaCausalLM::start_decode(std::span<const int32_t> tokens, int max_steps
   if (m.decode_gemv) {
     if (c.ring.size_bytes() == 0) {
       LATHE_ASSIGN_OR_RETURN(c.ring, cuda::PinnedBuffer::alloc(m.opts.device, size_t(m.opts.max_batch) *
-                                                                                   kGreedyDepth * sizeof(int32_t)));
+                                                                                   kDecodeDepth * sizeof(int32_t)));
       c.graphs.resize(m.graphs.size());
       c.done.clear();
-      for (int i = 0; i < kGreedyDepth; ++i) {
+      for (int i = 0; i < kDecodeDepth; ++i) {
         LATHE_ASSIGN_OR_RETURN(cuda::CudaEvent e, cuda::CudaEvent::create());
         c.done.push_back(std::move(e));
       }
@@ -642,13 +642,13 @@ Status CudaCausalLM::next_tokens(std::span<int32_t> picks) {
     m.end_chain();
     return st;
   };
-  while (c.issued < c.limit && c.issued - c.taken < kGreedyDepth) {
+  while (c.issued < c.limit && c.issued - c.taken < kDecodeDepth) {
     if (Status st = m.enqueue_chain_step(); !st.is_ok()) return fail(st);
   }
-  if (Status st = c.done[size_t(c.taken % kGreedyDepth)].synchronize(); !st.is_ok()) return fail(st);
+  if (Status st = c.done[size_t(c.taken % kDecodeDepth)].synchronize(); !st.is_ok()) return fail(st);
   const auto* ring = static_cast<const int32_t*>(c.ring.data());
   for (int s = 0; s < c.b; ++s) {
-    picks[s] = ring[s * kGreedyDepth + (c.len0[s] + c.taken) % kGreedyDepth];
+    picks[s] = ring[s * kDecodeDepth + (c.len0[s] + c.taken) % kDecodeDepth];
     ++m.seq_len[s];
   }
   ++c.taken;

@@ -184,7 +184,7 @@ class CudaCausalLM {
   // for max_steps steps in every cache; each step appends one token to each
   // sequence (tokens first, then the previous step's picks) and its picks
   // become the next step's input on the device, so the host copies nothing
-  // between steps and keeps up to kGreedyDepth steps queued. next_tokens()
+  // between steps and keeps up to kDecodeDepth steps queued. next_tokens()
   // waits for the next step's picks [B] and returns them in order; a
   // sequence then holds the inputs of the steps whose picks were returned.
   // Greedy, it gets the ids of the same decode_batch_greedy() calls; drawn,
@@ -194,7 +194,7 @@ class CudaCausalLM {
   // only cache rows past each sequence's length). With no decode step for
   // these shapes (see decode_batch()), each greedy next_tokens() is a
   // decode_batch_greedy() instead (drawing is refused there).
-  static constexpr int kGreedyDepth = 4;
+  static constexpr int kDecodeDepth = 4;
   Status start_decode(std::span<const int32_t> tokens, int max_steps, const CudaSampling& sampling = {});
   Status next_tokens(std::span<int32_t> picks);
   void stop_decode();

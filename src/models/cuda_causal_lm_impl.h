@@ -92,8 +92,8 @@ class Carver {
 
 // CudaCausalLM::start_decode()'s state: steps issued and taken, each
 // sequence's length at the start, the ring of picks in mapped pinned memory
-// ([max_batch, kGreedyDepth]; the pick of the token at position p in slot p
-// mod kGreedyDepth) and an event per slot.
+// ([max_batch, kDecodeDepth]; the pick of the token at position p in slot p
+// mod kDecodeDepth) and an event per slot.
 struct DecodeChain {
   bool active = false;
   int b = 0;

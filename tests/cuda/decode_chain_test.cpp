@@ -35,7 +35,7 @@ TEST_P(CudaDecodeChain, DeviceFedEqualsHostFed) {
   const FlashCase& c = GetParam();
   FlashModel dir(c, "_fed");
   std::vector<int32_t> prompt = flash_prompt(20, 37, 11);
-  constexpr int kSteps = 3 * CudaCausalLM::kGreedyDepth + 1;
+  constexpr int kSteps = 3 * CudaCausalLM::kDecodeDepth + 1;
   auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kSteps, .max_batch = 2});
   std::vector<float> logits(static_cast<size_t>(gpu->config().vocab_size));
   // Sequence s gets the prompt less 2·s tokens; returns each one's first pick.

@@ -52,7 +52,8 @@ void check_distribution(const std::vector<int32_t>& ids, const std::vector<float
   const double n = double(ids.size());
   for (const auto& [id, p] : want) {
     const double f = count.count(id) ? double(count[id]) / n : 0.0;
-    EXPECT_LE(std::abs(f - p), 5.0 * std::sqrt(p * (1 - p) / n) + 0.002) << "id " << id << ": drawn " << f << ", p " << p;
+    EXPECT_LE(std::abs(f - p), 5.0 * std::sqrt(p * (1 - p) / n) + 0.002)
+        << "id " << id << ": drawn " << f << ", p " << p;
   }
 }
 

@@ -67,6 +67,14 @@ __device__ __forceinline__ void st(bf16_bits* p, int64_t i, float x) {
   reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
 }
 
+// The splitmix64 finalizer: a well-mixed 64-bit hash, the same on every
+// platform (random fills, dropout masks, the draws of sample_pick).
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;

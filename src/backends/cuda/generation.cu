@@ -68,16 +68,10 @@ __global__ void attention_simple_kernel(SimpleAttentionArgs a) {
   }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 __global__ void fill_random_kernel(bf16_bits* dst, int64_t n, uint64_t seed, float mean, float stddev) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint64_t r = mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
+  const uint64_t r = dev::mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
   const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
   dev::st(dst, i, mean + stddev * 1.7320508f * (2.0f * u - 1.0f));
 }

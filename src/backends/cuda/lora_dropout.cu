@@ -18,14 +18,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 __device__ __forceinline__ bool keep(uint64_t seed, int64_t i, uint64_t threshold) {
-  return (mix(seed ^ (uint64_t(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull)) >> 11) >= threshold;
+  return (dev::mix64(seed ^ (uint64_t(i) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull)) >> 11) >= threshold;
 }
 
 // ⌈p·2⁵³⌉: the smallest 53-bit draw that survives.

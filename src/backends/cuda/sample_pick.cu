@@ -43,12 +43,6 @@ __device__ __forceinline__ float key_float(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 struct SampleShared {
   double slot[2][kSampleWarps];           // a reduction's warp totals (two rounds in flight)
   double block[2];                        // the block's total, read by the cluster (double-buffered)
@@ -295,7 +289,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
   // The draw: u in [0, 1) from the seed, the row and its salt; the first kept id whose running mass passes u·z.
   const uint64_t salt = a.feed.positions ? uint64_t(uint32_t(a.feed.positions[r])) : uint64_t(a.salt);
   const uint64_t bits =
-      mix64(a.seed ^ mix64(0x9e3779b97f4a7c15ull * (uint64_t(r) + 1) ^ mix64(salt + 0x632be59bd9b4e019ull)));
+      dev::mix64(a.seed ^
+                 dev::mix64(0x9e3779b97f4a7c15ull * (uint64_t(r) + 1) ^ dev::mix64(salt + 0x632be59bd9b4e019ull)));
   const double u = double(bits >> 11) * 0x1.0p-53;
   const double target = u * z;
   double block_mass = 0.0;
