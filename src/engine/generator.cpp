@@ -17,8 +17,8 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // The loop itself, over a model that picks tokens: first(prompt) runs the
 // prompt and returns the first pick, then(id) appends id and returns the
-// next. generate_with() builds them from a step and a Sampler; the CUDA
-// model's greedy decoding picks on the device.
+// next. generate_with() builds them from a step and a Sampler; on a
+// CudaCausalLM the device picks (CudaCausalLM::start_decode).
 using FirstFn = std::function<Result<int32_t>(std::span<const int32_t> prompt)>;
 using ThenFn = std::function<Result<int32_t>(int32_t id, int budget_left)>;
 
