@@ -82,13 +82,42 @@ TEST(CudaSamplePick, MatchesTheCpuWarpers) {
     EXPECT_EQ(draw(ctx, row, kDraws, o, 5, &st), ids) << "the same seed";
     EXPECT_NE(draw(ctx, row, kDraws, o, 6, &st), ids) << "another seed";
   }
-  // A Llama-3 vocabulary (32 ids a thread): the distribution of a peaked row.
+  // A Llama-3 vocabulary (32 ids a thread): the distribution of a peaked row,
+  // over the whole row (no top-k) and from each block's candidates (top-k).
   std::vector<float> big = random_bf16(128256, 92, 3.0f);
-  Status st;
-  const SamplingOptions o{.temperature = 0.6f, .top_p = 0.9f};
-  const std::vector<int32_t> ids = draw(ctx, big, 4000, o, 1, &st);
-  ASSERT_TRUE(st.is_ok()) << st.message();
-  check_distribution(ids, big, o);
+  for (const SamplingOptions& o : {SamplingOptions{.temperature = 0.6f, .top_p = 0.9f},
+                                   SamplingOptions{.temperature = 0.6f, .top_k = 50, .top_p = 0.9f},
+                                   SamplingOptions{.temperature = 1.0f, .top_k = 128, .min_p = 0.05f}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab 128256, top_k " << o.top_k);
+    Status st;
+    const std::vector<int32_t> ids = draw(ctx, big, 4000, o, 1, &st);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    check_distribution(ids, big, o);
+  }
+}
+
+// Top-k over a Llama-3 vocabulary with ties at the k-th largest: 100 and
+// 300 equal maxima spread over the first block's ids, the rest below. Every
+// tie stays (top-k keeps ties), top-p then takes the first 95% in id order,
+// as on the CPU, and the draw is uniform over them.
+TEST(CudaSamplePick, TopKTiesOnALlamaVocabulary) {
+  LATHE_SKIP_WITHOUT_GPU();
+  if (!clusters_run()) GTEST_SKIP() << "sample_pick runs on sm_90+";
+  CudaContext ctx = make_context();
+  for (int ties : {100, 300}) {
+    SCOPED_TRACE(::testing::Message() << ties << " ties");
+    std::vector<float> row = random_bf16(128256, 93, 1.0f);
+    for (int i = 0; i < ties; ++i) row[size_t(7 + 37 * i)] = 8.0f;
+    const SamplingOptions o{.temperature = 1.0f, .top_k = 5, .top_p = 0.95f};
+    Status st;
+    const std::vector<int32_t> ids = draw(ctx, row, 20000, o, 4, &st);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    std::set<int32_t> drawn(ids.begin(), ids.end()), kept;
+    for (const Candidate& c : warp_logits(row, o)) kept.insert(c.id);
+    EXPECT_GT(kept.size(), size_t(ties) * 9 / 10);  // past top-k's 5: the ties stay, top-p takes 95% of them
+    EXPECT_EQ(drawn, kept);
+    check_distribution(ids, row, o);
+  }
 }
 
 // Ties at the thresholds: logits 3, 1 ×4, 0 ×3. top-k 3 keeps all five of
@@ -101,7 +130,8 @@ TEST(CudaSamplePick, TiesFollowTheCpu) {
   const std::vector<float> row = {0.f, 1.f, 3.f, 1.f, 0.f, 1.f, 1.f, 0.f};
   for (const SamplingOptions& o : {SamplingOptions{.temperature = 1.0f, .top_k = 3},
                                    SamplingOptions{.temperature = 1.0f, .top_p = 0.75f},
-                                   SamplingOptions{.temperature = 1.0f, .top_p = 0.85f}}) {
+                                   SamplingOptions{.temperature = 1.0f, .top_p = 0.85f},
+                                   SamplingOptions{.temperature = 1.0f, .top_k = 5, .top_p = 0.75f}}) {
     SCOPED_TRACE(::testing::Message() << "top_k " << o.top_k << " top_p " << o.top_p);
     Status st;
     const std::vector<int32_t> ids = draw(ctx, row, 20000, o, 3, &st);

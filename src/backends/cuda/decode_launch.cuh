@@ -64,8 +64,8 @@ cudaError_t launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, 
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...) in clusters of cluster_x
-// blocks along x (at most 8: a portable cluster), as a programmatic
-// dependent launch when overlap.
+// blocks along x (at most 8, a portable cluster, unless the kernel allows a
+// non-portable size), as a programmatic dependent launch when overlap.
 template <class... Params, class... Args>
 cudaError_t launch_overlapped_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_x,
                                       cudaStream_t stream, bool overlap, Args&&... args) {
