@@ -20,14 +20,18 @@
 // the threads in a fixed tree: the draw depends only on the logits, the
 // options, the seed and the row's salt (its position with a feed).
 //
-// Where the time goes (H200, Llama-3.2-1B vocabulary, top-k 50 with top-p
-// 0.9 / with min-p 0.05, ncu at base clocks): the rounds' fixed costs, not
-// the ids. With 8 blocks (32 ids a thread) 140 / 85 us; 16 blocks (16 ids
-// a thread) and a warp skipping the ids below a round's range together 115
-// / 64 us; each threshold's cluster total added once, by one thread, instead
-// of by every thread of every block (112 shared loads a thread a round) and
-// the counts' warp sums in f32 90 / 50 us. lathe generate, 512 tokens,
-// temperature 0.7, top-k 50, top-p 0.9: 1,148 → 1,208 tok/s.
+// Few survivors (at most kGather, as after top-k 50) leave the cluster
+// after the top-k search: block 0 gathers them and finishes the row alone
+// (finish_in_block0). Where the time went (H200, Llama-3.2-1B vocabulary,
+// top-k 50 with top-p 0.9 / with min-p 0.05, ncu at base clocks): the
+// rounds' fixed costs, not the ids. With 8 blocks (32 ids a thread) 140 /
+// 85 us; 16 blocks (16 ids a thread) and a warp skipping the ids below a
+// round's range together 115 / 64 us; each threshold's cluster total added
+// once, by one thread, instead of by every thread of every block (112
+// shared loads a thread a round) and the counts' warp sums in f32 90 / 50
+// us; the survivors finished in block 0 (no top-p search, no cluster sums
+// after top-k) 47 / 45 us. lathe generate, 512 tokens, temperature 0.7,
+// top-k 50, top-p 0.9: 1,146 → 1,259 tok/s (greedy 1,308).
 #include <cooperative_groups.h>
 
 #include <type_traits>
@@ -68,6 +72,21 @@ struct SampleShared {
   double ways_total[2][8];                // search_key: the cluster's weight per threshold
   int found;                              // the drawn id in this block, or -1
   int last_kept;                          // the block's largest kept id, or -1
+};
+
+// The survivors block 0 finishes alone (finish_in_block0): each block's list
+// and block 0's gathered copy.
+constexpr int kGather = 256;  // at most kSampleThreads: a survivor a thread
+struct Gathered {
+  float x[kGather];  // this block's kept x, in id order
+  int id[kGather];
+  int n, total;
+  int counts[kSampleSplitWide];
+  float gx[kGather];  // block 0: the cluster's, in id order, then p
+  int gid[kGather];
+  float p[kGather];
+  uint16_t order[kGather];  // by p descending, id ascending
+  uint8_t kept[kGather];
 };
 
 // The cluster pieces below compile from sm_90 on (the kernel is empty before).
@@ -153,13 +172,15 @@ __device__ double block_exclusive(double v, double* total) {
 constexpr int kWays = 8;  // the key search splits its range in 8 per round: 11 rounds for 32 bits
 
 // The largest key v such that the kept values with order_key >= v weigh at
-// least `target` (weight 1 each, or the value itself when weighted), over
+// least `target` (weight 1 each, or the value itself when weighted; *at_lo:
+// what they weigh, `all` where that is every kept value), over
 // the cluster: each round weighs 7 thresholds splitting [lo, hi] at once
 // (f32 within a thread, f64 across threads, the blocks in rank order).
 template <int E, int S>
-__device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, double target, SampleShared<S>& s,
-                               cg::cluster_group& cluster, int& round) {
+__device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, double target, double all,
+                               double* at_lo, SampleShared<S>& s, cg::cluster_group& cluster, int& round) {
   uint32_t lo = 0, hi = 0xffffffffu;
+  double lo_weight = all;  // what the values at or above lo weigh
   while (lo < hi) {
     uint32_t t[kWays];  // t[0] = lo; t[j] the j-th threshold above it
     const uint64_t span = uint64_t(hi) - lo + 1;
@@ -213,10 +234,89 @@ __device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, dou
     for (int j = 1; j < kWays; ++j)
       if (t[j] > t[j - 1] && s.ways_total[r][j] >= target) best = j;
     const uint32_t new_hi = best + 1 < kWays && t[best + 1] > t[best] ? t[best + 1] - 1 : hi;
+    if (best > 0) lo_weight = s.ways_total[r][best];
     lo = t[best];
     hi = new_hi;
   }
+  *at_lo = lo_weight;
   return lo;
+}
+
+
+// u in [0, 1) for row r's draw, from the seed, the row and its salt (the
+// row's position with a feed).
+__device__ double draw_u(const SampleArgs& a, int64_t r) {
+  const uint64_t salt = a.feed.positions ? uint64_t(uint32_t(a.feed.positions[r])) : uint64_t(a.salt);
+  const uint64_t bits =
+      dev::mix64(a.seed ^
+                 dev::mix64(0x9e3779b97f4a7c15ull * (uint64_t(r) + 1) ^ dev::mix64(salt + 0x632be59bd9b4e019ull)));
+  return double(bits >> 11) * 0x1.0p-53;
+}
+
+// Few survivors (at most kGather after top-k, the usual case): every block
+// lists its kept values in id order, block 0 takes the lists and finishes
+// the row alone, a survivor a thread: the softmax, top-p by rank (p
+// descending, id ascending: the CPU's order), min-p and the draw in id
+// order. Replaces top-p's 11 cluster rounds and the cluster sums after it.
+template <int E, int S>
+__device__ void finish_in_block0(const SampleArgs& a, int64_t r, const float* x, uint64_t keep, int64_t id0,
+                                 float mx, SampleShared<S>& s, Gathered& g, cg::cluster_group& cluster) {
+  double listed = 0.0;
+  int at = int(block_exclusive(double(__popcll(keep)), &listed));
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if ((keep >> e) & 1u) g.x[at] = x[e], g.id[at] = int(id0 + e), ++at;
+  if (threadIdx.x == 0) g.n = int(listed);
+  cluster.sync();  // every block's list is written
+  if (cluster.block_rank() == 0) {
+    if (threadIdx.x < S) g.counts[threadIdx.x] = cluster.map_shared_rank(&g, threadIdx.x)->n;
+    __syncthreads();
+    int n = 0, k = 0, base = 0;
+    for (int b = 0; b < S; ++b) n += g.counts[b];
+    if (int(threadIdx.x) < n) {
+      while (int(threadIdx.x) >= base + g.counts[k]) base += g.counts[k++];
+      const Gathered* o = cluster.map_shared_rank(&g, k);
+      g.gx[threadIdx.x] = o->x[threadIdx.x - base], g.gid[threadIdx.x] = o->id[threadIdx.x - base];
+    }
+    if (threadIdx.x == 0) g.total = n;
+  }
+  cluster.sync();  // block 0 has read every list: the others may leave
+  if (cluster.block_rank() != 0) return;
+  const int n = g.total, t = threadIdx.x;
+  const bool have = t < n;
+  const float p = have ? expf(g.gx[t] - mx) : 0.f;
+  bool kept = have;
+  double z = 0.0;
+  block_exclusive(double(p), &z);
+  if (a.top_p < 1.0f) {  // kept while the mass before a token (in the order above) is short of top_p · z
+    if (have) g.p[t] = p;
+    __syncthreads();
+    if (have) {
+      int rank = 0;
+      for (int q = 0; q < n; ++q) rank += g.p[q] > p || (g.p[q] == p && q < t);
+      g.order[rank] = uint16_t(t);
+    }
+    __syncthreads();
+    const float ps = have ? g.p[g.order[t]] : 0.f;  // thread t: the t-th in that order
+    double total = 0.0;
+    const double before = block_exclusive(double(ps), &total);
+    if (have) g.kept[g.order[t]] = t == 0 || before < double(a.top_p) * z;
+    __syncthreads();
+    kept = have && g.kept[t];
+  }
+  if (a.min_p > 0.0f && p < a.min_p) kept = false;  // the largest p is exp(0) = 1
+  const float pk = kept ? p : 0.f;
+  double mass = 0.0;
+  const double start = block_exclusive(double(pk), &mass);
+  const double target = draw_u(a, r) * mass;
+  if (t == 0) s.found = -1, s.last_kept = -1;
+  __syncthreads();
+  if (kept) {
+    atomicMax(&s.last_kept, g.gid[t]);
+    if (start <= target && target < start + pk) s.found = g.gid[t];
+  }
+  __syncthreads();
+  if (t == 0) write_pick(a.next, a.feed, r, s.found >= 0 ? s.found : s.last_kept >= 0 ? s.last_kept : 0);
 }
 
 #endif  // __CUDA_ARCH__ >= 900
@@ -225,6 +325,7 @@ template <int S, int E>
 __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ SampleShared<S> s;
+  __shared__ Gathered g;
   cg::cluster_group cluster = cg::this_cluster();
   allow_next_grid();
   wait_prior_grid();  // the logits come from the previous kernel
@@ -262,11 +363,17 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
   const float mx = cluster_max(local_max, s, cluster, round);
   const double n_valid = cluster_sum(double(n_mine), s, cluster, round);
   // top-k: the largest key v with at least k keys >= v (the k-th largest x).
+  double n_kept = n_valid;
   if (a.top_k > 0 && double(a.top_k) < n_valid) {
-    const uint32_t lo = search_key<E>(x, keep, /*weighted=*/false, double(a.top_k), s, cluster, round);
+    const uint32_t lo =
+        search_key<E>(x, keep, /*weighted=*/false, double(a.top_k), n_valid, &n_kept, s, cluster, round);
 #pragma unroll
     for (int e = 0; e < E; ++e)
       if (order_key(x[e]) < lo) keep &= ~(uint64_t(1) << e);
+  }
+  if (n_kept <= kGather) {  // the same in every block
+    finish_in_block0<E>(a, r, x, keep, id0, mx, s, g, cluster);
+    return;
   }
   float* p = x;  // x becomes p = exp(x − max) in place (the registers of one array)
   float mine_f = 0.f;
@@ -281,7 +388,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
   // exactly that p, the first ones in id order until the mass is reached.
   if (a.top_p < 1.0f) {
     const double target = double(a.top_p) * z;
-    const uint32_t lo = search_key<E>(p, keep, /*weighted=*/true, target, s, cluster, round);
+    double at_lo = 0.0;
+    const uint32_t lo = search_key<E>(p, keep, /*weighted=*/true, target, z, &at_lo, s, cluster, round);
     double above = 0.0;
     int ties = 0;
 #pragma unroll
@@ -318,12 +426,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
     if (kept(e)) mine += p[e], last = int(id0 + e);
   z = cluster_sum(mine, s, cluster, round);
   // The draw: u in [0, 1) from the seed, the row and its salt; the first kept id whose running mass passes u·z.
-  const uint64_t salt = a.feed.positions ? uint64_t(uint32_t(a.feed.positions[r])) : uint64_t(a.salt);
-  const uint64_t bits =
-      dev::mix64(a.seed ^
-                 dev::mix64(0x9e3779b97f4a7c15ull * (uint64_t(r) + 1) ^ dev::mix64(salt + 0x632be59bd9b4e019ull)));
-  const double u = double(bits >> 11) * 0x1.0p-53;
-  const double target = u * z;
+  const double target = draw_u(a, r) * z;
   double block_mass = 0.0;
   const double before = block_exclusive(mine, &block_mass);
   if (threadIdx.x == 0) s.found = -1, s.last_kept = -1;
