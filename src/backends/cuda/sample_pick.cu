@@ -20,9 +20,11 @@
 // the threads in a fixed tree: the draw depends only on the logits, the
 // options, the seed and the row's salt (its position with a feed).
 //
-// Few survivors (at most kGather, as after top-k 50) leave the cluster
-// after the top-k search: block 0 gathers them and finishes the row alone
-// (finish_in_block0). Where the time went (H200, Llama-3.2-1B vocabulary,
+// Few survivors (at most kGather, as after top-k 50) leave the cluster:
+// the top-k search stops as soon as at most kGather values lie at or above
+// its lower bound, block 0 gathers those and finishes the row alone
+// (finish_in_block0: the exact k-th largest among them, the softmax, top-p,
+// min-p, the draw). Where the time went (H200, Llama-3.2-1B vocabulary,
 // top-k 50 with top-p 0.9 / with min-p 0.05, ncu at base clocks): the
 // rounds' fixed costs, not the ids. With 8 blocks (32 ids a thread) 140 /
 // 85 us; 16 blocks (16 ids a thread) and a warp skipping the ids below a
@@ -30,8 +32,9 @@
 // once, by one thread, instead of by every thread of every block (112
 // shared loads a thread a round) and the counts' warp sums in f32 90 / 50
 // us; the survivors finished in block 0 (no top-p search, no cluster sums
-// after top-k) 47 / 45 us. lathe generate, 512 tokens, temperature 0.7,
-// top-k 50, top-p 0.9: 1,146 → 1,259 tok/s (greedy 1,308).
+// after top-k) 47 / 45 us; the top-k search stopping at 256 survivors 29 /
+// 26 us. lathe generate, 512 tokens, temperature 0.7, top-k 50, top-p 0.9:
+// 1,140 → 1,280 tok/s (greedy 1,303).
 #include <cooperative_groups.h>
 
 #include <type_traits>
@@ -172,13 +175,15 @@ __device__ double block_exclusive(double v, double* total) {
 constexpr int kWays = 8;  // the key search splits its range in 8 per round: 11 rounds for 32 bits
 
 // The largest key v such that the kept values with order_key >= v weigh at
-// least `target` (weight 1 each, or the value itself when weighted; *at_lo:
-// what they weigh, `all` where that is every kept value), over
-// the cluster: each round weighs 7 thresholds splitting [lo, hi] at once
-// (f32 within a thread, f64 across threads, the blocks in rank order).
+// least `target` (weight 1 each, or the value itself when weighted), over
+// the cluster; *at_lo: what they weigh (`all`: every kept value). With a
+// window, the first such v found whose values weigh at most `window` (not
+// the largest then). Each round weighs 7 thresholds splitting [lo, hi] at
+// once (f32 within a thread, f64 across threads, the blocks in rank order).
 template <int E, int S>
 __device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, double target, double all,
-                               double* at_lo, SampleShared<S>& s, cg::cluster_group& cluster, int& round) {
+                               double* at_lo, SampleShared<S>& s, cg::cluster_group& cluster, int& round,
+                               double window = 0.0) {
   uint32_t lo = 0, hi = 0xffffffffu;
   double lo_weight = all;  // what the values at or above lo weigh
   while (lo < hi) {
@@ -237,6 +242,7 @@ __device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, dou
     if (best > 0) lo_weight = s.ways_total[r][best];
     lo = t[best];
     hi = new_hi;
+    if (lo_weight <= window) break;  // few enough at or above lo: the caller finishes exactly
   }
   *at_lo = lo_weight;
   return lo;
@@ -284,25 +290,34 @@ __device__ void finish_in_block0(const SampleArgs& a, int64_t r, const float* x,
   if (cluster.block_rank() != 0) return;
   const int n = g.total, t = threadIdx.x;
   const bool have = t < n;
-  const float p = have ? expf(g.gx[t] - mx) : 0.f;
+  const float x_t = have ? g.gx[t] : -INFINITY;
   bool kept = have;
+  if (a.top_k > 0 && n > a.top_k) {  // the search stopped early: the exact top-k here, ties at the k-th kept
+    int greater = 0;
+    for (int q = 0; q < n; ++q) greater += g.gx[q] > x_t;
+    kept = have && greater < a.top_k;
+  }
+  const float p = kept ? expf(x_t - mx) : 0.f;
   double z = 0.0;
+  double n_kept = 0.0;
+  block_exclusive(double(kept), &n_kept);
   block_exclusive(double(p), &z);
   if (a.top_p < 1.0f) {  // kept while the mass before a token (in the order above) is short of top_p · z
-    if (have) g.p[t] = p;
+    if (have) g.p[t] = kept ? p : -1.0f;  // below every kept p, equal to none
     __syncthreads();
-    if (have) {
+    if (kept) {
       int rank = 0;
       for (int q = 0; q < n; ++q) rank += g.p[q] > p || (g.p[q] == p && q < t);
       g.order[rank] = uint16_t(t);
     }
     __syncthreads();
-    const float ps = have ? g.p[g.order[t]] : 0.f;  // thread t: the t-th in that order
+    const bool sorted = t < int(n_kept);
+    const float ps = sorted ? g.p[g.order[t]] : 0.f;  // thread t: the t-th in that order
     double total = 0.0;
     const double before = block_exclusive(double(ps), &total);
-    if (have) g.kept[g.order[t]] = t == 0 || before < double(a.top_p) * z;
+    if (sorted) g.kept[g.order[t]] = t == 0 || before < double(a.top_p) * z;
     __syncthreads();
-    kept = have && g.kept[t];
+    kept = kept && g.kept[t];
   }
   if (a.min_p > 0.0f && p < a.min_p) kept = false;  // the largest p is exp(0) = 1
   const float pk = kept ? p : 0.f;
@@ -365,8 +380,9 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
   // top-k: the largest key v with at least k keys >= v (the k-th largest x).
   double n_kept = n_valid;
   if (a.top_k > 0 && double(a.top_k) < n_valid) {
-    const uint32_t lo =
-        search_key<E>(x, keep, /*weighted=*/false, double(a.top_k), n_valid, &n_kept, s, cluster, round);
+    // Stops once at most kGather are at or above lo: block 0 then finds the k-th largest among them.
+    const uint32_t lo = search_key<E>(x, keep, /*weighted=*/false, double(a.top_k), n_valid, &n_kept, s, cluster,
+                                      round, a.top_k <= kGather ? double(kGather) : 0.0);
 #pragma unroll
     for (int e = 0; e < E; ++e)
       if (order_key(x[e]) < lo) keep &= ~(uint64_t(1) << e);
