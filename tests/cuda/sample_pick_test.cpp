@@ -6,7 +6,9 @@
 // within 5 standard deviations (+0.002). Ties at the top-k and top-p
 // thresholds follow the CPU (ties at the k-th stay; at the top-p crossing
 // the first in id order). The same seed gives the same draws, another seed
-// others; with a feed, the positions salt the draws and move on.
+// others; with a feed, the positions salt the draws and move on. The cases
+// take both of the kernel's ends: the whole cluster (no top-k, many
+// survivors; top-k with more than 256 ties) and block 0 alone (top-k).
 #include <gtest/gtest.h>
 
 #include <algorithm>
