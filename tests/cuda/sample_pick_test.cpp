@@ -59,6 +59,20 @@ void check_distribution(const std::vector<int32_t>& ids, const std::vector<float
   }
 }
 
+// 20,000 draws of row: exactly the ids the CPU keeps are drawn, at its
+// probabilities. Returns how many it keeps.
+size_t draws_are_the_cpus(CudaContext& ctx, const std::vector<float>& row, const SamplingOptions& o, uint64_t seed) {
+  Status st;
+  const std::vector<int32_t> ids = draw(ctx, row, 20000, o, seed, &st);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  if (!st.is_ok()) return 0;
+  std::set<int32_t> drawn(ids.begin(), ids.end()), kept;
+  for (const Candidate& c : warp_logits(row, o)) kept.insert(c.id);
+  EXPECT_EQ(drawn, kept);
+  check_distribution(ids, row, o);
+  return kept.size();
+}
+
 TEST(CudaSamplePick, MatchesTheCpuWarpers) {
   LATHE_SKIP_WITHOUT_GPU();
   if (!clusters_run()) GTEST_SKIP() << "sample_pick runs on sm_90+";
@@ -111,14 +125,8 @@ TEST(CudaSamplePick, TopKTiesOnALlamaVocabulary) {
     std::vector<float> row = random_bf16(128256, 93, 1.0f);
     for (int i = 0; i < ties; ++i) row[size_t(7 + 37 * i)] = 8.0f;
     const SamplingOptions o{.temperature = 1.0f, .top_k = 5, .top_p = 0.95f};
-    Status st;
-    const std::vector<int32_t> ids = draw(ctx, row, 20000, o, 4, &st);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    std::set<int32_t> drawn(ids.begin(), ids.end()), kept;
-    for (const Candidate& c : warp_logits(row, o)) kept.insert(c.id);
-    EXPECT_GT(kept.size(), size_t(ties) * 9 / 10);  // past top-k's 5: the ties stay, top-p takes 95% of them
-    EXPECT_EQ(drawn, kept);
-    check_distribution(ids, row, o);
+    // Past top-k's 5: the ties stay, top-p takes 95% of them.
+    EXPECT_GT(draws_are_the_cpus(ctx, row, o, 4), size_t(ties) * 9 / 10);
   }
 }
 
@@ -135,13 +143,7 @@ TEST(CudaSamplePick, TiesFollowTheCpu) {
                                    SamplingOptions{.temperature = 1.0f, .top_p = 0.85f},
                                    SamplingOptions{.temperature = 1.0f, .top_k = 5, .top_p = 0.75f}}) {
     SCOPED_TRACE(::testing::Message() << "top_k " << o.top_k << " top_p " << o.top_p);
-    Status st;
-    const std::vector<int32_t> ids = draw(ctx, row, 20000, o, 3, &st);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    std::set<int32_t> drawn(ids.begin(), ids.end()), kept;
-    for (const Candidate& c : warp_logits(row, o)) kept.insert(c.id);
-    EXPECT_EQ(drawn, kept);
-    check_distribution(ids, row, o);
+    draws_are_the_cpus(ctx, row, o, 3);
   }
 }
 
