@@ -259,11 +259,12 @@ __device__ double draw_u(const SampleArgs& a, int64_t r) {
   return double(bits >> 11) * 0x1.0p-53;
 }
 
-// Few survivors (at most kGather after top-k, the usual case): every block
-// lists its kept values in id order, block 0 takes the lists and finishes
-// the row alone, a survivor a thread: the softmax, top-p by rank (p
-// descending, id ascending: the CPU's order), min-p and the draw in id
-// order. Replaces top-p's 11 cluster rounds and the cluster sums after it.
+// Few survivors (at most kGather, as when the top-k search stops early):
+// every block lists its kept values in id order, block 0 takes the lists
+// and finishes the row alone, a survivor a thread: the exact top-k among
+// them (ties at the k-th kept), the softmax, top-p by rank (p descending,
+// id ascending: the CPU's order), min-p and the draw in id order. Replaces
+// the last top-k rounds, top-p's 11 and the cluster sums after them.
 template <int E, int S>
 __device__ void finish_in_block0(const SampleArgs& a, int64_t r, const float* x, uint64_t keep, int64_t id0,
                                  float mx, SampleShared<S>& s, Gathered& g, cg::cluster_group& cluster) {
