@@ -102,6 +102,7 @@ TEST(CudaSamplePick, MatchesTheCpuWarpers) {
   // over the whole row (no top-k) and from each block's candidates (top-k).
   std::vector<float> big = random_bf16(128256, 92, 3.0f);
   for (const SamplingOptions& o : {SamplingOptions{.temperature = 0.6f, .top_p = 0.9f},
+                                   SamplingOptions{.temperature = 1.0f, .top_p = 0.99f},  // a flat row
                                    SamplingOptions{.temperature = 0.6f, .top_k = 50, .top_p = 0.9f},
                                    SamplingOptions{.temperature = 1.0f, .top_k = 128, .min_p = 0.05f}}) {
     SCOPED_TRACE(::testing::Message() << "vocab 128256, top_k " << o.top_k);
@@ -127,6 +128,23 @@ TEST(CudaSamplePick, TopKTiesOnALlamaVocabulary) {
     const SamplingOptions o{.temperature = 1.0f, .top_k = 5, .top_p = 0.95f};
     // Past top-k's 5: the ties stay, top-p takes 95% of them.
     EXPECT_GT(draws_are_the_cpus(ctx, row, o, 4), size_t(ties) * 9 / 10);
+  }
+}
+
+// Top-p alone over a Llama-3 vocabulary with ties at its crossing: 200 and
+// 300 equal maxima (the rest far below), top-p 0.5: the first ones in id
+// order until half the mass, as on the CPU, whether the top-p search stops
+// early (at most 256 tokens hold the mass) or runs to the end.
+TEST(CudaSamplePick, TopPTiesOnALlamaVocabulary) {
+  LATHE_SKIP_WITHOUT_GPU();
+  if (!clusters_run()) GTEST_SKIP() << "sample_pick runs on sm_90+";
+  CudaContext ctx = make_context();
+  for (int ties : {200, 300}) {
+    SCOPED_TRACE(::testing::Message() << ties << " ties");
+    std::vector<float> row = random_bf16(128256, 95, 1.0f);
+    for (int i = 0; i < ties; ++i) row[size_t(11 + 401 * i)] = 12.0f;
+    const SamplingOptions o{.temperature = 1.0f, .top_p = 0.5f};
+    EXPECT_EQ(draws_are_the_cpus(ctx, row, o, 5), size_t(ties / 2) + 1);
   }
 }
 

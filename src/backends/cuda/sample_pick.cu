@@ -177,15 +177,18 @@ constexpr int kWays = 8;  // the key search splits its range in 8 per round: 11 
 // The largest key v such that the kept values with order_key >= v weigh at
 // least `target` (weight 1 each, or the value itself when weighted), over
 // the cluster; *at_lo: what they weigh (`all`: every kept value). With a
-// window, the first such v found whose values weigh at most `window` (not
-// the largest then). Each round weighs 7 thresholds splitting [lo, hi] at
-// once (f32 within a thread, f64 across threads, the blocks in rank order).
+// window, the first such v found where at most `window` values lie at or
+// above it (not the largest then; weighted, where their mass over v's own
+// weight is at most `window`; *n_at_lo: that bound, or the count). Each
+// round weighs 7 thresholds splitting [lo, hi] at once (f32 within a
+// thread, f64 across threads, the blocks in rank order).
 template <int E, int S>
 __device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, double target, double all,
                                double* at_lo, SampleShared<S>& s, cg::cluster_group& cluster, int& round,
-                               double window = 0.0) {
+                               double window = 0.0, double* n_at_lo = nullptr) {
   uint32_t lo = 0, hi = 0xffffffffu;
-  double lo_weight = all;  // what the values at or above lo weigh
+  double lo_weight = all;                         // what the values at or above lo weigh
+  double lo_count = weighted ? INFINITY : all;    // how many they are at most
   while (lo < hi) {
     uint32_t t[kWays];  // t[0] = lo; t[j] the j-th threshold above it
     const uint64_t span = uint64_t(hi) - lo + 1;
@@ -239,12 +242,16 @@ __device__ uint32_t search_key(const float* v, uint64_t keep, bool weighted, dou
     for (int j = 1; j < kWays; ++j)
       if (t[j] > t[j - 1] && s.ways_total[r][j] >= target) best = j;
     const uint32_t new_hi = best + 1 < kWays && t[best + 1] > t[best] ? t[best + 1] - 1 : hi;
-    if (best > 0) lo_weight = s.ways_total[r][best];
+    if (best > 0) {  // weighted: each value at or above t[best] weighs at least key_float(t[best])
+      lo_weight = s.ways_total[r][best];
+      lo_count = !weighted ? lo_weight : lo_weight / double(key_float(t[best]));
+    }
     lo = t[best];
     hi = new_hi;
-    if (lo_weight <= window) break;  // few enough at or above lo: the caller finishes exactly
+    if (lo_count <= window) break;  // few enough at or above lo: the caller finishes exactly
   }
   *at_lo = lo_weight;
+  if (n_at_lo) *n_at_lo = lo_count;
   return lo;
 }
 
@@ -267,7 +274,8 @@ __device__ double draw_u(const SampleArgs& a, int64_t r) {
 // the last top-k rounds, top-p's 11 and the cluster sums after them.
 template <int E, int S>
 __device__ void finish_in_block0(const SampleArgs& a, int64_t r, const float* x, uint64_t keep, int64_t id0,
-                                 float mx, SampleShared<S>& s, Gathered& g, cg::cluster_group& cluster) {
+                                 float mx, double z_all, SampleShared<S>& s, Gathered& g,
+                                 cg::cluster_group& cluster) {
   double listed = 0.0;
   int at = int(block_exclusive(double(__popcll(keep)), &listed));
 #pragma unroll
@@ -292,17 +300,18 @@ __device__ void finish_in_block0(const SampleArgs& a, int64_t r, const float* x,
   const int n = g.total, t = threadIdx.x;
   const bool have = t < n;
   const float x_t = have ? g.gx[t] : -INFINITY;
+  const bool given_p = z_all >= 0.0;  // the values are p already, the row's softmax sum z_all
   bool kept = have;
-  if (a.top_k > 0 && n > a.top_k) {  // the search stopped early: the exact top-k here, ties at the k-th kept
+  if (!given_p && a.top_k > 0 && n > a.top_k) {  // the search stopped early: the exact top-k, ties kept
     int greater = 0;
     for (int q = 0; q < n; ++q) greater += g.gx[q] > x_t;
     kept = have && greater < a.top_k;
   }
-  const float p = kept ? expf(x_t - mx) : 0.f;
-  double z = 0.0;
+  const float p = !kept ? 0.f : given_p ? x_t : expf(x_t - mx);
+  double z = z_all;
   double n_kept = 0.0;
   block_exclusive(double(kept), &n_kept);
-  block_exclusive(double(p), &z);
+  if (!given_p) block_exclusive(double(p), &z);
   if (a.top_p < 1.0f) {  // kept while the mass before a token (in the order above) is short of top_p · z
     if (have) g.p[t] = kept ? p : -1.0f;  // below every kept p, equal to none
     __syncthreads();
@@ -389,7 +398,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
       if (order_key(x[e]) < lo) keep &= ~(uint64_t(1) << e);
   }
   if (n_kept <= kGather) {  // the same in every block
-    finish_in_block0<E>(a, r, x, keep, id0, mx, s, g, cluster);
+    finish_in_block0<E>(a, r, x, keep, id0, mx, -1.0, s, g, cluster);
     return;
   }
   float* p = x;  // x becomes p = exp(x − max) in place (the registers of one array)
@@ -405,8 +414,17 @@ __global__ void __launch_bounds__(kSampleThreads) sample_pick_kernel(SampleArgs 
   // exactly that p, the first ones in id order until the mass is reached.
   if (a.top_p < 1.0f) {
     const double target = double(a.top_p) * z;
-    double at_lo = 0.0;
-    const uint32_t lo = search_key<E>(p, keep, /*weighted=*/true, target, z, &at_lo, s, cluster, round);
+    // Stops once at most kGather tokens can hold the mass at or above lo: block 0 then takes the exact cut.
+    double at_lo = 0.0, n_at_lo = 0.0;
+    const uint32_t lo = search_key<E>(p, keep, /*weighted=*/true, target, z, &at_lo, s, cluster, round,
+                                      double(kGather), &n_at_lo);
+    if (n_at_lo <= kGather) {  // the same in every block
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if (order_key(p[e]) < lo) keep &= ~(uint64_t(1) << e);
+      finish_in_block0<E>(a, r, p, keep, id0, mx, z, s, g, cluster);
+      return;
+    }
     double above = 0.0;
     int ties = 0;
 #pragma unroll
