@@ -259,9 +259,9 @@ struct GreedyPickArgs {
   const float* logits = nullptr;  // [rows, vocab]
   int32_t* next = nullptr;        // [rows]
   int64_t rows = 0, vocab = 0;
-  GreedyFeed feed;
+  GreedyFeed feed{};
   bool overlap = false;
-  SeenPenalty penalty;
+  SeenPenalty penalty{};
 };
 Status greedy_pick(CudaContext& ctx, const GreedyPickArgs& a);
 
@@ -281,9 +281,9 @@ struct SampleArgs {
   float top_p = 1.0f, min_p = 0.0f;
   uint64_t seed = 0;
   int64_t salt = 0;
-  GreedyFeed feed;
+  GreedyFeed feed{};
   bool overlap = false;
-  SeenPenalty penalty;  // applied before the temperature, as the CPU does
+  SeenPenalty penalty{};  // applied before the temperature, as the CPU does
 };
 Status sample_pick(CudaContext& ctx, const SampleArgs& a);
 
