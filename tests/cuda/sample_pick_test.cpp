@@ -113,6 +113,14 @@ TEST(CudaSamplePick, MatchesTheCpuWarpers) {
   }
 }
 
+// A Llama-3 vocabulary's row (normal logits, seed) with `ties` ids
+// first, first + stride, ... set to `value`.
+std::vector<float> tied_row(uint32_t seed, int ties, int first, int stride, float value) {
+  std::vector<float> row = random_bf16(128256, seed, 1.0f);
+  for (int i = 0; i < ties; ++i) row[size_t(first + stride * i)] = value;
+  return row;
+}
+
 // Top-k over a Llama-3 vocabulary with ties at the k-th largest: 100 and
 // 300 equal maxima spread over the first block's ids, the rest below. Every
 // tie stays (top-k keeps ties), top-p then takes the first 95% in id order,
@@ -123,11 +131,9 @@ TEST(CudaSamplePick, TopKTiesOnALlamaVocabulary) {
   CudaContext ctx = make_context();
   for (int ties : {100, 300}) {
     SCOPED_TRACE(::testing::Message() << ties << " ties");
-    std::vector<float> row = random_bf16(128256, 93, 1.0f);
-    for (int i = 0; i < ties; ++i) row[size_t(7 + 37 * i)] = 8.0f;
     const SamplingOptions o{.temperature = 1.0f, .top_k = 5, .top_p = 0.95f};
     // Past top-k's 5: the ties stay, top-p takes 95% of them.
-    EXPECT_GT(draws_are_the_cpus(ctx, row, o, 4), size_t(ties) * 9 / 10);
+    EXPECT_GT(draws_are_the_cpus(ctx, tied_row(93, ties, 7, 37, 8.0f), o, 4), size_t(ties) * 9 / 10);
   }
 }
 
@@ -141,10 +147,8 @@ TEST(CudaSamplePick, TopPTiesOnALlamaVocabulary) {
   CudaContext ctx = make_context();
   for (int ties : {200, 300}) {
     SCOPED_TRACE(::testing::Message() << ties << " ties");
-    std::vector<float> row = random_bf16(128256, 95, 1.0f);
-    for (int i = 0; i < ties; ++i) row[size_t(11 + 401 * i)] = 12.0f;
     const SamplingOptions o{.temperature = 1.0f, .top_p = 0.5f};
-    EXPECT_EQ(draws_are_the_cpus(ctx, row, o, 5), size_t(ties / 2) + 1);
+    EXPECT_EQ(draws_are_the_cpus(ctx, tied_row(95, ties, 11, 401, 12.0f), o, 5), size_t(ties / 2) + 1);
   }
 }
 
