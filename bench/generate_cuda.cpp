@@ -34,7 +34,8 @@
 // kCudaDecodeRegisterShapes; without and with the L2 prefetch of each
 // GEMV's successor (CudaModelOptions::l2_prefetch_units: 1, 3, all units;
 // 3 but not from q|k|v), the ring GEMVs at the largest shared-memory
-// carveout, and the 64 KiB ring with it (without and with the prefetch).
+// carveout, the ring filled at once (GemvArgs::ring_fill_at_once), and the
+// 64 KiB ring with the largest carveout (without and with the prefetch).
 // LATHE_CUDA_DECODE_L2_PREFETCH sets the prefetch of the main row and of
 // the A/B cases that do not name one.
 // After each shape's row, unless --kernels 0, a table of the decode step's
@@ -606,6 +607,7 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
         {"L2 prefetch q|k|v 0, o 1, gate|up 3, down all, LM head all",
          {.l2_prefetch_each = {.qkv = 0, .o = 1, .gate_up = 3, .down = 64, .lm_head = 64}}},
         {"max carveout", {.ring_max_carveout = true}},
+        {"ring filled at once (not the first unit alone first)", {.ring_fill_at_once = true}},
         {"ring 64 KiB 2/SM, max carveout",
          {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2, .ring_max_carveout = true}},
         {"ring 64 KiB 2/SM, max carveout, L2 prefetch 3",

@@ -192,6 +192,7 @@ cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) 
   g.blocks_per_sm = static_cast<uint8_t>(std::clamp(opts.bulk_per_sm > 0 ? opts.bulk_per_sm : grid.per_sm, 0, 8));
   g.persistent = small && grid.persistent && opts.persistent_gemv;
   g.max_carveout = opts.ring_max_carveout;
+  g.ring_fill_at_once = opts.ring_fill_at_once;
   g.overlap = overlap;
   return g;
 }
@@ -486,7 +487,7 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.bulk_per_sm = d.bulk_per_sm, o.attention_min_chunk = d.attention_min_chunk;
   o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
   o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_each = d.l2_prefetch_each;
-  o.ring_max_carveout = d.ring_max_carveout;
+  o.ring_max_carveout = d.ring_max_carveout, o.ring_fill_at_once = d.ring_fill_at_once;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

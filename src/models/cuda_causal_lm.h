@@ -113,6 +113,9 @@ struct CudaModelOptions {
   CudaL2PrefetchUnits l2_prefetch_each{};
   // The ring GEMVs launched with the largest shared-memory carveout (GemvArgs::max_carveout).
   bool ring_max_carveout = false;
+  // The ring GEMVs' producers issue their whole ring at once, not their first unit alone first
+  // (GemvArgs::ring_fill_at_once; the default measured faster on the H200: gemv_bulk.cu).
+  bool ring_fill_at_once = false;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -154,7 +157,7 @@ class CudaCausalLM {
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
   // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
   // attention_cluster_heads, l2_prefetch_units (-1: the variable's again), l2_prefetch_each,
-  // ring_max_carveout; drops captured graphs.
+  // ring_max_carveout, ring_fill_at_once; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive

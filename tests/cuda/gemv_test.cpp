@@ -495,7 +495,8 @@ TEST(CudaGemv, PersistentGridEqualsOneBlockPerTileBitwise) {
 
 // The shared-memory ring (kGemvBulkShape): each output is the same sums in
 // the same order whatever the ring's size (2 slots, wrapped many times, to
-// all of an SM's memory), the blocks per SM and the number of x rows:
+// all of an SM's memory), the blocks per SM, how the producer first fills
+// it (the first unit alone, or all at once) and the number of x rows:
 // bitwise, for each epilogue (RoPE + append: q and both caches), bf16 x and
 // f32 x normed in the kernel, k of several stages with a short last one,
 // blocks of many tiles and outputs that do not fill the last one; and
@@ -515,6 +516,7 @@ TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
   struct Ring {
     uint16_t kib;
     uint8_t per_sm;
+    bool at_once = false;
   };
   for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32,
                          GemvEpilogue::kRopeAppend})
@@ -524,6 +526,7 @@ TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
       auto run = [&](int64_t first, int64_t rows, Ring ring) {
         GemvArgs g{.w = dptr<bf16_bits>(dw), .rows = rows, .n = n_out, .k = k, .epilogue = e, .shape = kGemvBulkShape,
                    .ring_kib = ring.kib, .blocks_per_sm = ring.per_sm};
+        g.ring_fill_at_once = ring.at_once;
         if (normed) {
           g.x_f32 = dptr<float>(dh) + first * k;
           g.norm_w = dptr<bf16_bits>(dnorm);
@@ -541,8 +544,9 @@ TEST(CudaGemv, BulkRingIsBitwiseTheSameForAnyRingGridAndRowCount) {
         SCOPED_TRACE(::testing::Message() << "epilogue=" << static_cast<int>(e) << " rows=" << rows
                                           << " normed=" << normed);
         const std::vector<float> base = run(0, rows, {0, 0});
-        for (Ring ring : {Ring{32, 1}, Ring{224, 1}, Ring{96, 2}, Ring{48, 3}})
-          EXPECT_TRUE(run(0, rows, ring) == base) << "ring " << ring.kib << " KiB, " << int(ring.per_sm) << "/SM";
+        for (Ring ring : {Ring{32, 1}, Ring{224, 1}, Ring{96, 2}, Ring{48, 3}, Ring{96, 2, true}, Ring{32, 1, true}})
+          EXPECT_TRUE(run(0, rows, ring) == base) << "ring " << ring.kib << " KiB, " << int(ring.per_sm) << "/SM"
+                                                  << (ring.at_once ? ", filled at once" : "");
         if (!rope && !normed) {
           const std::vector<float> want = reference(x, w, {}, out0, rows, n, k, e);
           EXPECT_LE(rel_error(base, want), 1e-4);

@@ -153,6 +153,10 @@ struct GemvArgs {
   bool max_carveout = false;
   // kGemvBulkShape: what the next kernel reads first, pulled into L2.
   GemvPrefetch prefetch{};
+  // kGemvBulkShape: a block's producer issues its whole ring at once. By
+  // default it issues its first unit alone and the rest of the ring once
+  // that unit has landed (gemv_bulk.cu): the same bytes, sooner at first.
+  bool ring_fill_at_once = false;
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.

@@ -64,6 +64,18 @@
 // (noise). The producer-first start: 1,265-1,276 against 1,263-1,270 for
 // the block-wide sync before the first copy (noise or a little better).
 //
+// The producer issues a block's first unit alone and the rest of its ring
+// once that unit has landed (GemvArgs::ring_fill_at_once turns it off):
+// with every block's whole ring requested at once (~25 MB at one sequence)
+// the DRAM serves the first units with all the others, so the consumers
+// start late and multiply in a burst at the end; requested alone, the first
+// units land early and the products overlap the stream. H200, 2026-12-01,
+// two calls: 1B decode at one sequence 1,340.7 / 1,341.1 tok/s against
+// 1,324.4 / 1,325.4 for the ring at once, then 1,336.0 / 1,336.2 against
+// 1,324.3 / 1,324.9 (the build before, carried beside); 8B 264.9 and 265.1
+// against 261.5; 1B at 4 sequences 2,537 against 2,486; the first two
+// units alone first: 1,328.
+//
 // Thread t sums chunks t, t + 256, ... of each row (k in order), the block
 // adds its warps in order: the sums do not depend on the number of x rows
 // nor on the grid or ring. The producer and consumer loops are

@@ -12,7 +12,8 @@
 // GEMV to the next), refilling a slot once the consumers emptied it; the
 // consumers take the units in the same order. Nothing in the producer reads
 // what an earlier kernel or stage writes, so it runs ahead of the consumers
-// by the whole ring.
+// by the whole ring (after its first unit, which it asks for alone and waits
+// to land unless GemvArgs::ring_fill_at_once: gemv_bulk.cu says why).
 //
 // Thread t sums chunks t, t + 256, ... of each row (k in order), each warp
 // adds its lanes in a fixed exchange (warp_sum8), the block adds its warps
@@ -223,6 +224,10 @@ __device__ int64_t produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_e
   UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u, cur.next(k_stages), pos.next(ring.n_slots)) {
     if (pos.units >= ring.n_slots) mbar_wait(ring.empty + 8 * pos.slot, pos.parity ^ 1);
+    if (u == 1 && !a.ring_fill_at_once) {  // the first unit alone: wait until it has landed
+      const bool wrapped = pos.slot == 0;
+      mbar_wait(ring.full + 8 * (wrapped ? ring.n_slots - 1 : pos.slot - 1), wrapped ? pos.parity ^ 1 : pos.parity);
+    }
     const int64_t k0 = int64_t(cur.stage) * kStageK;
     const uint32_t bytes = static_cast<uint32_t>(min(int64_t(kStageK), a.k - k0) * 2);
     const int64_t t_end = min(c_end, cur.u0 + UnitCursor<E>::kTileCols);
