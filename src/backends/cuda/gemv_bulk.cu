@@ -22,8 +22,8 @@
 // stage) flow through the ring in order, unit u in slot u mod S. A
 // producer warp only issues copies: it refills a slot once the 8 consumer
 // warps have each arrived on the slot's "empty" barrier; consumers wait on
-// its "full" barrier (the bulk copies' byte count) and never on each other
-// except at a tile's end (the block's sums). The first version had the
+// its "full" barrier (the bulk copies' byte count) and never on each other;
+// at a tile's end each hands its sums to the epilogue warp. The first version had the
 // whole block sync every stage and a warp issue the refills: measured
 // ~1.4 TB/s at any ring size (each stage's latencies in series). Each
 // consumer loads the next unit's x while it multiplies the current one.
@@ -76,6 +76,24 @@
 // against 261.5; 1B at 4 sequences 2,537 against 2,486; the first two
 // units alone first: 1,328.
 //
+// A tile's epilogue (the warps' sums added, the norm scale, SwiGLU, RoPE and
+// the cache append, the residual add) runs in a warp of its own, so the
+// consumer warps never wait for it; before, 8 threads of the first consumer
+// warp ran it between two units, and the 8 warps met at a block barrier
+// every tile. H200, 2026-12-01, the build before carried beside, three
+// calls: 1B decode at one sequence 1,337.2 / 1,336.9 → 1,347.0 / 1,347.0
+// tok/s, 1,318.0 / 1,318.9 → 1,318.4 / 1,318.4, 1,349.4 / 1,349.4 → 1,360.1
+// / 1,359.3; at 4 sequences 2,544 → 2,590; 8B 264.4 → 264.0 (noise). The
+// same call measured the ring with no epilogue at all (nothing written):
+// 1,341 against the shipped 1,318, and with the last tile's alone
+// skipped the same 1,341, so what the epilogue still costs is the block's
+// end (its last tile's epilogue before the block leaves and the next
+// kernel's block takes its place). Measured and not kept: each consumer warp
+// taking its unit's weights into registers and giving the slot back before
+// the products (registers capped at 96 for two blocks per SM, a few spilled):
+// 1,261 with the epilogue warp, 1,308 without, against 1,349 (8B 256 / 265
+// against 270).
+//
 // Thread t sums chunks t, t + 256, ... of each row (k in order), the block
 // adds its warps in order: the sums do not depend on the number of x rows
 // nor on the grid or ring. The producer and consumer loops are
@@ -91,8 +109,9 @@ namespace {
 
 using namespace ring;
 
+// One x row: two blocks per SM (the registers of 2 × 10 warps).
 template <int B, GemvEpilogue E>
-__global__ void __launch_bounds__(kBulkThreads, 1) gemv_bulk_kernel(GemvArgs a, int n_slots) {
+__global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel(GemvArgs a, int n_slots) {
   extern __shared__ __align__(128) unsigned char s_ring[];
   __shared__ __align__(8) uint64_t s_full[kMaxStages], s_empty[kMaxStages];
   __shared__ RingSums<B> s_sums;
@@ -100,10 +119,17 @@ __global__ void __launch_bounds__(kBulkThreads, 1) gemv_bulk_kernel(GemvArgs a, 
   int64_t c_begin, c_end;
   block_columns(a, &c_begin, &c_end);
   // The producer warp initializes the ring itself and issues its first
-  // copies without waiting for the consumer warps.
-  const Ring ring = make_ring(s_ring, s_full, s_empty, n_slots, kConsumers);
+  // copies without waiting for the other warps.
+  if (threadIdx.x == kProducer0) s_sums.init();
+  const Ring ring = make_ring(s_ring, s_full, s_empty, n_slots, kProducer0);
   RingPos pos;
-  if (threadIdx.x >= kConsumers) {
+  if (threadIdx.x >= kEpilogue0) {
+    ring_ready_wait();
+    wait_prior_grid();  // the epilogue may read and write what the previous kernel wrote
+    finish_tiles<B, E>(a, c_begin, c_end, s_sums);
+    return;
+  }
+  if (threadIdx.x >= kProducer0) {
     __syncwarp();
     ring_ready_arrive();
     // The producer never reads what the previous kernel writes, so it never waits for it.
@@ -114,7 +140,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) gemv_bulk_kernel(GemvArgs a, 
     return;
   }
   ring_ready_wait();
-  wait_prior_grid();  // x comes from the previous kernel, and the epilogue may write what it reads
+  wait_prior_grid();  // x comes from the previous kernel
   consume_units<B, E>(a, c_begin, c_end, ring, pos, s_sums);
 }
 

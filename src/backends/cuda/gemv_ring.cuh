@@ -16,9 +16,11 @@
 // to land unless GemvArgs::ring_fill_at_once: gemv_bulk.cu says why).
 //
 // Thread t sums chunks t, t + 256, ... of each row (k in order), each warp
-// adds its lanes in a fixed exchange (warp_sum8), the block adds its warps
-// in order: the sums depend neither on the number of x rows nor on the
-// grid or the ring. Compiled to the bulk copies from sm_90 on;
+// adds its lanes in a fixed exchange (warp_sum8) and hands its tile sums to
+// an epilogue warp (RingSums: a few tiles' slots with full and empty
+// mbarriers), which adds the warps in order and finishes the tile while the
+// consumers go on to the next units: the sums depend neither on the number
+// of x rows nor on the grid or the ring. Compiled to the bulk copies from sm_90 on;
 // below, the PTX helpers are empty (the host never launches them there).
 #pragma once
 
@@ -32,7 +34,9 @@ using namespace gemv_detail;
 
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
-constexpr int kBulkThreads = kConsumers + 32;  // + the producer warp
+constexpr int kProducer0 = kConsumers;        // the producer warp's first thread
+constexpr int kEpilogue0 = kConsumers + 32;   // the epilogue warp's
+constexpr int kBulkThreads = kConsumers + 64;  // + the producer and epilogue warps
 constexpr int kBulkRows = 8;                   // weight rows per tile
 constexpr int kStageK = kConsumers * 8;        // k per stage: a 16-byte chunk per consumer thread and row
 constexpr int kStageBytes = kBulkRows * kStageK * 2;
@@ -88,10 +92,8 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
-// The consumer warps' own barrier (the producer warp never joins it).
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
 // The ring's barriers are initialized: the producer warp arrives (and goes
-// on to its copies), the consumer warps wait.
+// on to its copies), the consumer and epilogue warps wait.
 __device__ __forceinline__ void ring_ready_arrive() { asm volatile("bar.arrive 2, %0;" ::"n"(kBulkThreads) : "memory"); }
 __device__ __forceinline__ void ring_ready_wait() { asm volatile("bar.sync 2, %0;" ::"n"(kBulkThreads) : "memory"); }
 
@@ -116,13 +118,11 @@ __device__ __forceinline__ Ring make_ring(const void* data, const uint64_t* full
 }
 
 // Where a party (producer or consumers) stands in the ring: the next
-// unit's slot, that slot's fill round parity, the units passed so far, and
-// (consumers) the half of RingSums the next tile uses.
+// unit's slot, that slot's fill round parity and the units passed so far.
 struct RingPos {
   int slot = 0;
   uint32_t parity = 0;
   int64_t units = 0;
-  int tile_parity = 0;
   __device__ void next(int n_slots) {
     ++units;
     if (++slot == n_slots) slot = 0, parity ^= 1;
@@ -283,23 +283,46 @@ __device__ __forceinline__ int warp_sum8_row(int lane) {
   return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
 }
 
-// The consumers' per-tile partial sums, by tile parity: a warp may start
-// the next tile's sums before the epilogue threads have read this one's.
+// The tiles' partial sums on their way from the consumer warps to the
+// epilogue warp: kSumSlots tiles' worth, each slot with a "full" mbarrier
+// (the 8 consumer warps' arrivals) and an "empty" one (the epilogue warp's).
 template <int B>
 struct RingSums {
-  float part[2][kConsumerWarps][kBulkRows * B];
-  float ss[2][kConsumerWarps][B];
+  // One row: 4 (two blocks share an SM). More: 2, so that the largest ring
+  // (kMaxRingBytes) and these fit the 227 KiB a block may have.
+  static constexpr int kSumSlots = B == 1 ? 4 : 2;
+  float part[kSumSlots][kConsumerWarps][kBulkRows * B];
+  float ss[kSumSlots][kConsumerWarps][B];
+  uint64_t full[kSumSlots], empty[kSumSlots];
+  // By the thread that initializes the ring, before make_ring's fence.
+  __device__ void init() {
+    for (int i = 0; i < kSumSlots; ++i) {
+      mbar_init(smem_addr(&full[i]), kConsumerWarps);
+      mbar_init(smem_addr(&empty[i]), 1);
+    }
+  }
+};
+// A party's place in RingSums of n slots: the next tile's slot, that
+// slot's round parity, tiles passed.
+template <int n>
+struct SumPos {
+  int slot = 0;
+  uint32_t parity = 0;
+  int64_t tiles = 0;
+  __device__ void next() {
+    ++tiles;
+    if (++slot == n) slot = 0, parity ^= 1;
+  }
 };
 
 // The 8 consumer warps: the units of a's columns [c_begin, c_end) in the
-// producer's order, each tile's sums and its epilogue. x (and what the
-// epilogue reads) may come from the previous kernel: under a programmatic
+// producer's order, each tile's sums by warp handed to the epilogue warp
+// (finish_tiles). x may come from the previous kernel: under a programmatic
 // dependent launch the caller has waited for it.
 template <int B, GemvEpilogue E>
 __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
                               RingSums<B>& s) {
-  constexpr int R = kBulkRows, kW = kConsumerWarps;
-  constexpr int64_t kTileCols = tile_columns<R, E>();
+  constexpr int R = kBulkRows;
   const int rows = static_cast<int>(a.rows), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k_stages = k_stages_of(a);
   const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
@@ -323,10 +346,12 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
 #pragma unroll
       for (int b = 0; b < B; ++b) {
         const float v = dev::warp_sum(ss1[b]);
-        if (lane == 0) s.ss[0][warp][b] = s.ss[1][warp][b] = v;
+        if (lane == 0)
+          for (int i = 0; i < s.kSumSlots; ++i) s.ss[i][warp][b] = v;  // every tile's: never rewritten
       }
     }
   }
+  SumPos<RingSums<B>::kSumSlots> sp;
   UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u) {
     if (cur.stage == 0) {
@@ -344,6 +369,13 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
       load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
+    // The unit's weights into registers, and the slot back to the producer
+    // before the products: the refill's copies need not wait for them.
+    uint4 wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = have ? lds128(slot + r * (kStageK * 2) + threadIdx.x * 16) : make_uint4(0, 0, 0, 0);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ring.empty + 8 * pos.slot);  // this warp is done with the slot
     if (have) {
       float xf[B][8];
 #pragma unroll
@@ -359,7 +391,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[8];
-        unpack8(lds128(slot + r * (kStageK * 2) + threadIdx.x * 16), wf);
+        unpack8(wv[r], wf);
 #pragma unroll
         for (int b = 0; b < B; ++b) {
           if (b >= rows) break;
@@ -368,42 +400,60 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(ring.empty + 8 * pos.slot);  // this warp is done with the slot
-    const int64_t u0 = cur.u0;
     const bool tile_done = cur.stage == k_stages - 1;
     cur.next(k_stages);
     pos.next(ring.n_slots);
     if (!tile_done) continue;
-    // The tile's sums: each warp's, then the block's in warp order, and the epilogue.
-    const int tp = pos.tile_parity;
+    // The tile's sums: each warp's into the next sums slot, once the
+    // epilogue warp has finished the tile that used it before.
+    if (sp.tiles >= s.kSumSlots) mbar_wait(smem_addr(&s.empty[sp.slot]), sp.parity ^ 1);
 #pragma unroll
     for (int b = 0; b < B; ++b) {
       float rows_b[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) rows_b[r] = acc[r][b];
       const float v = warp_sum8(rows_b, lane);
-      if ((lane & 3) == 0) s.part[tp][warp][warp_sum8_row(lane) * B + b] = v;
+      if ((lane & 3) == 0) s.part[sp.slot][warp][warp_sum8_row(lane) * B + b] = v;
     }
     if (a.norm_w && !one_stage) {
 #pragma unroll
       for (int b = 0; b < B; ++b) {
         const float v = dev::warp_sum(ss[b]);
-        if (lane == 0) s.ss[tp][warp][b] = v;
+        if (lane == 0) s.ss[sp.slot][warp][b] = v;
       }
     }
-    consumers_sync();
-    const int t = threadIdx.x, r = t / B, b = t % B;
-    if (t < R * B && b < rows) {
-      const float scale = row_scale<kW>(a, &s.ss[tp][0][b], B);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(&s.full[sp.slot]));
+    sp.next();
+  }
+}
+
+// The epilogue warp: each tile of a's columns [c_begin, c_end), once the
+// consumer warps have handed in its sums, added over the warps in order and
+// finished (norm scale, then the epilogue); the slot is then given back.
+// What the epilogue reads and writes may come from the previous kernel:
+// the caller has waited for it.
+template <int B, GemvEpilogue E>
+__device__ void finish_tiles(const GemvArgs& a, int64_t c_begin, int64_t c_end, RingSums<B>& s) {
+  constexpr int R = kBulkRows, kW = kConsumerWarps;
+  constexpr int64_t kTileCols = tile_columns<R, E>();
+  static_assert(R * B <= 32, "a lane per tile slot and x row");
+  const int lane = threadIdx.x & 31, r = lane / B, b = lane % B;
+  const bool mine = lane < R * B && b < a.rows;
+  SumPos<RingSums<B>::kSumSlots> sp;
+  for (int64_t u0 = c_begin; u0 < c_end; u0 += kTileCols, sp.next()) {
+    mbar_wait(smem_addr(&s.full[sp.slot]), sp.parity);
+    if (mine) {
+      const float scale = row_scale<kW>(a, &s.ss[sp.slot][0][b], B);
       finish_tile_slot<R, E>(a, u0, min(c_end, u0 + kTileCols), r, b, scale, [&](int rr) {
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kW; ++w) sum += s.part[tp][w][rr * B + b];
+        for (int w = 0; w < kW; ++w) sum += s.part[sp.slot][w][rr * B + b];
         return sum;
       });
     }
-    pos.tile_parity ^= 1;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(&s.empty[sp.slot]));
   }
 }
 
