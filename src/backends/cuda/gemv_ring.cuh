@@ -369,13 +369,6 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
       load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
-    // The unit's weights into registers, and the slot back to the producer
-    // before the products: the refill's copies need not wait for them.
-    uint4 wv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = have ? lds128(slot + r * (kStageK * 2) + threadIdx.x * 16) : make_uint4(0, 0, 0, 0);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(ring.empty + 8 * pos.slot);  // this warp is done with the slot
     if (have) {
       float xf[B][8];
 #pragma unroll
@@ -391,7 +384,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[8];
-        unpack8(wv[r], wf);
+        unpack8(lds128(slot + r * (kStageK * 2) + threadIdx.x * 16), wf);
 #pragma unroll
         for (int b = 0; b < B; ++b) {
           if (b >= rows) break;
@@ -400,6 +393,8 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
         }
       }
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ring.empty + 8 * pos.slot);  // this warp is done with the slot
     const bool tile_done = cur.stage == k_stages - 1;
     cur.next(k_stages);
     pos.next(ring.n_slots);
