@@ -83,16 +83,26 @@
 // every tile. H200, 2026-12-01, the build before carried beside, three
 // calls: 1B decode at one sequence 1,337.2 / 1,336.9 → 1,347.0 / 1,347.0
 // tok/s, 1,318.0 / 1,318.9 → 1,318.4 / 1,318.4, 1,349.4 / 1,349.4 → 1,360.1
-// / 1,359.3; at 4 sequences 2,544 → 2,590; 8B 264.4 → 264.0 (noise). The
-// same call measured the ring with no epilogue at all (nothing written):
-// 1,341 against the shipped 1,318, and with the last tile's alone
-// skipped the same 1,341, so what the epilogue still costs is the block's
-// end (its last tile's epilogue before the block leaves and the next
-// kernel's block takes its place). Measured and not kept: each consumer warp
-// taking its unit's weights into registers and giving the slot back before
-// the products (registers capped at 96 for two blocks per SM, a few spilled):
-// 1,261 with the epilogue warp, 1,308 without, against 1,349 (8B 256 / 265
-// against 270).
+// / 1,359.3; at 4 sequences 2,544 → 2,590; 8B 264.4 → 264.0 (noise).
+//
+// What the consumers' work still costs at one sequence (1B decode, builds
+// with a part removed, results wrong, each beside this one in one call):
+// no epilogue at all 1,341 against 1,318 (and the same 1,341 with only each
+// block's last tile's skipped: what is left is the block's end, before the
+// next kernel's block may take its place); the loads from the ring without
+// the products 1,377 against 1,347, the products without the loads 1,340;
+// nothing at all (a consumer only waits and gives the slot back) 1,453
+// (84% of the floor). Measured and not kept: each consumer warp taking its
+// unit's weights into registers and giving the slot back before the
+// products (registers capped at 96 for two blocks per SM, a few spilled):
+// 1,261 with the epilogue warp, 1,308 without, against 1,349; the epilogue
+// warp loading a tile's inputs (the residual, RoPE's factors and rows) two
+// tiles ahead, from the previous kernel's end: 1,347.2 against 1,347.0;
+// the products on the tensor cores (mma.sync m16n8k16, the unit's 8 rows as
+// B, x as hi and lo bf16 rows of A): at n = 8 with 2 of 16 rows used they
+// take more tensor-core time (~0.5 us per SM and 64 KB) than the CUDA
+// cores' FMAs do issue slots (~0.27 us); a first build (its outputs wrong,
+// the bug not looked for) ran 1,278 against 1,350.
 //
 // Thread t sums chunks t, t + 256, ... of each row (k in order), the block
 // adds its warps in order: the sums do not depend on the number of x rows
