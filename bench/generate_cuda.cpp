@@ -16,8 +16,14 @@
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
 //                       [--persistent 1] [--registers 0] [--bulk 0] [--ring-kib 0] [--ring-per-sm 0]
-//                       [--attn-chunk 0] [--split-k-attention 0] [--ab 1]
+//                       [--attn-chunk 0] [--split-k-attention 0] [--ab 1] [--chain 0]
 //
+// --chain 1 runs only a diagnostic: layers of the shape's four decode GEMVs
+// (one x row, f32 out) streamed by one persistent ring kernel
+// (launch_gemv_chain), plain and with a grid barrier before each GEMV's
+// products (as a persistent decode step would need), at 2 blocks per SM
+// and 96 KiB and at 1 with 224 and 160 KiB, beside the same GEMVs as one
+// ring kernel each: what kernel boundaries and barriers cost the stream.
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
 // --persistent 0 turns off the persistent GEMV grids cuda_decode_shapes()
@@ -60,6 +66,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/decode_ops.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/gemv_bulk.h"
 #include "backends/cuda/generation_ops.h"
 #include "core/env.h"
 #include "models/cuda_causal_lm.h"
@@ -626,12 +633,73 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
   return graph.decode_s / n_decode;
 }
 
+// --chain: a diagnostic. Layers of the shape's four decode GEMVs (q|k|v,
+// o, gate|up, down; one x row, f32 out, copies of the weights through the
+// pool) streamed (a) by one persistent ring kernel (launch_gemv_chain) and
+// (b) as separate ring kernels with overlapped launches: what a kernel
+// boundary costs the stream with nothing else in the step.
+void bench_chain(const Shape& s) {
+  const ModelConfig& c = s.cfg;
+  auto ctx = cu::CudaContext::create(0);
+  KernelBuffers kb;
+  if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, 1, 64, kb)) return;
+  const int64_t h = c.hidden_size, q_dim = int64_t(c.num_attention_heads) * c.head_dim,
+                kv = int64_t(c.num_key_value_heads) * c.head_dim, ffn = c.intermediate_size;
+  const int64_t rows[4] = {q_dim + 2 * kv, h, 2 * ffn, h}, ks[4] = {h, q_dim, h, ffn};
+  int64_t layer_elems = 0;
+  for (int i = 0; i < 4; ++i) layer_elems += rows[i] * ks[i];
+  const int layers = static_cast<int>(std::min<int64_t>(cu::kGemvChainMax / 4, int64_t(kb.pool_bytes / 2) / layer_elems));
+  cu::GemvChain chain;
+  const auto* pool = static_cast<const bf16_bits*>(kb.pool.data());
+  for (int l = 0; l < layers; ++l) {
+    const bf16_bits* w = pool + int64_t(l) * layer_elems;
+    for (int i = 0; i < 4; ++i) {
+      chain.w[chain.count] = w, chain.n[chain.count] = static_cast<int32_t>(rows[i]);
+      chain.k[chain.count] = static_cast<int32_t>(ks[i]);
+      ++chain.count;
+      w += rows[i] * ks[i];
+    }
+  }
+  chain.x = kb.x, chain.out = kb.out;
+  const double bytes = double(layers) * double(layer_elems) * 2;
+  auto report = [&](const char* what, double t) {
+    std::printf("| %s | %d layers | %.1f us per layer | %.0f GB/s | %.0f%% of 4.3 TB/s |\n", what, layers,
+                t * 1e6 / layers, bytes / t / 1e9, 100.0 * bytes / t / 4.3e12);
+  };
+  const auto st = static_cast<cudaStream_t>(ctx->stream());
+  auto counter = cu::DeviceBuffer::alloc(ctx->device(), 256);
+  if (!ok(counter.status(), "alloc")) return;
+  for (auto [per_sm, kib] : {std::pair{2, 96}, std::pair{1, 224}, std::pair{1, 160}})
+    for (int mode : {0, 2}) {  // plain; a grid barrier between GEMVs
+      chain.ring_kib = kib;
+      chain.barrier = mode == 2 ? static_cast<unsigned*>(counter->data()) : nullptr;
+      const double t = time_graph(*ctx, 4, [&](int) -> Status {
+        if (chain.barrier) LATHE_TRY(cu::fill_zero(*ctx, chain.barrier, 4));
+        const cudaError_t err = cu::launch_gemv_chain(chain, per_sm, st, ctx->device());
+        return err == cudaSuccess ? Status::ok() : lathe::unsupported("chain: ", cudaGetErrorString(err));
+      });
+      const std::string what = "one persistent kernel, " + std::to_string(per_sm) + "/SM, " + std::to_string(kib) +
+                               " KiB" + (mode == 2 ? ", a grid barrier before each GEMV's products" : "");
+      report(what.c_str(), t);
+    }
+  const double t = time_graph(*ctx, 4, [&](int) -> Status {
+    for (int i = 0; i < chain.count; ++i) {
+      cu::GemvArgs g{.x = kb.x, .w = chain.w[i], .out = kb.out, .rows = 1, .n = chain.n[i], .k = chain.k[i],
+                     .epilogue = cu::GemvEpilogue::kStoreF32, .overlap = true, .shape = cu::kGemvBulkShape,
+                     .ring_kib = 96, .blocks_per_sm = 2};
+      LATHE_TRY(cu::gemv(*ctx, g));
+    }
+    return Status::ok();
+  });
+  report("a ring kernel per GEMV (overlapped launches)", t);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string which = "all";
   int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1, bulk = 0, ring_kib = 0,
-      attn_chunk = 0, ring_per_sm = 0, registers = 0, split_k_attention = 0, ab = 1;
+      attn_chunk = 0, ring_per_sm = 0, registers = 0, split_k_attention = 0, ab = 1, chain = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shape")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompt")) n_prompt = std::atoi(argv[i + 1]);
@@ -647,6 +715,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--attn-chunk")) attn_chunk = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--split-k-attention")) split_k_attention = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--ab")) ab = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--chain")) chain = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_generate_cuda: no CUDA device visible\n");
@@ -660,6 +729,11 @@ int main(int argc, char** argv) {
       {"Llama-3.2-1B", llama3(2048, 16, 32, 8, 8192, /*tied=*/true)},
       {"Llama-3.1-8B", llama3(4096, 32, 32, 8, 14336, /*tied=*/false)},
   };
+  if (chain) {
+    for (const Shape& s : shapes)
+      if (which == "all" || (which == "1b") == (std::strstr(s.name, "1B") != nullptr)) bench_chain(s);
+    return 0;
+  }
   std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 5 kernels per layer + 3 "
               "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s "

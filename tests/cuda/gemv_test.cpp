@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "backends/cuda/decode_ops.h"
+#include "backends/cuda/gemv_bulk.h"
 #include "backends/cuda/generation_ops.h"
 #include "cuda/cuda_test_util.h"
 
@@ -664,6 +665,46 @@ TEST(CudaGemv, BulkRingWithL2PrefetchIsBitwiseTheSame) {
       registers.shape = 0;
       EXPECT_EQ(gemv_l2_prefetch(registers, 3, ctx.device()).w, nullptr) << "the next GEMV not on the ring";
     }
+}
+
+// The bench's chain diagnostic (launch_gemv_chain: GEMVs through one
+// persistent ring kernel) computes each GEMV bitwise as the ring kernel
+// does: one GEMV alone; two (k of one and of four stages) with the grid
+// barrier between them, the second's outputs over the first's.
+TEST(CudaGemv, ChainKernelComputesEachGemvAsTheRing) {
+  LATHE_SKIP_WITHOUT_GPU();
+  CudaContext ctx = make_context();
+  const int64_t n1 = 1030, k1 = 2048, n2 = 300, k2 = 8192;
+  DeviceBuffer dw1 = upload_bf16(ctx, random_bf16(n1 * k1, 100, 0.05f));
+  DeviceBuffer dw2 = upload_bf16(ctx, random_bf16(n2 * k2, 101, 0.05f));
+  DeviceBuffer dx = upload_bf16(ctx, random_bf16(k2, 102));
+  DeviceBuffer dcount = upload(ctx, std::vector<uint32_t>(1, 0));
+  auto ring = [&](const DeviceBuffer& w, int64_t n, int64_t k) {
+    DeviceBuffer out = upload(ctx, std::vector<float>(size_t(n1), 0.0f));
+    EXPECT_TRUE(gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(w), .out = out.data(), .rows = 1, .n = n,
+                           .k = k, .epilogue = GemvEpilogue::kStoreF32, .shape = kGemvBulkShape, .ring_kib = 96,
+                           .blocks_per_sm = 2})
+                    .is_ok());
+    return download<float>(ctx, out, n);
+  };
+  const std::vector<float> want1 = ring(dw1, n1, k1), want2 = ring(dw2, n2, k2);
+  for (int count : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << count << " GEMVs");
+    DeviceBuffer out = upload(ctx, std::vector<float>(size_t(n1), 0.0f));
+    GemvChain c;
+    c.w[0] = dptr<bf16_bits>(dw1), c.n[0] = n1, c.k[0] = k1;
+    c.w[1] = dptr<bf16_bits>(dw2), c.n[1] = n2, c.k[1] = k2;
+    c.count = count, c.x = dptr<bf16_bits>(dx), c.out = dptr<float>(out);
+    c.barrier = count == 2 ? dptr<uint32_t>(dcount) : nullptr;
+    ASSERT_EQ(launch_gemv_chain(c, 2, static_cast<cudaStream_t>(ctx.stream()), ctx.device()), cudaSuccess);
+    ASSERT_TRUE(ctx.synchronize().is_ok());
+    std::vector<float> want = want1;
+    if (count == 2) std::copy(want2.begin(), want2.end(), want.begin());
+    EXPECT_TRUE(download<float>(ctx, out, n1) == want);
+  }
+  GemvChain bad;
+  EXPECT_NE(launch_gemv_chain(bad, 2, static_cast<cudaStream_t>(ctx.stream()), ctx.device()), cudaSuccess)
+      << "an empty chain";
 }
 
 TEST(CudaGemv, RefusesUnalignedK) {

@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel
   if (threadIdx.x >= kEpilogue0) {
     ring_ready_wait();
     wait_prior_grid();  // the epilogue may read and write what the previous kernel wrote
-    finish_tiles<B, E>(a, c_begin, c_end, s_sums);
+    SumPos<RingSums<B>::kSumSlots> sp;
+    finish_tiles<B, E>(a, c_begin, c_end, s_sums, sp);
     return;
   }
   if (threadIdx.x >= kProducer0) {
@@ -151,7 +152,80 @@ __global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel
   }
   ring_ready_wait();
   wait_prior_grid();  // x comes from the previous kernel
-  consume_units<B, E>(a, c_begin, c_end, ring, pos, s_sums);
+  SumPos<RingSums<B>::kSumSlots> sp;
+  consume_units<B, E>(a, c_begin, c_end, ring, pos, s_sums, sp);
+}
+
+// A diagnostic for the bench (bench_generate_cuda --chain 1): every GEMV of
+// a chain (GemvChain) through one persistent kernel, the producer running
+// on from one GEMV's weights to the next's, nothing between them (their x
+// never changes) or, with GemvChain::barrier, a grid barrier before each
+// GEMV's products. H200, 2026-12-01, 8 layers of Llama-3.2-1B's q|k|v, o,
+// gate|up and down: 27.2-27.3 us a layer (104% of 4.3 TB/s) against
+// 33.0-33.6 (84-86%) as a ring kernel each; with the barriers 36.0-36.4
+// (78%), at one block per SM with a 224 KiB ring 34.4-34.9 (81-82%). So the
+// ring streams a step's weights at the bandwidth when nothing interrupts
+// it, and a barrier costs the stream what a kernel boundary does (likely:
+// the producers run ahead, so the slowest block's last units of one GEMV
+// queue behind the other blocks' requests for the next, and every block
+// waits for them).
+__global__ void __launch_bounds__(kBulkThreads, 2) gemv_chain_kernel(const __grid_constant__ GemvChain c, int n_slots) {
+  extern __shared__ __align__(128) unsigned char s_ring[];
+  __shared__ __align__(8) uint64_t s_full[kMaxStages], s_empty[kMaxStages];
+  __shared__ RingSums<1> s_sums;
+  constexpr GemvEpilogue E = GemvEpilogue::kStoreF32;
+  if (threadIdx.x == kProducer0) s_sums.init();
+  const Ring ring = make_ring(s_ring, s_full, s_empty, n_slots, kProducer0);
+  auto args = [&](int i) {
+    GemvArgs a;
+    a.x = c.x, a.w = c.w[i], a.out = c.out, a.rows = 1, a.n = c.n[i], a.k = c.k[i], a.epilogue = E;
+    a.ring_fill_at_once = c.fill_at_once;
+    return a;
+  };
+  int64_t c_begin, c_end;
+  if (threadIdx.x >= kEpilogue0) {
+    ring_ready_wait();
+    SumPos<RingSums<1>::kSumSlots> sp;
+    for (int i = 0; i < c.count; ++i) {
+      const GemvArgs a = args(i);
+      block_columns(a, &c_begin, &c_end);
+      finish_tiles<1, E>(a, c_begin, c_end, s_sums, sp);
+      if (c.barrier) {  // this block's outputs of GEMV i are written: count it
+        __threadfence();
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) atomicAdd(c.barrier, 1u);
+      }
+    }
+    return;
+  }
+  RingPos pos;
+  if (threadIdx.x >= kProducer0) {
+    __syncwarp();
+    ring_ready_arrive();
+    for (int i = 0; i < c.count; ++i) {
+      const GemvArgs a = args(i);
+      block_columns(a, &c_begin, &c_end);
+      produce_units<E>(a, c_begin, c_end, ring, pos);
+    }
+    return;
+  }
+  ring_ready_wait();
+  SumPos<RingSums<1>::kSumSlots> sp;
+  for (int i = 0; i < c.count; ++i) {
+    if (c.barrier && i > 0) {  // every block's outputs of GEMV i − 1 are written (the next x, in a step)
+      if (threadIdx.x == 0) {
+        const unsigned target = unsigned(i) * gridDim.x;
+        unsigned v = 0;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c.barrier) : "memory");
+        } while (v < target);
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+    }
+    const GemvArgs a = args(i);
+    block_columns(a, &c_begin, &c_end);
+    consume_units<1, E>(a, c_begin, c_end, ring, pos, s_sums, sp);
+  }
 }
 
 template <int B, GemvEpilogue E>
@@ -197,6 +271,20 @@ std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefe
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for_prefetch_rows(p, block, grid, 0, 1, [&](int64_t off, int64_t bytes) { ranges.emplace_back(off, bytes); });
   return ranges;
+}
+
+cudaError_t launch_gemv_chain(const GemvChain& c, int per_sm, cudaStream_t st, int device) {
+  static bool raised[64] = {};
+  if (device < 0 || device >= 64 || c.count < 1 || c.count > kGemvChainMax) return cudaErrorInvalidValue;
+  if (!raised[device]) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(gemv_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStages * kStageBytes);
+    if (err != cudaSuccess) return err;
+    raised[device] = true;
+  }
+  const int slots = std::clamp((c.ring_kib > 0 ? c.ring_kib : kGemvBulkRingKib) * 1024 / kStageBytes, 2, kMaxStages);
+  gemv_chain_kernel<<<unsigned(per_sm * sm_count(device)), kBulkThreads, size_t(slots) * kStageBytes, st>>>(c, slots);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_gemv_bulk(const GemvArgs& a, cudaStream_t st, int device) {

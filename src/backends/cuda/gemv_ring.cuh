@@ -321,7 +321,7 @@ struct SumPos {
 // dependent launch the caller has waited for it.
 template <int B, GemvEpilogue E>
 __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
-                              RingSums<B>& s) {
+                              RingSums<B>& s, SumPos<RingSums<B>::kSumSlots>& sp) {
   constexpr int R = kBulkRows;
   const int rows = static_cast<int>(a.rows), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k_stages = k_stages_of(a);
@@ -351,7 +351,6 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
       }
     }
   }
-  SumPos<RingSums<B>::kSumSlots> sp;
   UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u) {
     if (cur.stage == 0) {
@@ -429,13 +428,13 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
 // What the epilogue reads and writes may come from the previous kernel:
 // the caller has waited for it.
 template <int B, GemvEpilogue E>
-__device__ void finish_tiles(const GemvArgs& a, int64_t c_begin, int64_t c_end, RingSums<B>& s) {
+__device__ void finish_tiles(const GemvArgs& a, int64_t c_begin, int64_t c_end, RingSums<B>& s,
+                             SumPos<RingSums<B>::kSumSlots>& sp) {
   constexpr int R = kBulkRows, kW = kConsumerWarps;
   constexpr int64_t kTileCols = tile_columns<R, E>();
   static_assert(R * B <= 32, "a lane per tile slot and x row");
   const int lane = threadIdx.x & 31, r = lane / B, b = lane % B;
   const bool mine = lane < R * B && b < a.rows;
-  SumPos<RingSums<B>::kSumSlots> sp;
   for (int64_t u0 = c_begin; u0 < c_end; u0 += kTileCols, sp.next()) {
     mbar_wait(smem_addr(&s.full[sp.slot]), sp.parity);
     if (mine) {
