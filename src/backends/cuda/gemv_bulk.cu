@@ -168,7 +168,9 @@ __global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel
 // it, and a barrier costs the stream what a kernel boundary does (likely:
 // the producers run ahead, so the slowest block's last units of one GEMV
 // queue behind the other blocks' requests for the next, and every block
-// waits for them).
+// waits for them). The GEMVs take no norm: a one-stage GEMV's consumers
+// write its sums of squares to every RingSums slot at its start, which in a
+// chain would have to wait for the previous GEMV's last epilogue.
 __global__ void __launch_bounds__(kBulkThreads, 2) gemv_chain_kernel(const __grid_constant__ GemvChain c, int n_slots) {
   extern __shared__ __align__(128) unsigned char s_ring[];
   __shared__ __align__(8) uint64_t s_full[kMaxStages], s_empty[kMaxStages];
