@@ -705,6 +705,11 @@ TEST(CudaGemv, ChainKernelComputesEachGemvAsTheRing) {
   GemvChain bad;
   EXPECT_NE(launch_gemv_chain(bad, 2, static_cast<cudaStream_t>(ctx.stream()), ctx.device()), cudaSuccess)
       << "an empty chain";
+  bad.count = 1, bad.w[0] = dptr<bf16_bits>(dw1), bad.n[0] = n1, bad.k[0] = k1;
+  bad.x = dptr<bf16_bits>(dx);
+  for (int per_sm : {0, 3})
+    EXPECT_NE(launch_gemv_chain(bad, per_sm, static_cast<cudaStream_t>(ctx.stream()), ctx.device()), cudaSuccess)
+        << per_sm << " blocks per SM: not all resident at once";
 }
 
 TEST(CudaGemv, RefusesUnalignedK) {

@@ -277,7 +277,9 @@ std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefe
 
 cudaError_t launch_gemv_chain(const GemvChain& c, int per_sm, cudaStream_t st, int device) {
   static bool raised[64] = {};
-  if (device < 0 || device >= 64 || c.count < 1 || c.count > kGemvChainMax) return cudaErrorInvalidValue;
+  // Every block must be resident at once (a barrier waits for all of them): at most 2 per SM.
+  if (device < 0 || device >= 64 || c.count < 1 || c.count > kGemvChainMax || per_sm < 1 || per_sm > 2)
+    return cudaErrorInvalidValue;
   if (!raised[device]) {
     const cudaError_t err =
         cudaFuncSetAttribute(gemv_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStages * kStageBytes);

@@ -14,7 +14,8 @@ cudaError_t launch_gemv_bulk(const GemvArgs& a, cudaStream_t st, int device);
 int64_t gemv_bulk_grid(const GemvArgs& a, int device);
 
 // A diagnostic for the bench: count GEMVs (w[i]: n[i] x k[i], one x row,
-// f32 out) through one persistent ring kernel of per_sm blocks per SM.
+// f32 out) through one persistent ring kernel of per_sm (1 or 2: all
+// resident at once) blocks per SM.
 constexpr int kGemvChainMax = 48;
 struct GemvChain {
   const bf16_bits* w[kGemvChainMax];
