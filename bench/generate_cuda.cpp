@@ -6,7 +6,7 @@
 // memory-bandwidth floor (every weight read once per step plus each
 // sequence's KV cache, at the measured ~4.3 TB/s of the H200; tokens/s
 // counts all B sequences), prefill against the bf16 GEMM peak
-// (~810 TFLOP/s through cuBLASLt). A decode step is 5·n_layer + 3 kernels
+// (~810 TFLOP/s through cuBLASLt). A decode step is 5·n_layer + 2 kernels
 // (cuda_causal_lm.cpp) plus the greedy pick. Decode runs as `lathe
 // generate` does (start_decode / next_tokens: each step's picks feed the
 // next step on the device, steps queued ahead of the host); the row also
@@ -16,14 +16,17 @@
 //
 //   bench_generate_cuda [--shape 1b|8b|all] [--prompt 512] [--decode 256] [--batch 1] [--overlap 1] [--kernels 1]
 //                       [--persistent 1] [--registers 0] [--bulk 0] [--ring-kib 0] [--ring-per-sm 0]
-//                       [--attn-chunk 0] [--split-k-attention 0] [--ab 1] [--chain 0]
+//                       [--attn-chunk 0] [--split-k-attention 0] [--ab 1] [--ab-filter TEXT] [--chain 0]
 //
 // --chain 1 runs only a diagnostic: layers of the shape's four decode GEMVs
 // (one x row, f32 out) streamed by one persistent ring kernel
 // (launch_gemv_chain), plain and with a grid barrier before each GEMV's
 // products (as a persistent decode step would need), at 2 blocks per SM
 // and 96 KiB and at 1 with 224 and 160 KiB, beside the same GEMVs as one
-// ring kernel each: what kernel boundaries and barriers cost the stream.
+// ring kernel each (2 per SM, and 1 per SM with rings small enough for the
+// next kernel's block to be resident beside): what kernel boundaries and
+// barriers cost the stream. --ab-filter runs only the A/B cases whose name
+// holds TEXT.
 // --overlap 0 launches the decode kernels the ordinary way rather than as
 // programmatic dependent launches (to measure what the overlap gains).
 // --persistent 0 turns off the persistent GEMV grids cuda_decode_shapes()
@@ -551,13 +554,14 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                 r.per_step);
     sum += r.s * r.per_step;
   }
-  std::printf("these kernels add up to %.3f ms per step; the graph's step took %.3f ms (the rest: embedding, RoPE "
-              "tables, argmax, gaps)\n",
+  std::printf("these kernels add up to %.3f ms per step; the graph's step took %.3f ms (the rest: the inputs kernel, "
+              "the pick, gaps)\n",
               sum * 1e3, step_s * 1e3);
   std::fflush(stdout);
 }
 
-double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, const StepGemvs& step, bool ab) {
+double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool overlap, const StepGemvs& step, bool ab,
+                 const std::string& ab_filter) {
   auto header = lathe::model_header_from_config(s.cfg, s.name);
   if (!header.is_ok()) {
     std::fprintf(stderr, "%s: %s\n", s.name, header.status().message().c_str());
@@ -620,8 +624,18 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
         {"ring 64 KiB 2/SM, max carveout, L2 prefetch 3",
          {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2, .l2_prefetch_units = 3,
           .ring_max_carveout = true}},
+        {"ring 96 KiB 1/SM, max carveout (the next kernel's block beside)",
+         {.bulk_gemv = true, .bulk_ring_kib = 96, .bulk_per_sm = 1, .ring_max_carveout = true}},
+        {"ring 104 KiB 1/SM, max carveout (the next kernel's block beside)",
+         {.bulk_gemv = true, .bulk_ring_kib = 104, .bulk_per_sm = 1, .ring_max_carveout = true}},
+        {"ring 104 KiB 1/SM, max carveout, no L2 prefetch",
+         {.bulk_gemv = true, .bulk_ring_kib = 104, .bulk_per_sm = 1, .l2_prefetch_units = 0,
+          .ring_max_carveout = true}},
+        {"ring 112 KiB 1/SM, max carveout (two rings and the attention fill an SM)",
+         {.bulk_gemv = true, .bulk_ring_kib = 112, .bulk_per_sm = 1, .ring_max_carveout = true}},
     };
     for (const Case& c : cases) {
+      if (!ab_filter.empty() && std::string(c.name).find(ab_filter) == std::string::npos) continue;
       m.set_decode_gemvs(c.o);
       const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
       std::printf(" %s: %.1f (%.0f%%);", c.name, tps, 100.0 * tps / floor_tps);
@@ -682,22 +696,32 @@ void bench_chain(const Shape& s) {
                                " KiB" + (mode == 2 ? ", a grid barrier before each GEMV's products" : "");
       report(what.c_str(), t);
     }
-  const double t = time_graph(*ctx, 4, [&](int) -> Status {
-    for (int i = 0; i < chain.count; ++i) {
-      cu::GemvArgs g{.x = kb.x, .w = chain.w[i], .out = kb.out, .rows = 1, .n = chain.n[i], .k = chain.k[i],
-                     .epilogue = cu::GemvEpilogue::kStoreF32, .overlap = true, .shape = cu::kGemvBulkShape,
-                     .ring_kib = 96, .blocks_per_sm = 2};
-      LATHE_TRY(cu::gemv(*ctx, g));
-    }
-    return Status::ok();
-  });
-  report("a ring kernel per GEMV (overlapped launches)", t);
+  struct PerGemv {
+    int per_sm, kib;
+    bool max_carveout;
+  };
+  for (const PerGemv v : {PerGemv{2, 96, false}, PerGemv{2, 96, true}, PerGemv{1, 96, true}, PerGemv{1, 104, true},
+                          PerGemv{1, 112, true}, PerGemv{1, 104, false}}) {
+    const double t = time_graph(*ctx, 4, [&](int) -> Status {
+      for (int i = 0; i < chain.count; ++i) {
+        cu::GemvArgs g{.x = kb.x, .w = chain.w[i], .out = kb.out, .rows = 1, .n = chain.n[i], .k = chain.k[i],
+                       .epilogue = cu::GemvEpilogue::kStoreF32, .overlap = true, .shape = cu::kGemvBulkShape,
+                       .ring_kib = static_cast<uint16_t>(v.kib), .blocks_per_sm = static_cast<uint8_t>(v.per_sm),
+                       .max_carveout = v.max_carveout};
+        LATHE_TRY(cu::gemv(*ctx, g));
+      }
+      return Status::ok();
+    });
+    const std::string what = "a ring kernel per GEMV (overlapped launches), " + std::to_string(v.per_sm) + "/SM, " +
+                             std::to_string(v.kib) + " KiB" + (v.max_carveout ? ", max carveout" : "");
+    report(what.c_str(), t);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string which = "all";
+  std::string which = "all", ab_filter;
   int n_prompt = 512, n_decode = 256, batch = 1, overlap = 1, kernels = 1, persistent = 1, bulk = 0, ring_kib = 0,
       attn_chunk = 0, ring_per_sm = 0, registers = 0, split_k_attention = 0, ab = 1, chain = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -715,6 +739,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--attn-chunk")) attn_chunk = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--split-k-attention")) split_k_attention = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--ab")) ab = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--ab-filter")) ab_filter = argv[i + 1];
     else if (!std::strcmp(argv[i], "--chain")) chain = std::atoi(argv[i + 1]);
   }
   if (lathe::cuda::device_count() == 0) {
@@ -734,7 +759,7 @@ int main(int argc, char** argv) {
       if (which == "all" || (which == "1b") == (std::strstr(s.name, "1B") != nullptr)) bench_chain(s);
     return 0;
   }
-  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 5 kernels per layer + 3 "
+  std::printf("generation, batch %d, bf16, random weights; decode greedy on the device, 5 kernels per layer + 2 "
               "per step (overlapped launches: %s); tok/s counts all sequences\n", batch, overlap ? "on" : "off");
   std::printf("| shape | params | batch | prompt | prefill tok/s | of GEMM peak | decode tok/s eager | decode tok/s "
               "graph, host-fed | decode tok/s graph | bandwidth floor tok/s | of floor |\n"
@@ -746,7 +771,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const bool is_1b = std::strstr(s.name, "1B") != nullptr;
     if (which != "all" && !(which == "1b" && is_1b) && !(which == "8b" && !is_1b)) continue;
-    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, step, ab != 0)});
+    ran.push_back({&s, run_shape(s, n_prompt, n_decode, batch, overlap != 0, step, ab != 0, ab_filter)});
   }
   if (kernels)
     for (const auto& [s, step_s] : ran) bench_kernels(*s, batch, n_prompt + n_decode / 2, overlap != 0, step, step_s);

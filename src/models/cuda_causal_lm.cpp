@@ -22,10 +22,10 @@
 // norm+qkv (+bias)+RoPE+KV append, attention (up to 4 sequences the
 // cluster kernel, else split-K: attention.h), o (+residual), norm+gate|up (+SwiGLU), down
 // (+residual): 5 kernels (6 with a q/k norm, which takes RoPE and the
-// append into a kernel of its own); plus embedding, RoPE tables and final
-// norm+LM head: 5·n_layer + 3 kernels per step (83 for Llama-3.2-1B, 163
-// for Llama-3.1-8B; above 4 sequences the three norms are kernels of their
-// own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
+// append into a kernel of its own); plus the inputs (embedding and RoPE
+// tables, one kernel) and final norm+LM head: 5·n_layer + 2 kernels per
+// step (82 for Llama-3.2-1B, 162 for Llama-3.1-8B; above 4 sequences the
+// three norms are kernels of their own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
@@ -277,10 +277,12 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
 Status CudaCausalLmImpl::decode_step(int b) {
-  LATHE_TRY(cuda::embedding_f32(ctx, {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = b, .vocab = vocab,
-                                      .dim = hidden, .seen = buf.seen, .seen_stride = seen_words}));
-  LATHE_TRY(cuda::rope_tables(ctx, {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos,
-                                    .sin = buf.sin, .n_tokens = b, .half = half}));
+  LATHE_TRY(cuda::decode_inputs(
+      ctx, {.embedding = {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = b, .vocab = vocab, .dim = hidden,
+                          .seen = buf.seen, .seen_stride = seen_words},
+            .rope = {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos, .sin = buf.sin,
+                     .n_tokens = b, .half = half},
+            .overlap = overlap}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
   // The LM head pulls layer 0's q|k|v into L2 for the next step.
   return norm_gemv(final_norm, prefetching(lm_head_gemv(b), qkv_gemv(0, b), &CudaL2PrefetchUnits::lm_head));

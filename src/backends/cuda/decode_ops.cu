@@ -1,12 +1,16 @@
 // The decode step's small kernels (decode_ops.h) besides the skinny GEMM:
-// the bias broadcast for a GEMM's beta = 1, the f32 embedding, the f32 residual stream's pre-norm and the fused
-// q/k norm + RoPE + KV append. Each is one plain kernel; they move a few
-// kilobytes per token, so launch count matters more than their speed: the
-// norm takes up to 1024 threads for a row so a lone decode row is not
-// walked by a quarter of them.
+// the bias broadcast for a GEMM's beta = 1, the f32 embedding (alone, or
+// with the RoPE tables as a step's inputs), the f32 residual stream's
+// pre-norm and the fused q/k norm + RoPE + KV append. Each is one plain
+// kernel; they move a few kilobytes per token, so launch count matters
+// more than their speed: the norm takes up to 1024 threads for a row so a
+// lone decode row is not walked by a quarter of them.
+#include <algorithm>
+
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
+#include "backends/cuda/rope_table.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -19,13 +23,28 @@ __global__ void broadcast_rows_kernel(bf16_bits* y, const bf16_bits* b, int64_t 
   if (i < rows * cols) y[i] = b[i % cols];
 }
 
-__global__ void embedding_f32_kernel(EmbeddingF32Args a) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.n * a.dim) return;
+// Element i of embedding_f32 (and the row's seen bit).
+__device__ __forceinline__ void embedding_f32_entry(const EmbeddingF32Args& a, int64_t i) {
   const int64_t r = i / a.dim, j = i % a.dim;
   const int32_t id = a.tokens[r];
   a.out[i] = id >= 0 && id < a.vocab ? dev::ld(a.table, int64_t(id) * a.dim + j) : 0.0f;
   if (a.seen && j == 0 && id >= 0 && id < a.vocab) atomicOr(a.seen + r * a.seen_stride + id / 32, 1u << (id % 32));
+}
+
+__global__ void embedding_f32_kernel(EmbeddingF32Args a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < a.n * a.dim) embedding_f32_entry(a, i);
+}
+
+// The next kernel may start only once this one has waited: the decode
+// attention reads the positions before its own wait, and they may come from
+// the previous kernel (the pick of the step before).
+__global__ void decode_inputs_kernel(EmbeddingF32Args e, RopeTablesCudaArgs r) {
+  wait_prior_grid();
+  allow_next_grid();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < e.n * e.dim) embedding_f32_entry(e, i);
+  if (i < r.n_tokens * r.half) rope_table_entry(r, i);
 }
 
 __global__ void residual_norm_kernel(ResidualNormArgs a) {
@@ -112,6 +131,22 @@ Status embedding_f32(CudaContext& ctx, const EmbeddingF32Args& a) {
   if (a.n == 0) return Status::ok();
   embedding_f32_kernel<<<blocks_for(a.n * a.dim, kThreads), kThreads, 0, stream_of(ctx)>>>(a);
   return ctx.check_launch("embedding_f32");
+}
+
+Status decode_inputs(CudaContext& ctx, const DecodeInputsArgs& a) {
+  const EmbeddingF32Args& e = a.embedding;
+  const RopeTablesCudaArgs& r = a.rope;
+  if (e.n < 0 || e.vocab <= 0 || e.dim <= 0 || r.n_tokens < 0 || r.half <= 0)
+    return invalid_argument("cuda decode_inputs: bad shape n=", e.n, " vocab=", e.vocab, " dim=", e.dim,
+                            " rope tokens=", r.n_tokens, " half=", r.half);
+  if (!e.tokens || !e.table || !e.out || !r.inv_freq || !r.positions || !r.cos || !r.sin)
+    return invalid_argument("cuda decode_inputs: null argument");
+  const int64_t n = std::max(e.n * e.dim, r.n_tokens * r.half);
+  if (n == 0) return Status::ok();
+  LATHE_TRY(cuda_check(launch_overlapped(decode_inputs_kernel, dim3(blocks_for(n, kThreads)), dim3(kThreads),
+                                         stream_of(ctx), a.overlap, e, r),
+                       "decode_inputs launch"));
+  return ctx.check_launch("decode_inputs");
 }
 
 Status residual_norm(CudaContext& ctx, const ResidualNormArgs& a) {

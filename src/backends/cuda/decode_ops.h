@@ -189,6 +189,19 @@ struct EmbeddingF32Args {
 };
 Status embedding_f32(CudaContext& ctx, const EmbeddingF32Args& a);
 
+// A decode step's inputs in one kernel: embedding_f32's rows (and seen
+// bits) and rope_tables' cos/sin of the step's positions, bitwise what the
+// two ops write. With overlap it is a programmatic dependent launch that
+// lets the next kernel start only after its own wait, so a kernel that reads
+// the positions before its wait (the decode attention) sees what the
+// previous kernel (the last step's pick) wrote there.
+struct DecodeInputsArgs {
+  EmbeddingF32Args embedding;
+  RopeTablesCudaArgs rope;
+  bool overlap = false;
+};
+Status decode_inputs(CudaContext& ctx, const DecodeInputsArgs& a);
+
 // The f32 residual stream's pre-norm: h += delta + bias (when delta is set;
 // bias only with delta), then y = bf16(h·rstd·w) with rstd =
 // rsqrt(mean(h²) + eps), everything in f32.

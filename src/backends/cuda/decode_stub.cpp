@@ -13,6 +13,7 @@ GemvPrefetch gemv_l2_prefetch(const GemvArgs&, int, int) { return {}; }
 std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefetch&, int64_t, int64_t) { return {}; }
 Status broadcast_rows(CudaContext&, bf16_bits*, const bf16_bits*, int64_t, int64_t) { return no_cuda(); }
 Status embedding_f32(CudaContext&, const EmbeddingF32Args&) { return no_cuda(); }
+Status decode_inputs(CudaContext&, const DecodeInputsArgs&) { return no_cuda(); }
 Status residual_norm(CudaContext&, const ResidualNormArgs&) { return no_cuda(); }
 Status rope_append(CudaContext&, const RopeAppendArgs&) { return no_cuda(); }
 Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs&, int) { return no_cuda(); }

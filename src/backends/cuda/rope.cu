@@ -7,6 +7,7 @@
 // 16-byte aligned, else one per (token, head, pair); the inverse rotation
 // is the backward.
 #include "backends/cuda/context_impl.h"
+#include "backends/cuda/rope_table.cuh"
 #include "backends/cuda/vec8.cuh"
 
 namespace lathe::cuda {
@@ -16,11 +17,7 @@ constexpr int kThreads = 256;
 
 __global__ void rope_tables_kernel(RopeTablesCudaArgs a) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.n_tokens * a.half) return;
-  const int64_t t = i / a.half, p = i % a.half;
-  const float angle = static_cast<float>(a.positions[t]) * a.inv_freq[p];
-  a.cos[i] = static_cast<float>(cos(static_cast<double>(angle)));
-  a.sin[i] = static_cast<float>(sin(static_cast<double>(angle)));
+  if (i < a.n_tokens * a.half) rope_table_entry(a, i);
 }
 
 __global__ void rope_apply_kernel(RopeCudaArgs a) {
