@@ -276,7 +276,7 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
 }
 
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
-Status CudaCausalLmImpl::decode_step(int b) {
+Status CudaCausalLmImpl::decode_step(int b, const cuda::GemvPick* pick) {
   LATHE_TRY(cuda::decode_inputs(
       ctx, {.embedding = {.tokens = buf.tokens, .table = embed, .out = buf.h, .n = b, .vocab = vocab, .dim = hidden,
                           .seen = buf.seen, .seen_stride = seen_words},
@@ -285,7 +285,9 @@ Status CudaCausalLmImpl::decode_step(int b) {
             .overlap = overlap}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
   // The LM head pulls layer 0's q|k|v into L2 for the next step.
-  return norm_gemv(final_norm, prefetching(lm_head_gemv(b), qkv_gemv(0, b), &CudaL2PrefetchUnits::lm_head));
+  cuda::GemvArgs head = prefetching(lm_head_gemv(b), qkv_gemv(0, b), &CudaL2PrefetchUnits::lm_head);
+  if (pick) head.pick = *pick;
+  return norm_gemv(final_norm, head);
 }
 
 Status CudaCausalLmImpl::check_tokens(int seq, std::span<const int32_t> tokens) const {
@@ -352,13 +354,22 @@ Status CudaCausalLmImpl::clear_seen_of_empty(int b) {
   return Status::ok();
 }
 
+cuda::GreedyFeed CudaCausalLmImpl::pick_feed(bool fed) const {
+  if (!fed) return {};
+  return {.tokens = buf.tokens, .positions = buf.positions,
+          .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kDecodeDepth};
+}
+
+cuda::GemvPick CudaCausalLmImpl::fused_pick(int b, bool fed, const CudaSampling& sa) const {
+  if (sa.temperature > 0.0f || !cuda::gemv_fuses_pick(lm_head_gemv(b), opts.device)) return {};
+  return {.next = buf.next_token, .feed = pick_feed(fed),
+          .penalty = {.seen = buf.seen, .stride = seen_words, .penalty = sa.repetition_penalty},
+          .slots = buf.pick_slots, .count = buf.pick_count};
+}
+
 Status CudaCausalLmImpl::enqueue_pick(int b, bool fed, const CudaSampling& sa, int64_t salt) {
   const cuda::SeenPenalty pen{.seen = buf.seen, .stride = seen_words, .penalty = sa.repetition_penalty};
-  cuda::GreedyFeed feed{};
-  if (fed) {
-    feed = {.tokens = buf.tokens, .positions = buf.positions,
-            .host_ring = static_cast<int32_t*>(chain.ring.device_data()), .ring_slots = CudaCausalLM::kDecodeDepth};
-  }
+  const cuda::GreedyFeed feed = pick_feed(fed);
   if (sa.temperature > 0.0f) {
     return cuda::sample_pick(ctx, {.logits = buf.logits, .next = buf.next_token, .rows = b, .vocab = vocab,
                                    .inv_temperature = 1.0f / sa.temperature, .top_k = sa.top_k, .top_p = sa.top_p,
@@ -372,19 +383,23 @@ Status CudaCausalLmImpl::enqueue_pick(int b, bool fed, const CudaSampling& sa, i
 // As enqueue_step(), with the pick feeding the next step in the same graph.
 Status CudaCausalLmImpl::enqueue_chain_step() {
   const int b = chain.b;
+  // A greedy pick runs in the LM head's last block where it can (the pick
+  // kernel and its launch saved).
+  auto step_and_pick = [&]() -> Status {
+    const cuda::GemvPick pick = fused_pick(b, /*fed=*/true, chain.sampling);
+    LATHE_TRY(decode_step(b, pick.next ? &pick : nullptr));
+    return pick.next ? Status::ok() : enqueue_pick(b, /*fed=*/true, chain.sampling);
+  };
   auto step = [&]() -> Status {
     if (opts.use_graphs && decoded_eagerly[b]) {
       if (chain.graphs[b].empty()) {
-        LATHE_ASSIGN_OR_RETURN(chain.graphs[b], cuda::CudaGraph::capture(ctx, [&]() -> Status {
-                                 LATHE_TRY(decode_step(b));
-                                 return enqueue_pick(b, /*fed=*/true, chain.sampling);
-                               }));
+        LATHE_ASSIGN_OR_RETURN(chain.graphs[b], cuda::CudaGraph::capture(ctx, step_and_pick));
       }
       return chain.graphs[b].launch(ctx);
     }
-    LATHE_TRY(decode_step(b));
+    LATHE_TRY(step_and_pick());
     decoded_eagerly[b] = true;
-    return enqueue_pick(b, /*fed=*/true, chain.sampling);
+    return Status::ok();
   };
   Status st = step();
   if (!st.is_ok() && overlap && chain.issued == chain.taken) {

@@ -62,6 +62,8 @@ struct StateBuffers {
   void* attn_workspace = nullptr;
   int32_t* next_token = nullptr;  // [max_batch] greedy picks
   uint32_t* seen = nullptr;       // [max_batch, seen_words] the tokens each sequence holds, a bit per id
+  cuda::GemvPickSlot* pick_slots = nullptr;  // [cuda::kGemvPickSlots] the LM head's fused greedy pick
+  unsigned* pick_count = nullptr;            // its count (zero between steps)
   // Per layer 2·S slots (S = max_batch rounded up to even): sequence s's k
   // cache at slot s, its v cache at S + s (the pointer arrays of
   // attention_decode_batch and rope_append, each 16-byte aligned).
@@ -173,12 +175,17 @@ class CudaCausalLmImpl {
   cuda::GemvArgs prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next, int CudaL2PrefetchUnits::*source) const;
   Status decode_attention(int l, int b);
   Status decode_layer(int l, int b);
-  Status decode_step(int b);
+  // With `pick`, the LM head picks greedily as enqueue_pick would (fused_pick()).
+  Status decode_step(int b, const cuda::GemvPick* pick = nullptr);
+  // The greedy pick of enqueue_pick(b, fed, sa) fused into the LM head, when
+  // sa is greedy and the LM head runs on the ring; else pick.next is null.
+  cuda::GemvPick fused_pick(int b, bool fed, const CudaSampling& sa) const;
   Status decode(std::span<const int32_t> tokens);
   Status enqueue_step(int b);  // eagerly, or as this b's graph (captured on its second step)
   // The pick of the step's logits under sa (greedy_pick or sample_pick),
   // feeding the next step when fed; salt for an unfed draw.
   Status enqueue_pick(int b, bool fed, const CudaSampling& sa, int64_t salt = 0);
+  cuda::GreedyFeed pick_feed(bool fed) const;  // a pick's feed of the next step (none unless fed)
   Status clear_seen_of_empty(int b);  // zeroes the token bitmaps of sequences 0..b−1 that hold nothing yet
   Status enqueue_chain_step();  // one more step of the chain, then its event
   void drop_graphs();

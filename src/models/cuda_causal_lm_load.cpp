@@ -145,6 +145,8 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.next_token, c.take<int32_t>(nb, "next tokens"));
   seen_words = (vocab + 31) / 32;
   LATHE_ASSIGN_OR_RETURN(buf.seen, c.take<uint32_t>(nb * seen_words, "tokens seen"));
+  LATHE_ASSIGN_OR_RETURN(buf.pick_slots, c.take<cuda::GemvPickSlot>(cuda::kGemvPickSlots, "pick slots"));
+  LATHE_ASSIGN_OR_RETURN(buf.pick_count, c.take<unsigned>(1, "pick count"));
   LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
   return Status::ok();
 }

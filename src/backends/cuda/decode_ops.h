@@ -98,6 +98,41 @@ struct GemvPrefetch {
   int units = 0, head_dim = 0, lag = -1;
   GemvEpilogue epilogue = GemvEpilogue::kStoreBf16;
 };
+// The pick's feed (greedy_pick below says what it writes).
+struct GreedyFeed {
+  int32_t* tokens = nullptr;     // [rows] device
+  int32_t* positions = nullptr;  // [rows] device
+  int32_t* host_ring = nullptr;  // [rows, ring_slots] mapped host memory (device address)
+  int ring_slots = 0;
+};
+// Hugging Face's repetition penalty before a pick: a logit of a token in
+// row r's bitmap (seen + r·stride words, as embedding_f32 sets them) is
+// divided by penalty when positive, multiplied when negative (the CPU's
+// apply_repetition_penalty). Off when seen is null or penalty is 1.
+struct SeenPenalty {
+  const uint32_t* seen = nullptr;
+  int64_t stride = 0;
+  float penalty = 1.0f;
+};
+// greedy_pick()'s pick (its rule, penalty and feed) fused into a ring GEMV
+// whose kStoreF32 outputs are the logits (GemvArgs::pick): each block's
+// epilogue warp keeps its rows' best logits as it writes them, puts them in
+// `slots` [block · 4 + row], and the last block to count itself in `count`
+// merges them and writes the picks (gemv_fuses_pick() says when a GEMV
+// takes it). count must be zero before the first call; every call leaves
+// it zero. The picks are greedy_pick()'s on the stored logits.
+struct GemvPickSlot {
+  float v;
+  int32_t i;  // -1: none
+};
+constexpr int64_t kGemvPickSlots = 8192;
+struct GemvPick {
+  int32_t* next = nullptr;  // [rows]; null: no pick
+  GreedyFeed feed{};
+  SeenPenalty penalty{};
+  GemvPickSlot* slots = nullptr;  // [kGemvPickSlots]
+  unsigned* count = nullptr;
+};
 struct GemvArgs {
   const bf16_bits* x = nullptr;     // [rows, k]
   const bf16_bits* w = nullptr;     // [n, k] (kSwigluBf16: [2·n, k])
@@ -157,10 +192,16 @@ struct GemvArgs {
   // default it issues its first unit alone and the rest of the ring once
   // that unit has landed (gemv_bulk.cu): the same bytes, sooner at first.
   bool ring_fill_at_once = false;
+  // With pick.next set: the greedy pick of each row's outputs (GemvPick);
+  // refused unless gemv_fuses_pick().
+  GemvPick pick{};
 };
 Status gemv(CudaContext& ctx, const GemvArgs& a);  // messages start with "cuda gemv: "
 // Whether gemv() takes this shape and these pointers.
 bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k);
+// Whether gemv() on device can fuse a pick (GemvArgs::pick) into a: the
+// ring (kGemvBulkShape on sm_90+), kStoreF32, 1..4 rows.
+bool gemv_fuses_pick(const GemvArgs& a, int device);
 // The prefetch (GemvArgs::prefetch) of the first `units` units of every
 // block of `next` as gemv() would launch it on `device`; empty (nothing
 // prefetched) unless next runs on the ring (kGemvBulkShape, up to 4 rows,
@@ -257,21 +298,7 @@ bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs& a);
 // next[r] for the position p the row's token had (mapped pinned memory the
 // host reads once the step's event has completed). Greedy decoding then
 // needs nothing from the host between steps.
-struct GreedyFeed {
-  int32_t* tokens = nullptr;     // [rows] device
-  int32_t* positions = nullptr;  // [rows] device
-  int32_t* host_ring = nullptr;  // [rows, ring_slots] mapped host memory (device address)
-  int ring_slots = 0;
-};
-// Hugging Face's repetition penalty before a pick: a logit of a token in
-// row r's bitmap (seen + r·stride words, as embedding_f32 sets them) is
-// divided by penalty when positive, multiplied when negative (the CPU's
-// apply_repetition_penalty). Off when seen is null or penalty is 1.
-struct SeenPenalty {
-  const uint32_t* seen = nullptr;
-  int64_t stride = 0;
-  float penalty = 1.0f;
-};
+// (GreedyFeed and SeenPenalty are declared above GemvArgs.)
 struct GreedyPickArgs {
   const float* logits = nullptr;  // [rows, vocab]
   int32_t* next = nullptr;        // [rows]

@@ -9,6 +9,7 @@ Status no_cuda() { return unsupported("cuda: this build of lathe has no CUDA bac
 
 Status gemv(CudaContext&, const GemvArgs&) { return no_cuda(); }
 bool gemv_supports(const bf16_bits*, const bf16_bits*, int64_t) { return false; }
+bool gemv_fuses_pick(const GemvArgs&, int) { return false; }
 GemvPrefetch gemv_l2_prefetch(const GemvArgs&, int, int) { return {}; }
 std::vector<std::pair<int64_t, int64_t>> gemv_l2_prefetch_ranges(const GemvPrefetch&, int64_t, int64_t) { return {}; }
 Status broadcast_rows(CudaContext&, bf16_bits*, const bf16_bits*, int64_t, int64_t) { return no_cuda(); }

@@ -83,6 +83,7 @@
 #include "backends/cuda/decode_ops.h"
 #include "backends/cuda/gemv_bulk.h"
 #include "backends/cuda/gemv_common.cuh"
+#include "backends/cuda/pick_common.cuh"
 
 namespace lathe::cuda {
 namespace {
@@ -490,8 +491,19 @@ bool gemv_supports(const bf16_bits* x, const bf16_bits* w, int64_t k) {
   return k > 0 && k % 8 == 0 && aligned16(x) && aligned16(w);
 }
 
+bool gemv_fuses_pick(const GemvArgs& a, int device) {
+  return a.epilogue == GemvEpilogue::kStoreF32 && a.shape == kGemvBulkShape && a.rows >= 1 && a.rows <= 4 &&
+         has_bulk_copies(device) && gemv_bulk_grid(a, device) * 4 <= kGemvPickSlots;
+}
+
 Status gemv(CudaContext& ctx, const GemvArgs& a) {
   if (a.rows < 0 || a.n <= 0 || a.k <= 0) return invalid_argument("cuda gemv: bad shape ", a.rows, "x", a.n, "x", a.k);
+  if (a.pick.next) {
+    if (!gemv_fuses_pick(a, ctx.device()))
+      return invalid_argument("cuda gemv: a fused pick needs the shared-memory ring (sm_90+), kStoreF32 and 1-4 rows");
+    if (!a.pick.slots || !a.pick.count) return invalid_argument("cuda gemv: a fused pick needs slots and a count");
+    LATHE_TRY(check_pick("cuda gemv: ", static_cast<const float*>(a.out), a.pick.next, a.rows, a.n, a.pick.feed));
+  }
   const bool rope = a.epilogue == GemvEpilogue::kRopeAppend;
   if ((!a.x && !a.x_f32) || !a.w || (!a.out && !rope)) return invalid_argument("cuda gemv: null argument");
   if (rope) LATHE_TRY(check_rope(a));

@@ -109,9 +109,10 @@ constexpr bool is_paired() {
   return is_swiglu<E>() || E == GemvEpilogue::kRopeAppend;
 }
 
-// The epilogues: output (row b, column j) from its dot product(s).
+// The epilogues: output (row b, column j) from its dot product(s). Returns
+// the value it stores (kStoreF32: the output itself).
 template <GemvEpilogue E>
-__device__ __forceinline__ void store_out(const GemvArgs& a, int b, int64_t j, float v) {
+__device__ __forceinline__ float store_out(const GemvArgs& a, int b, int64_t j, float v) {
   if (a.bias) v += dev::ld(a.bias, j);
   const int64_t o = int64_t(b) * a.n + j;
   if constexpr (E == GemvEpilogue::kStoreBf16) {
@@ -121,6 +122,7 @@ __device__ __forceinline__ void store_out(const GemvArgs& a, int b, int64_t j, f
   } else {
     static_cast<float*>(a.out)[o] += v;
   }
+  return v;
 }
 // Paired: j is the pair's first weight row, v1 and v2 the two sums.
 template <GemvEpilogue E>
@@ -208,18 +210,22 @@ __device__ __forceinline__ int64_t slot_row(const GemvArgs& a, int r) {
   return tile_row<R, E>(a, int64_t(blockIdx.x) * tile_columns<R, E>(), gemv_columns(a), r);
 }
 
-// The epilogue of slot r of tile (u0, u_end) for x row b, given the tile's summed slots.
+// The epilogue of slot r of tile (u0, u_end) for x row b, given the tile's
+// summed slots. Returns the output column (−1: none) and sets *stored to
+// what store_out() stored there (unpaired epilogues).
 template <int R, GemvEpilogue E, class Total>
-__device__ __forceinline__ void finish_tile_slot(const GemvArgs& a, int64_t u0, int64_t u_end, int r, int b,
-                                                 float scale, Total&& total) {
+__device__ __forceinline__ int64_t finish_tile_slot(const GemvArgs& a, int64_t u0, int64_t u_end, int r, int b,
+                                                    float scale, Total&& total, float* stored = nullptr) {
   const int64_t j = tile_row<R, E>(a, u0, u_end, r);
-  if (j < 0) return;
+  if (j < 0) return -1;
   if constexpr (is_paired<E>()) {
-    if (r >= R / 2) return;
+    if (r >= R / 2) return -1;
     store_pair<E>(a, b, j, total(r) * scale, total(r + R / 2) * scale);
   } else {
-    store_out<E>(a, b, j, total(r) * scale);
+    const float v = store_out<E>(a, b, j, total(r) * scale);
+    if (stored) *stored = v;
   }
+  return j;
 }
 // The same for block blockIdx.x's one tile.
 template <int R, GemvEpilogue E, class Total>

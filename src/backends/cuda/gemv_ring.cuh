@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "backends/cuda/gemv_common.cuh"
+#include "backends/cuda/pick_common.cuh"
 
 namespace lathe::cuda::ring {
 
@@ -422,6 +423,39 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
   }
 }
 
+// The epilogue warp of a GEMV with a fused pick (GemvPick), after its
+// tiles: lane r·B + b holds its best of row b. The block's best of each row
+// goes to p.slots; the last block to count itself merges every block's and
+// writes the picks, then zeroes the count for the next call.
+template <int B>
+__device__ void pick_block_done(const GemvPick& p, int rows, PickBest best, int lane) {
+  best = pick_shuffle(best, 31 & ~(B - 1));  // over the lanes of one row b: lane b holds it
+  PickBest row[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) row[b] = {__shfl_sync(0xffffffffu, best.v, b), __shfl_sync(0xffffffffu, best.i, b)};
+  unsigned before = 0;
+  if (lane == 0) {
+    // The slots, then the count with release and acquire semantics (the
+    // slots of the blocks counted before are visible to the one counted last).
+#pragma unroll
+    for (int b = 0; b < B; ++b) p.slots[int64_t(blockIdx.x) * B + b] = {row[b].v, static_cast<int32_t>(row[b].i)};
+    LATHE_BULK_ASM("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(before) : "l"(p.count) : "memory");
+  }
+  __syncwarp();  // orders the other lanes' loads below after lane 0's acquire
+  if (__shfl_sync(0xffffffffu, before, 0) != gridDim.x - 1) return;
+  for (int b = 0; b < rows; ++b) {
+    PickBest m{-INFINITY, -1};
+    for (unsigned k = lane; k < gridDim.x; k += 32) {
+      const int2 o = __ldcg(reinterpret_cast<const int2*>(p.slots) + int64_t(k) * B + b);  // {v, i}, past L1
+      const PickBest c{__int_as_float(o.x), o.y};
+      if (pick_better(c, m)) m = c;
+    }
+    m = pick_shuffle(m, 31);
+    if (lane == 0) write_pick(p.next, p.feed, b, static_cast<int32_t>(m.i < 0 ? 0 : m.i));
+  }
+  if (lane == 0) *static_cast<volatile unsigned*>(p.count) = 0u;  // for the next call (after this kernel)
+}
+
 // The epilogue warp: each tile of a's columns [c_begin, c_end), once the
 // consumer warps have handed in its sums, added over the warps in order and
 // finished (norm scale, then the epilogue); the slot is then given back.
@@ -435,20 +469,28 @@ __device__ void finish_tiles(const GemvArgs& a, int64_t c_begin, int64_t c_end, 
   static_assert(R * B <= 32, "a lane per tile slot and x row");
   const int lane = threadIdx.x & 31, r = lane / B, b = lane % B;
   const bool mine = lane < R * B && b < a.rows;
+  const bool pick = E == GemvEpilogue::kStoreF32 && a.pick.next;
+  PickBest best{-INFINITY, -1};  // with a pick: this lane's best output of row b
   for (int64_t u0 = c_begin; u0 < c_end; u0 += kTileCols, sp.next()) {
     mbar_wait(smem_addr(&s.full[sp.slot]), sp.parity);
     if (mine) {
       const float scale = row_scale<kW>(a, &s.ss[sp.slot][0][b], B);
-      finish_tile_slot<R, E>(a, u0, min(c_end, u0 + kTileCols), r, b, scale, [&](int rr) {
-        float sum = 0.0f;
+      float v = 0.0f;
+      const int64_t j = finish_tile_slot<R, E>(
+          a, u0, min(c_end, u0 + kTileCols), r, b, scale,
+          [&](int rr) {
+            float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kW; ++w) sum += s.part[sp.slot][w][rr * B + b];
-        return sum;
-      });
+            for (int w = 0; w < kW; ++w) sum += s.part[sp.slot][w][rr * B + b];
+            return sum;
+          },
+          &v);
+      if (pick && j >= 0) pick_consider(best, penalized(a.pick.penalty, b, j, v), j);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(&s.empty[sp.slot]));
   }
+  if (pick) pick_block_done<B>(a.pick, static_cast<int>(a.rows), best, lane);
 }
 
 }  // namespace lathe::cuda::ring

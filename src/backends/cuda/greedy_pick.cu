@@ -26,33 +26,15 @@ constexpr int kPickThreads = 512;
 constexpr int kPickWarps = kPickThreads / 32;
 constexpr int kPickSplit = 8;  // blocks per row on sm_90+ (a portable cluster)
 
-struct Best {
-  float v;
-  int64_t i;  // -1: none yet
-};
+using Best = PickBest;
 
-__device__ __forceinline__ bool better(const Best& o, const Best& m) {
-  return o.i >= 0 && (m.i < 0 || o.v > m.v || (o.v == m.v && o.i < m.i));
-}
-
-__device__ __forceinline__ Best warp_best(Best b) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    Best o{__shfl_xor_sync(0xffffffffu, b.v, off), __shfl_xor_sync(0xffffffffu, b.i, off)};
-    if (better(o, b)) b = o;
-  }
-  return b;
-}
+__device__ __forceinline__ Best warp_best(Best b) { return pick_shuffle(b, 31); }
 
 // The best of columns [c0, c1) of row r, merged over the block (every thread gets it).
 __device__ Best block_best(const float* row, int64_t c0, int64_t c1, Best* s_warp, const SeenPenalty& pen,
                            int64_t r) {
   Best b{-INFINITY, -1};
-  auto consider = [&](float v, int64_t j) {
-    v = penalized(pen, r, j, v);
-    if (v != v) return;  // NaN never wins
-    if (b.i < 0 || v > b.v) b = {v, j};  // strictly greater: the first of equals stays
-  };
+  auto consider = [&](float v, int64_t j) { pick_consider(b, penalized(pen, r, j, v), j); };
   // float4 loads where the run is 16-byte aligned, 4 in flight per thread.
   int64_t a0 = c0;
   while (a0 < c1 && (reinterpret_cast<uintptr_t>(row + a0) & 15) != 0) ++a0;
@@ -114,7 +96,7 @@ __global__ void __launch_bounds__(kPickThreads) greedy_pick_kernel(GreedyPickArg
       Best m{-INFINITY, -1};
       for (int k = 0; k < n; ++k) {  // in column order: a later block wins only when strictly better
         const Best o = *cluster.map_shared_rank(&s_block, k);
-        if (better(o, m)) m = o;
+        if (pick_better(o, m)) m = o;
       }
       finish(a, r, m);
     }

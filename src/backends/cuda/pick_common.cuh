@@ -17,6 +17,31 @@ __device__ __forceinline__ float penalized(const SeenPenalty& p, int64_t r, int6
   return v < 0.0f ? v * p.penalty : v / p.penalty;
 }
 
+// A candidate of the greedy rule: the largest value wins, the lower column
+// of equals; i < 0: none yet. NaN is never a candidate (pick_consider), so
+// the winner does not depend on the order the candidates meet in.
+struct PickBest {
+  float v;
+  int64_t i;
+};
+__device__ __forceinline__ bool pick_better(const PickBest& o, const PickBest& m) {
+  return o.i >= 0 && (m.i < 0 || o.v > m.v || (o.v == m.v && o.i < m.i));
+}
+__device__ __forceinline__ void pick_consider(PickBest& b, float v, int64_t j) {
+  if (v != v) return;  // NaN never wins
+  if (pick_better({v, j}, b)) b = {v, j};
+}
+// The best of the lanes whose bits in `mask` differ (every lane of a group gets it).
+__device__ __forceinline__ PickBest pick_shuffle(PickBest b, int mask) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    if (!(mask & off)) continue;
+    const PickBest o{__shfl_xor_sync(0xffffffffu, b.v, off), __shfl_xor_sync(0xffffffffu, b.i, off)};
+    if (pick_better(o, b)) b = o;
+  }
+  return b;
+}
+
 // Row r's pick `id` to next, and with a feed: the next step's token and
 // position, and the host ring's slot of the position the row's token had.
 __device__ __forceinline__ void write_pick(int32_t* next, const GreedyFeed& feed, int64_t r, int32_t id) {
