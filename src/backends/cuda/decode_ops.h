@@ -121,7 +121,7 @@ struct SeenPenalty {
 // merges them and writes the picks (gemv_fuses_pick() says when a GEMV
 // takes it). count must be zero before the first call; every call leaves
 // it zero. The picks are greedy_pick()'s on the stored logits.
-struct GemvPickSlot {
+struct alignas(8) GemvPickSlot {  // read back as one 8-byte word
   float v;
   int32_t i;  // -1: none
 };
