@@ -21,8 +21,9 @@
 // --chain 1 runs only a diagnostic: layers of the shape's four decode GEMVs
 // (one x row, f32 out) streamed by one persistent ring kernel
 // (launch_gemv_chain), plain and with a grid barrier before each GEMV's
-// products (as a persistent decode step would need), at 2 blocks per SM
-// and 96 KiB and at 1 with 224 and 160 KiB, beside the same GEMVs as one
+// products (as a persistent decode step needs), at 2 blocks per SM
+// and 96 KiB and at 1 with 224 KiB, each with the producers' units in
+// flight unbounded and at 1, 2, 3 and 5 (GemvChain::in_flight), beside the same GEMVs as one
 // ring kernel each (2 per SM, and 1 per SM with rings small enough for the
 // next kernel's block to be resident beside): what kernel boundaries and
 // barriers cost the stream. --ab-filter runs only the A/B cases whose name
@@ -37,7 +38,8 @@
 // --attn-chunk N the split-K decode attention with chunks of at least N
 // keys; --split-k-attention 1 the step on it (not the cluster kernel). Up
 // to 4 sequences (unless --ab 0) each shape's row is followed by the A/B line: the same
-// model's decode with the split-K attention instead of the cluster
+// model's decode as one persistent kernel (CudaModelOptions::fused_decode,
+// one sequence only: 1, 2 and 6 units in flight, two blocks per SM), with the split-K attention instead of the cluster
 // kernel, the cluster kernel at 4, 2 and 1 query heads per block, every
 // GEMV on the ring of 96 and of 64 KiB (two blocks per SM), and on
 // kCudaDecodeRegisterShapes; without and with the L2 prefetch of each
@@ -603,6 +605,11 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
       lathe::CudaModelOptions o;
     };
     const Case cases[] = {
+        {"fused step (one kernel), 1 unit in flight", {.fused_decode = true, .fused_in_flight = 1}},
+        {"fused step, 2 units in flight", {.fused_decode = true, .fused_in_flight = 2}},
+        {"fused step, 6 units in flight", {.fused_decode = true, .fused_in_flight = 6}},
+        {"fused step, 2 blocks per SM, 1 unit in flight",
+         {.fused_decode = true, .fused_in_flight = 1, .fused_per_sm = 2}},
         {"split-K attention (the step before the cluster kernel)", {.split_k_attention = true}},
         {"cluster attention, 4 q heads per block", {.attention_cluster_heads = 4}},
         {"cluster attention, 2 q heads per block", {.attention_cluster_heads = 2}},
@@ -683,19 +690,23 @@ void bench_chain(const Shape& s) {
   const auto st = static_cast<cudaStream_t>(ctx->stream());
   auto counter = cu::DeviceBuffer::alloc(ctx->device(), 256);
   if (!ok(counter.status(), "alloc")) return;
-  for (auto [per_sm, kib] : {std::pair{2, 96}, std::pair{1, 224}, std::pair{1, 160}})
-    for (int mode : {0, 2}) {  // plain; a grid barrier between GEMVs
-      chain.ring_kib = kib;
-      chain.barrier = mode == 2 ? static_cast<unsigned*>(counter->data()) : nullptr;
-      const double t = time_graph(*ctx, 4, [&](int) -> Status {
-        if (chain.barrier) LATHE_TRY(cu::fill_zero(*ctx, chain.barrier, 4));
-        const cudaError_t err = cu::launch_gemv_chain(chain, per_sm, st, ctx->device());
-        return err == cudaSuccess ? Status::ok() : lathe::unsupported("chain: ", cudaGetErrorString(err));
-      });
-      const std::string what = "one persistent kernel, " + std::to_string(per_sm) + "/SM, " + std::to_string(kib) +
-                               " KiB" + (mode == 2 ? ", a grid barrier before each GEMV's products" : "");
-      report(what.c_str(), t);
-    }
+  for (auto [per_sm, kib] : {std::pair{2, 96}, std::pair{1, 224}})
+    for (int in_flight : {0, 1, 2, 3, 5})
+      for (int mode : {0, 2}) {  // plain; a grid barrier between GEMVs
+        chain.ring_kib = kib;
+        chain.in_flight = in_flight;
+        chain.barrier = mode == 2 ? static_cast<unsigned*>(counter->data()) : nullptr;
+        const double t = time_graph(*ctx, 4, [&](int) -> Status {
+          if (chain.barrier) LATHE_TRY(cu::fill_zero(*ctx, chain.barrier, 4));
+          const cudaError_t err = cu::launch_gemv_chain(chain, per_sm, st, ctx->device());
+          return err == cudaSuccess ? Status::ok() : lathe::unsupported("chain: ", cudaGetErrorString(err));
+        });
+        const std::string what = "one persistent kernel, " + std::to_string(per_sm) + "/SM, " + std::to_string(kib) +
+                                 " KiB, in flight " + std::to_string(in_flight) +
+                                 (mode == 2 ? ", a grid barrier before each GEMV's products" : "");
+        report(what.c_str(), t);
+        std::fflush(stdout);
+      }
   struct PerGemv {
     int per_sm, kib;
     bool max_carveout;

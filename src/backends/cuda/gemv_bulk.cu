@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kBulkThreads, 2) gemv_chain_kernel(const __gri
     for (int i = 0; i < c.count; ++i) {
       const GemvArgs a = args(i);
       block_columns(a, &c_begin, &c_end);
-      produce_units<E>(a, c_begin, c_end, ring, pos);
+      produce_units<E>(a, c_begin, c_end, ring, pos, c.in_flight);
     }
     return;
   }

@@ -29,6 +29,7 @@ struct GemvChain {
   // barrier, as between the stages of a decode step).
   unsigned* barrier = nullptr;
   int ring_kib = 0;  // 0: kGemvBulkRingKib
+  int in_flight = 0;  // > 0: the producer keeps at most this many units requested and not landed
 };
 cudaError_t launch_gemv_chain(const GemvChain& c, int per_sm, cudaStream_t st, int device);
 

@@ -1,9 +1,7 @@
 // The shared-memory weight ring of the skinny GEMM (gemv_bulk.cu) as device
-// pieces: the producer warp and the consumer loop. (A persistent decode
-// kernel ran the same pieces for every stage of a step, grid barriers
-// between them: measured half the speed of the kernel-per-stage step on the
-// H200, with the GEMV stages alone, no barriers, streaming at about half
-// the standalone rate; removed.)
+// pieces: the producer warp and the consumer loop, for the ring kernel of
+// one GEMV (gemv_bulk.cu) and for the persistent kernel of a whole decode
+// step (decode_fused.cu).
 //
 // The ring: S slots of one unit each (8 weight rows × 2048 k, 32 KiB), a
 // "full" mbarrier per slot (the bulk copies' byte count) and an "empty" one
@@ -175,8 +173,23 @@ struct XRaw {
   uint4 v[B][2];  // bf16: v[b][0]; f32: two float4 as bits
   uint4 norm;
 };
-__device__ __forceinline__ uint4 ld_x(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
-template <int B>
+// kL2: x was written by other blocks of the same kernel (decode_fused.cu),
+// after an acquire of theirs: an ordinary (weak) load, which the memory
+// model orders after that acquire, never the read-only path's, whose lines
+// may be stale within a kernel.
+template <bool kL2>
+__device__ __forceinline__ uint4 ld_x(const void* p) {
+  if constexpr (kL2) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+  }
+  return __ldg(static_cast<const uint4*>(p));
+}
+template <int B, bool kL2 = false>
 __device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, XRaw<B>& x) {
   if (c >= a.k / 8) return;
 #pragma unroll
@@ -184,9 +197,9 @@ __device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, X
     if (b >= rows) break;
     if (a.x_f32) {
       const uint4* p = reinterpret_cast<const uint4*>(a.x_f32 + int64_t(b) * a.k + c * 8);
-      x.v[b][0] = ld_x(p), x.v[b][1] = ld_x(p + 1);
+      x.v[b][0] = ld_x<kL2>(p), x.v[b][1] = ld_x<kL2>(p + 1);
     } else {
-      x.v[b][0] = ld_x(a.x + int64_t(b) * a.k + c * 8);
+      x.v[b][0] = ld_x<kL2>(a.x + int64_t(b) * a.k + c * 8);
     }
   }
   if (a.norm_w) x.norm = __ldg(reinterpret_cast<const uint4*>(a.norm_w + c * 8));
@@ -214,18 +227,28 @@ __device__ __forceinline__ void use_x(const GemvArgs& a, const XRaw<B>& x, int b
 }
 
 // The producer warp: the units of a's columns [c_begin, c_end) (a lane per
-// weight row), each slot refilled once the consumers have emptied it.
-// Returns the number of units.
+// weight row), each slot refilled once the consumers have emptied it. With
+// in_flight > 0 (at most the ring's slots count) it keeps at most that many
+// units requested and not landed, from the first unit on; else it waits
+// for the first unit alone (GemvArgs::ring_fill_at_once aside). Returns the
+// number of units.
 template <GemvEpilogue E>
-__device__ int64_t produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos) {
+__device__ int64_t produce_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
+                               int in_flight = 0) {
   const int lane = threadIdx.x & 31;
   const uint64_t policy = evict_first_policy();
   const int k_stages = k_stages_of(a);
   const int64_t n_units = units_of<E>(c_begin, c_end, k_stages);
+  in_flight = min(in_flight, ring.n_slots);  // a slot's barrier tells its last fill round only
   UnitCursor<E> cur{c_begin};
   for (int64_t u = 0; u < n_units; ++u, cur.next(k_stages), pos.next(ring.n_slots)) {
     if (pos.units >= ring.n_slots) mbar_wait(ring.empty + 8 * pos.slot, pos.parity ^ 1);
-    if (u == 1 && !a.ring_fill_at_once) {  // the first unit alone: wait until it has landed
+    if (in_flight > 0 && pos.units >= in_flight) {  // at most in_flight units requested and not landed
+      int slot = pos.slot - in_flight;
+      uint32_t parity = pos.parity;
+      while (slot < 0) slot += ring.n_slots, parity ^= 1;
+      mbar_wait(ring.full + 8 * slot, parity);
+    } else if (u == 1 && !a.ring_fill_at_once) {  // the first unit alone: wait until it has landed
       const bool wrapped = pos.slot == 0;
       mbar_wait(ring.full + 8 * (wrapped ? ring.n_slots - 1 : pos.slot - 1), wrapped ? pos.parity ^ 1 : pos.parity);
     }
@@ -320,7 +343,7 @@ struct SumPos {
 // producer's order, each tile's sums by warp handed to the epilogue warp
 // (finish_tiles). x may come from the previous kernel: under a programmatic
 // dependent launch the caller has waited for it.
-template <int B, GemvEpilogue E>
+template <int B, GemvEpilogue E, bool kL2X = false>
 __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
                               RingSums<B>& s, SumPos<RingSums<B>::kSumSlots>& sp) {
   constexpr int R = kBulkRows;
@@ -331,7 +354,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
   static_assert(R == 8, "warp_sum8 takes a tile's 8 rows");
   float acc[R][B], ss[B];
   XRaw<B> x_next;
-  load_x<B>(a, rows, threadIdx.x, x_next);
+  load_x<B, kL2X>(a, rows, threadIdx.x, x_next);
   // k in one stage: every unit reads the same x chunk, so it is read, normed
   // and its squares summed once (the same arithmetic as per unit: the same
   // bits). Up to 2 rows: at 4 the chunks kept would spill.
@@ -366,7 +389,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
     const XRaw<B> x = x_next;
     const int next_stage = cur.stage + 1 == k_stages ? 0 : cur.stage + 1;
     if (!one_stage && u + 1 < n_units)
-      load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
+      load_x<B, kL2X>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
     if (have) {
