@@ -193,6 +193,7 @@ cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) 
   g.persistent = small && grid.persistent && opts.persistent_gemv;
   g.max_carveout = opts.ring_max_carveout;
   g.ring_fill_at_once = opts.ring_fill_at_once;
+  g.ring_in_flight = static_cast<uint8_t>(std::clamp(opts.ring_in_flight, 0, 7));
   g.overlap = overlap;
   return g;
 }
@@ -561,6 +562,7 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
   o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_each = d.l2_prefetch_each;
   o.ring_max_carveout = d.ring_max_carveout, o.ring_fill_at_once = d.ring_fill_at_once;
+  o.ring_in_flight = d.ring_in_flight;
   o.fused_decode = d.fused_decode, o.fused_in_flight = d.fused_in_flight, o.fused_per_sm = d.fused_per_sm;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }

@@ -116,6 +116,12 @@ struct CudaModelOptions {
   // The ring GEMVs' producers issue their whole ring at once, not their first unit alone first
   // (GemvArgs::ring_fill_at_once; the default measured faster on the H200: gemv_bulk.cu).
   bool ring_fill_at_once = false;
+  // > 0: the ring GEMVs' producers keep at most this many units requested and
+  // not landed (GemvArgs::ring_in_flight); 0: the first unit alone, then the
+  // whole ring. H200, 2026-12-01, one sequence: 2 units 1B 1,357.4 / 1,356.5
+  // against 1,350.7 / 1,350.4 tok/s with 0, 8B 266.5 against 264.7; 1 unit
+  // 1,334.9, 3 units 1,350.8 (not yet the default: measured in one call).
+  int ring_in_flight = 0;
   // A decode step of one sequence as one persistent kernel (cuda::decode_fused)
   // where the device and shapes allow it, its producers keeping
   // fused_in_flight units requested at most (DecodeFusedArgs::in_flight), at
@@ -168,7 +174,8 @@ class CudaCausalLM {
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
   // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
   // attention_cluster_heads, l2_prefetch_units (-1: the variable's again), l2_prefetch_each,
-  // ring_max_carveout, ring_fill_at_once, fused_decode, fused_in_flight; drops captured graphs.
+  // ring_max_carveout, ring_fill_at_once, ring_in_flight, fused_decode, fused_in_flight, fused_per_sm; drops
+  // captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive

@@ -480,7 +480,10 @@ TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
 // The ring GEMVs pulling their successors' first weights into L2
 // (CudaModelOptions::l2_prefetch_units: 3 units from every GEMV; all of
 // them but none from q|k|v and one from o, with the largest shared-memory
-// carveout; the same from LATHE_CUDA_DECODE_L2_PREFETCH)
+// carveout; the same from LATHE_CUDA_DECODE_L2_PREFETCH), and their
+// producers keeping 1 or 7 units in flight (more than the ring's slots:
+// bounded by it) instead of requesting their first unit alone, then the
+// whole ring (ring_in_flight),
 // move bytes earlier, never change a sum: bitwise the logits of the step
 // without, eager and replayed; the CPU's within the same tolerance; batched
 // sequences bitwise their own logits alone.
@@ -496,9 +499,11 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
   for (const CudaModelOptions& o :
        {CudaModelOptions{.l2_prefetch_units = 3},
         CudaModelOptions{.l2_prefetch_units = 64, .l2_prefetch_each = {.qkv = 0, .o = 1},
-                         .ring_max_carveout = true}}) {
+                         .ring_max_carveout = true},
+        CudaModelOptions{.ring_in_flight = 1}, CudaModelOptions{.ring_in_flight = 7}}) {
     SCOPED_TRACE(::testing::Message() << "units " << o.l2_prefetch_units << ", from q|k|v "
-                                      << o.l2_prefetch_each.qkv << ", from o " << o.l2_prefetch_each.o);
+                                      << o.l2_prefetch_each.qkv << ", from o " << o.l2_prefetch_each.o
+                                      << ", ring units in flight " << o.ring_in_flight);
     CudaModelOptions opts = o;
     opts.max_seq = max_seq;
     auto on = load_gpu(dir.str(), opts);

@@ -192,6 +192,11 @@ struct GemvArgs {
   // default it issues its first unit alone and the rest of the ring once
   // that unit has landed (gemv_bulk.cu): the same bytes, sooner at first.
   bool ring_fill_at_once = false;
+  // kGemvBulkShape: > 0, a block's producer keeps at most this many units
+  // requested and not landed (at most the ring's slots), from the first
+  // unit on; ring_fill_at_once is then ignored. Changes when bytes move,
+  // never a sum.
+  uint8_t ring_in_flight = 0;
   // With pick.next set: the greedy pick of each row's outputs (GemvPick);
   // refused unless gemv_fuses_pick().
   GemvPick pick{};

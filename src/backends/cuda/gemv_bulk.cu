@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel
     __syncwarp();
     ring_ready_arrive();
     // The producer never reads what the previous kernel writes, so it never waits for it.
-    const int64_t n_units = produce_units<E>(a, c_begin, c_end, ring, pos);
+    const int64_t n_units = produce_units<E>(a, c_begin, c_end, ring, pos, a.ring_in_flight);
     if (a.prefetch.units > 0 && a.prefetch.lag >= 0 && a.prefetch.lag < n_units)
       wait_consumed(ring, pos, min(a.prefetch.lag + 1, ring.n_slots));
     prefetch_next_units(a.prefetch);
