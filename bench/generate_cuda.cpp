@@ -46,7 +46,7 @@
 // GEMV's successor (CudaModelOptions::l2_prefetch_units: 1, 3, all units;
 // 3 but not from q|k|v), the ring GEMVs at the largest shared-memory
 // carveout, the ring filled at once (GemvArgs::ring_fill_at_once), its
-// producers at 1, 2 and 3 units in flight (GemvArgs::ring_in_flight), and the
+// producers at 0 (the whole ring), 1 and 3 units in flight (GemvArgs::ring_in_flight), and the
 // 64 KiB ring with the largest carveout (without and with the prefetch).
 // LATHE_CUDA_DECODE_L2_PREFETCH sets the prefetch of the main row and of
 // the A/B cases that do not name one.
@@ -627,8 +627,8 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
          {.l2_prefetch_each = {.qkv = 0, .o = 1, .gate_up = 3, .down = 64, .lm_head = 64}}},
         {"max carveout", {.ring_max_carveout = true}},
         {"ring filled at once (not the first unit alone first)", {.ring_fill_at_once = true}},
+        {"ring GEMVs, the first unit alone, then the whole ring in flight (before)", {.ring_in_flight = 0}},
         {"ring GEMVs, 1 unit in flight", {.ring_in_flight = 1}},
-        {"ring GEMVs, 2 units in flight", {.ring_in_flight = 2}},
         {"ring GEMVs, 3 units in flight", {.ring_in_flight = 3}},
         {"ring 64 KiB 2/SM, max carveout",
          {.bulk_gemv = true, .bulk_ring_kib = 64, .bulk_per_sm = 2, .ring_max_carveout = true}},

@@ -193,7 +193,8 @@ cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) 
   g.persistent = small && grid.persistent && opts.persistent_gemv;
   g.max_carveout = opts.ring_max_carveout;
   g.ring_fill_at_once = opts.ring_fill_at_once;
-  g.ring_in_flight = static_cast<uint8_t>(std::clamp(opts.ring_in_flight, 0, 7));
+  const int in_flight = opts.ring_in_flight >= 0 ? opts.ring_in_flight : g.rows == 1 ? 2 : 0;
+  g.ring_in_flight = static_cast<uint8_t>(std::clamp(in_flight, 0, 7));
   g.overlap = overlap;
   return g;
 }

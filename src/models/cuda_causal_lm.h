@@ -118,10 +118,11 @@ struct CudaModelOptions {
   bool ring_fill_at_once = false;
   // > 0: the ring GEMVs' producers keep at most this many units requested and
   // not landed (GemvArgs::ring_in_flight); 0: the first unit alone, then the
-  // whole ring. H200, 2026-12-01, one sequence: 2 units 1B 1,357.4 / 1,356.5
-  // against 1,350.7 / 1,350.4 tok/s with 0, 8B 266.5 against 264.7; 1 unit
-  // 1,334.9, 3 units 1,350.8 (not yet the default: measured in one call).
-  int ring_in_flight = 0;
+  // whole ring; -1: 2 units at one sequence, 0 at 2-4 (not measured there).
+  // H200, 2026-12-01, one sequence: 2 units 1B 1,357.4 / 1,356.5 against
+  // 1,350.7 / 1,350.4 tok/s with 0, 8B 266.5 against 264.7; 1 unit 1,334.9,
+  // 3 units 1,350.8.
+  int ring_in_flight = -1;
   // A decode step of one sequence as one persistent kernel (cuda::decode_fused)
   // where the device and shapes allow it, its producers keeping
   // fused_in_flight units requested at most (DecodeFusedArgs::in_flight), at

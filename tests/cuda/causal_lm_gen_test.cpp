@@ -481,9 +481,9 @@ TEST_P(CudaGenFlash, DecodeAttentionKernelsMatchCpu) {
 // (CudaModelOptions::l2_prefetch_units: 3 units from every GEMV; all of
 // them but none from q|k|v and one from o, with the largest shared-memory
 // carveout; the same from LATHE_CUDA_DECODE_L2_PREFETCH), and their
-// producers keeping 1 or 7 units in flight (more than the ring's slots:
-// bounded by it) instead of requesting their first unit alone, then the
-// whole ring (ring_in_flight),
+// producers keeping 0 (their first unit alone, then the whole ring), 1 or
+// 7 units in flight (more than the ring's slots: bounded by it) instead of
+// the default's 2 at one sequence (ring_in_flight),
 // move bytes earlier, never change a sum: bitwise the logits of the step
 // without, eager and replayed; the CPU's within the same tolerance; batched
 // sequences bitwise their own logits alone.
@@ -500,7 +500,8 @@ TEST_P(CudaGenFlash, L2PrefetchDecodeIsBitwiseTheSame) {
        {CudaModelOptions{.l2_prefetch_units = 3},
         CudaModelOptions{.l2_prefetch_units = 64, .l2_prefetch_each = {.qkv = 0, .o = 1},
                          .ring_max_carveout = true},
-        CudaModelOptions{.ring_in_flight = 1}, CudaModelOptions{.ring_in_flight = 7}}) {
+        CudaModelOptions{.ring_in_flight = 0}, CudaModelOptions{.ring_in_flight = 1},
+        CudaModelOptions{.ring_in_flight = 7}}) {
     SCOPED_TRACE(::testing::Message() << "units " << o.l2_prefetch_units << ", from q|k|v "
                                       << o.l2_prefetch_each.qkv << ", from o " << o.l2_prefetch_each.o
                                       << ", ring units in flight " << o.ring_in_flight);
