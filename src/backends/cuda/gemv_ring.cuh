@@ -11,7 +11,9 @@
 // consumers take the units in the same order. Nothing in the producer reads
 // what an earlier kernel or stage writes, so it runs ahead of the consumers
 // by the whole ring (after its first unit, which it asks for alone and waits
-// to land unless GemvArgs::ring_fill_at_once: gemv_bulk.cu says why).
+// to land unless GemvArgs::ring_fill_at_once: gemv_bulk.cu says why), or
+// with GemvArgs::ring_in_flight by that many units requested and not
+// landed (the decode step's default at one sequence: 2).
 //
 // Thread t sums chunks t, t + 256, ... of each row (k in order), each warp
 // adds its lanes in a fixed exchange (warp_sum8) and hands its tile sums to
