@@ -230,9 +230,18 @@ template <int D, int H>
 struct ClusterScratch {
   float o[kClusterWarps][H][D];
   float m[kClusterWarps][H], l[kClusterWarps][H];
-  float res_o[H][D];  // the block's result (relative to res_m), read by the cluster
-  float res_m[H], res_l[H];
+  // Every block's result (relative to its res_m), in the first block's shared memory.
+  float res_o[kClusterMaxSplits][H][D];
+  float res_m[kClusterMaxSplits][H], res_l[kClusterMaxSplits][H];
 };
+
+// The cluster's hardware barrier in two halves: arrive (release, or relaxed
+// where nothing before it needs ordering) and wait (acquire).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 template <int N = 8>
 __device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float* f) {
@@ -260,6 +269,7 @@ __global__ void __launch_bounds__(kClusterThreads) decode_cluster_kernel(Cluster
   constexpr int kLanes = Sh::kLanes, kGroups = Sh::kGroups, kPasses = Sh::kPasses;
   __shared__ ClusterScratch<D, H> s;
   cg::cluster_group cluster = cg::this_cluster();
+  cluster_arrive_relaxed();  // waited for before the first write to another block's shared memory
   const int split = static_cast<int>(cluster.block_rank()), n_split = static_cast<int>(cluster.num_blocks());
   const int group = p.n_head / p.n_head_kv, parts = group / H;
   const int hk = blockIdx.y / parts, h0 = hk * group + blockIdx.y % parts * H, t = blockIdx.z;
@@ -385,6 +395,8 @@ __global__ void __launch_bounds__(kClusterThreads) decode_cluster_kernel(Cluster
     }
   }
   __syncthreads();
+  cluster_wait();  // every block of the cluster has started: its shared memory may be written
+  ClusterScratch<D, H>* lead = cluster.map_shared_rank(&s, 0);
   for (int e = threadIdx.x; e < H * D; e += kClusterThreads) {
     const int h = e / D, d = e % D;
     float mx = -INFINITY;
@@ -398,20 +410,22 @@ __global__ void __launch_bounds__(kClusterThreads) decode_cluster_kernel(Cluster
       acc += s.o[w][h][d] * wt;
       sum += s.l[w][h] * wt;
     }
-    s.res_o[h][d] = acc;
-    if (d == 0) s.res_m[h] = mx, s.res_l[h] = sum;
+    lead->res_o[split][h][d] = acc;
+    if (d == 0) lead->res_m[split][h] = mx, lead->res_l[split][h] = sum;
   }
-  cluster.sync();  // every block's result is in its shared memory
-  const int per = H * D / n_split;
-  for (int i = threadIdx.x; i < per; i += kClusterThreads) {
-    const int e = split * per + i, h = e / D, d = e % D;
+  // The first block merges the cluster's results once all have written them;
+  // the others leave (nothing reads their shared memory).
+  cluster_arrive();
+  cluster_wait();
+  if (split != 0) return;
+  for (int e = threadIdx.x; e < H * D; e += kClusterThreads) {
+    const int h = e / D, d = e % D;
     float rm[kClusterMaxSplits], rl[kClusterMaxSplits], ro[kClusterMaxSplits];
 #pragma unroll
     for (int r = 0; r < kClusterMaxSplits; ++r) {
       rm[r] = -INFINITY, rl[r] = ro[r] = 0.f;
       if (r >= n_split) continue;
-      const ClusterScratch<D, H>* rs = cluster.map_shared_rank(&s, r);
-      rm[r] = rs->res_m[h], rl[r] = rs->res_l[h], ro[r] = rs->res_o[h][d];
+      rm[r] = s.res_m[r][h], rl[r] = s.res_l[r][h], ro[r] = s.res_o[r][h][d];
     }
     float mx = -INFINITY;
 #pragma unroll
@@ -428,7 +442,6 @@ __global__ void __launch_bounds__(kClusterThreads) decode_cluster_kernel(Cluster
     p.out[row * D + d] = __float2bfloat16(sum > 0.f ? acc / sum : 0.f);
     if (p.lse && d == 0) p.lse[row] = sum > 0.f ? (mx + log2f(sum)) * kLn2 : -INFINITY;
   }
-  cluster.sync();  // no block leaves while another reads its shared memory
 #endif
 }
 
