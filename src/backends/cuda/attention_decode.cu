@@ -200,8 +200,14 @@ __global__ void decode_merge_kernel(DecodeParams p) {
 // into registers before it waits: only q and the newest row come after.
 // Each key group's online softmax merges with the other groups of its warp
 // by shuffles, the warps in shared memory, and the S blocks of the cluster
-// through distributed shared memory, each block merging and writing a
-// 1/S slice of the H·D outputs: no workspace, no fence, no count.
+// in the first block: each block writes its result into that block's
+// shared memory (distributed shared memory) and arrives at the cluster
+// barrier, and the first block, once all have, merges and writes the H·D
+// outputs while the others leave: no workspace, no fence, no count. H200,
+// 2026-12-02, against every block merging a 1/S slice from all the
+// others' shared memory between two cluster barriers (three alternations
+// in one call): Llama-3.2-1B decode at batch 1 1,369.5 → 1,390.2 tok/s,
+// 8B 273.5 → 276.0, 1B at 4 sequences 2,584.6 → 2,651.2.
 
 constexpr int kClusterThreads = 256;
 constexpr int kClusterMaxSplits = 8;  // a portable cluster
