@@ -145,6 +145,26 @@ __global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel
     ring_ready_arrive();
     // The producer never reads what the previous kernel writes, so it never waits for it.
     const int64_t n_units = produce_units<E>(a, c_begin, c_end, ring, pos, a.ring_in_flight);
+    if constexpr (E == GemvEpilogue::kRopeAppend) {
+      // One sequence: its K and V cache rows before this step, which the
+      // attention reads next (its blocks that cannot be resident beside
+      // this kernel's load them only when they start), into L2, a share a
+      // block. Only a hint: a stale position (none here: the step's inputs
+      // kernel releases q|k|v only after the pick) would change no result.
+      // H200, 2026-12-02, three alternations in one call: Llama-3.2-1B
+      // decode 1,377.6 → 1,385.8 tok/s; 8B 267.6 → 267.8.
+      if (B == 1 && a.rope.pos) {
+        const int rows_before = min(__ldg(a.rope.pos), a.rope.max_ctx);
+        const int64_t bytes = int64_t(rows_before) * a.rope.n_head_kv * a.rope.head_dim * 2;
+        const int64_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+        const int64_t at = per * blockIdx.x;
+        const int64_t n = at < bytes ? min(per, bytes - at) : 0;
+        if (n > 0 && (threadIdx.x & 31) < 2) {
+          const bf16_bits* base = (threadIdx.x & 31) == 0 ? a.rope.k_caches[0] : a.rope.v_caches[0];
+          bulk_prefetch_l2(reinterpret_cast<const char*>(base) + at, static_cast<uint32_t>(n));
+        }
+      }
+    }
     if (a.prefetch.units > 0 && a.prefetch.lag >= 0 && a.prefetch.lag < n_units)
       wait_consumed(ring, pos, min(a.prefetch.lag + 1, ring.n_slots));
     prefetch_next_units(a.prefetch);
