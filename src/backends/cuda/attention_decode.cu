@@ -467,7 +467,15 @@ int cluster_splits(int len) {
 // 3.9 / 1,173; head_dim 128, 4 heads 254.8 tok/s, 2 heads 254.5, 1 head
 // 246.2 (split-K: 7.2 us, 1,088 and 248.8 tok/s). Fewer heads per block:
 // twice the blocks, each with half the registers (72 at head_dim 64 and
-// one head: such a block fits beside two ring GEMV blocks on an SM).
+// one head). None fits beside two ring GEMV blocks on an SM (those take 2 ×
+// 320 threads × 80 registers, leaving 14,336 of 65,536; a block here 256 ×
+// 72 = 18,432), so every block starts as the q|k|v projection's leave.
+// Measured and not kept (H200, 2026-12-02, 1B decode at one sequence,
+// 1,387.8-1,388.6 tok/s for this kernel): 128-thread blocks (72 registers,
+// one fits beside the ring blocks: 132 of 256 start early) 1,334.3-1,334.8;
+// 4 blocks a cluster (128 blocks, two rounds of rows) 1,355.3-1,356.2; 2
+// blocks a cluster 1,286.3-1,286.9; both 1,297.7-1,298.3; 8B, 128 threads
+// 263.7 against 269.4.
 int cluster_heads(int group, int want, int head_dim) {
   if (want <= 0) want = head_dim == 64 ? 1 : 2;
   for (int h : {4, 2, 1})
