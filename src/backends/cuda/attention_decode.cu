@@ -469,7 +469,8 @@ int cluster_splits(int len) {
 // twice the blocks, each with half the registers (72 at head_dim 64 and
 // one head). None fits beside two ring GEMV blocks on an SM (those take 2 ×
 // 320 threads × 80 registers, leaving 14,336 of 65,536; a block here 256 ×
-// 72 = 18,432), so every block starts as the q|k|v projection's leave.
+// 72 = 18,432; it fitted beside 288-thread ones, before the ring's
+// epilogue warp), so every block starts as the q|k|v projection's leave.
 // Measured and not kept (H200, 2026-12-02, 1B decode at one sequence,
 // 1,387.8-1,388.6 tok/s for this kernel): 128-thread blocks (72 registers,
 // one fits beside the ring blocks: 132 of 256 start early) 1,334.3-1,334.8;
