@@ -149,8 +149,9 @@ __global__ void __launch_bounds__(kBulkThreads, B == 1 ? 2 : 1) gemv_bulk_kernel
       // One sequence: its K and V cache rows before this step, which the
       // attention reads next (its blocks do not fit beside this kernel's
       // two on an SM, so they load them only when these leave), into L2, a
-      // share a block. Only a hint: a stale position (none here: the step's inputs
-      // kernel releases q|k|v only after the pick) would change no result.
+      // share a block. Only a hint: a stale position (none here: the step's
+      // inputs kernel releases q|k|v only after the pick) would change no
+      // result.
       // H200, 2026-12-02, three alternations in one call: Llama-3.2-1B
       // decode 1,377.6 → 1,385.8 tok/s; 8B 267.6 → 267.8.
       if (B == 1 && a.rope.pos) {
