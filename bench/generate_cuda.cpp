@@ -38,8 +38,7 @@
 // --attn-chunk N the split-K decode attention with chunks of at least N
 // keys; --split-k-attention 1 the step on it (not the cluster kernel). Up
 // to 4 sequences (unless --ab 0) each shape's row is followed by the A/B line: the same
-// model's decode as one persistent kernel (CudaModelOptions::fused_decode,
-// one sequence only: 1, 2 and 6 units in flight, two blocks per SM), with the split-K attention instead of the cluster
+// model's decode with the split-K attention instead of the cluster
 // kernel, the cluster kernel at 4, 2 and 1 query heads per block, every
 // GEMV on the ring of 96 and of 64 KiB (two blocks per SM), and on
 // kCudaDecodeRegisterShapes; without and with the L2 prefetch of each
@@ -606,11 +605,6 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
       lathe::CudaModelOptions o;
     };
     const Case cases[] = {
-        {"fused step (one kernel), 1 unit in flight", {.fused_decode = true, .fused_in_flight = 1}},
-        {"fused step, 2 units in flight", {.fused_decode = true, .fused_in_flight = 2}},
-        {"fused step, 6 units in flight", {.fused_decode = true, .fused_in_flight = 6}},
-        {"fused step, 2 blocks per SM, 1 unit in flight",
-         {.fused_decode = true, .fused_in_flight = 1, .fused_per_sm = 2}},
         {"split-K attention (the step before the cluster kernel)", {.split_k_attention = true}},
         {"cluster attention, 4 q heads per block", {.attention_cluster_heads = 4}},
         {"cluster attention, 2 q heads per block", {.attention_cluster_heads = 2}},

@@ -277,52 +277,6 @@ Status CudaCausalLmImpl::decode_layer(int l, int b) {
   return cuda::gemv(ctx, prefetching(down, after, &CudaL2PrefetchUnits::down));
 }
 
-bool CudaCausalLmImpl::fused_decode_fits() const {
-  return decode_gemv && flash && !layers.empty() && !layers[0].q_norm &&
-         cuda::decode_fused_supports(cfg.num_attention_heads, cfg.num_key_value_heads, static_cast<int>(hd),
-                                     opts.device);
-}
-
-// The stages of decode_step(1) as cuda::decode_fused runs them: every
-// pointer in them is fixed for the model's life, so they go to the device
-// once, at allocation.
-Status CudaCausalLmImpl::upload_fused_stages() {
-  if (!fused_decode_fits()) return Status::ok();
-  using cuda::DecodeStage;
-  using cuda::DecodeStageKind;
-  auto gemv = [](cuda::GemvArgs g) {
-    g.prefetch = {};
-    return DecodeStage{.kind = DecodeStageKind::kGemv, .gemv = g};
-  };
-  auto normed = [&](cuda::GemvArgs g, const bf16_bits* norm_w) {
-    g.x_f32 = buf.h, g.norm_w = norm_w, g.eps = cfg.rms_norm_eps;
-    return gemv(g);
-  };
-  std::vector<DecodeStage> stages;
-  for (int l = 0; l < n_layer; ++l) {
-    const LayerWeights& w = layers[l];
-    stages.push_back(normed(qkv_gemv(l, 1), w.attn_norm));
-    stages.push_back({.kind = DecodeStageKind::kAttention,
-                      .attention = {.q = buf.q, .k_cache = k_at(l, 0), .v_cache = v_at(l, 0), .pos = buf.positions,
-                                    .out = buf.attn, .part = buf.fused_part, .counts = buf.fused_counts + 1,
-                                    .n_head = cfg.num_attention_heads, .n_head_kv = cfg.num_key_value_heads,
-                                    .head_dim = static_cast<int>(hd), .window = quirks.sliding_window,
-                                    .max_ctx = opts.max_seq, .scale = 1.0f / std::sqrt(static_cast<float>(hd))}});
-    stages.push_back(gemv({.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = 1, .n = hidden, .k = q_dim,
-                           .epilogue = cuda::GemvEpilogue::kAddF32}));
-    stages.push_back(normed({.w = w.gu_w, .bias = w.gu_b, .out = buf.act, .rows = 1, .n = ffn, .k = hidden,
-                             .epilogue = cuda::GemvEpilogue::kSwigluF32},
-                            w.mlp_norm));
-    stages.push_back(gemv({.w = w.down_w, .bias = w.down_b, .out = buf.h, .rows = 1, .n = hidden, .k = ffn,
-                           .epilogue = cuda::GemvEpilogue::kAddF32, .x_f32 = buf.act}));
-  }
-  stages.push_back(normed(lm_head_gemv(1), final_norm));
-  stages.back().take_pick = true;
-  if (stages.size() != size_t(fused_stage_count()))
-    return error(StatusCode::kInternal, "cuda decode: ", stages.size(), " fused stages, planned ", fused_stage_count());
-  return cuda::copy_to_device(ctx, buf.fused_stages, stages.data(), stages.size() * sizeof(DecodeStage));
-}
-
 // One decode step for sequences 0..b−1 whose ids and positions are on the device.
 Status CudaCausalLmImpl::decode_step(int b, const cuda::GemvPick* pick) {
   LATHE_TRY(cuda::decode_inputs(
@@ -331,15 +285,6 @@ Status CudaCausalLmImpl::decode_step(int b, const cuda::GemvPick* pick) {
             .rope = {.inv_freq = inv_freq_dev, .positions = buf.positions, .cos = buf.cos, .sin = buf.sin,
                      .n_tokens = b, .half = half},
             .overlap = overlap}));
-  if (b == 1 && opts.fused_decode && fused_decode_fits()) {
-    const int width = cfg.num_attention_heads / cfg.num_key_value_heads * static_cast<int>(hd);
-    const int per_sm = opts.fused_per_sm == 2 && width <= 256 ? 2 : 1;
-    cuda::DecodeFusedArgs f{.stages = buf.fused_stages, .n_stages = fused_stage_count(), .counter = buf.fused_counts,
-                            .in_flight = std::min(opts.fused_in_flight, per_sm == 1 ? 6 : 3),
-                            .blocks_per_sm = per_sm, .attention_width = width, .overlap = overlap};
-    if (pick) f.pick = *pick;
-    return cuda::decode_fused(ctx, f);
-  }
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
   // The LM head pulls layer 0's q|k|v into L2 for the next step.
   cuda::GemvArgs head = prefetching(lm_head_gemv(b), qkv_gemv(0, b), &CudaL2PrefetchUnits::lm_head);
@@ -537,7 +482,6 @@ int CudaCausalLM::n_tokens(int seq) const {
 }
 int CudaCausalLM::max_seq() const { return impl_->opts.max_seq; }
 int CudaCausalLM::max_batch() const { return impl_->opts.max_batch; }
-bool CudaCausalLM::fused_decode_active() const { return impl_->opts.fused_decode && impl_->fused_decode_fits(); }
 void CudaCausalLM::clear() {
   impl_->end_chain();
   std::fill(impl_->seq_len.begin(), impl_->seq_len.end(), 0);
@@ -564,7 +508,6 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_each = d.l2_prefetch_each;
   o.ring_max_carveout = d.ring_max_carveout, o.ring_fill_at_once = d.ring_fill_at_once;
   o.ring_in_flight = d.ring_in_flight;
-  o.fused_decode = d.fused_decode, o.fused_in_flight = d.fused_in_flight, o.fused_per_sm = d.fused_per_sm;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

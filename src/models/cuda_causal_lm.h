@@ -123,15 +123,6 @@ struct CudaModelOptions {
   // 1,350.7 / 1,350.4 tok/s with 0, 8B 266.5 against 264.7; 1 unit 1,334.9,
   // 3 units 1,350.8.
   int ring_in_flight = -1;
-  // A decode step of one sequence as one persistent kernel (cuda::decode_fused)
-  // where the device and shapes allow it, its producers keeping
-  // fused_in_flight units requested at most (DecodeFusedArgs::in_flight), at
-  // fused_per_sm blocks per SM (2 where the attention groups are 256 wide at
-  // most). Off by default: slower than the kernel-per-stage step on the H200
-  // (1B: 1,048 against 1,351 tok/s; decode_fused.cu says where its time goes).
-  bool fused_decode = false;
-  int fused_in_flight = 1;
-  int fused_per_sm = 1;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
@@ -167,16 +158,13 @@ class CudaCausalLM {
   int n_tokens(int seq = 0) const;  // tokens in sequence seq's cache
   int max_seq() const;
   int max_batch() const;
-  // Whether a decode step of one sequence runs as one kernel (CudaModelOptions::fused_decode and the shapes).
-  bool fused_decode_active() const;
   void clear();                 // empties every sequence's cache (the next forward starts at position 0)
   void clear(int seq);          // empties one sequence's cache
   void set_use_graphs(bool on);  // drops a captured graph when turned off
   void set_persistent_gemv(bool on);  // CudaModelOptions::persistent_gemv; drops captured graphs
   // opts' register_gemv, bulk_gemv, bulk_ring_kib, bulk_per_sm, attention_min_chunk, split_k_attention,
   // attention_cluster_heads, l2_prefetch_units (-1: the variable's again), l2_prefetch_each,
-  // ring_max_carveout, ring_fill_at_once, ring_in_flight, fused_decode, fused_in_flight, fused_per_sm; drops
-  // captured graphs.
+  // ring_max_carveout, ring_fill_at_once, ring_in_flight; drops captured graphs.
   void set_decode_gemvs(const CudaModelOptions& opts);
 
   // Appends tokens to the sequence and runs them; logits (host, f32) receive

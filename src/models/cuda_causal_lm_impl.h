@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "backends/cuda/cuda_ops.h"
-#include "backends/cuda/decode_fused.h"
 #include "backends/cuda/decode_ops.h"
 #include "backends/cuda/generation_ops.h"
 #include "backends/cuda/stream_fork.h"
@@ -69,11 +68,6 @@ struct StateBuffers {
   // cache at slot s, its v cache at S + s (the pointer arrays of
   // attention_decode_batch and rope_append, each 16-byte aligned).
   bf16_bits** cache_ptrs = nullptr;
-  // The one-sequence step as one kernel (cuda::decode_fused): its stages,
-  // the attention's scratch, and counts (the step's at 0, then one per kv head).
-  cuda::DecodeStage* fused_stages = nullptr;
-  float* fused_part = nullptr;
-  unsigned* fused_counts = nullptr;
 };
 
 // One layout walked twice: without an arena it sizes the plan, with one it
@@ -183,9 +177,6 @@ class CudaCausalLmImpl {
   Status decode_layer(int l, int b);
   // With `pick`, the LM head picks greedily as enqueue_pick would (fused_pick()).
   Status decode_step(int b, const cuda::GemvPick* pick = nullptr);
-  bool fused_decode_fits() const;  // decode_step(1) may run as cuda::decode_fused
-  int fused_stage_count() const { return 5 * n_layer + 1; }
-  Status upload_fused_stages();
   // The greedy pick of enqueue_pick(b, fed, sa) fused into the LM head, when
   // sa is greedy and the LM head runs on the ring; else pick.next is null.
   cuda::GemvPick fused_pick(int b, bool fed, const CudaSampling& sa) const;

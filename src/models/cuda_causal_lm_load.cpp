@@ -148,11 +148,6 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.pick_slots, c.take<cuda::GemvPickSlot>(cuda::kGemvPickSlots, "pick slots"));
   LATHE_ASSIGN_OR_RETURN(buf.pick_count, c.take<unsigned>(1, "pick count"));
   LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
-  LATHE_ASSIGN_OR_RETURN(buf.fused_stages, c.take<cuda::DecodeStage>(fused_stage_count(), "fused decode stages"));
-  LATHE_ASSIGN_OR_RETURN(buf.fused_part,
-                         c.take<float>(std::max<int64_t>(1, cuda::decode_fused_part_floats(opts.device)),
-                                       "fused decode attention scratch"));
-  LATHE_ASSIGN_OR_RETURN(buf.fused_counts, c.take<unsigned>(1 + cfg.num_key_value_heads, "fused decode counts"));
   return Status::ok();
 }
 
@@ -174,7 +169,6 @@ Status CudaCausalLmImpl::allocate() {
     }
   }
   LATHE_TRY(cuda::copy_to_device(ctx, buf.cache_ptrs, ptrs.data(), ptrs.size() * sizeof(void*)));
-  LATHE_TRY(upload_fused_stages());
   return cuda::copy_to_device(ctx, inv_freq_dev, inv_freq.data(), inv_freq.size() * sizeof(float));
 }
 

@@ -1,6 +1,5 @@
 // The decode-step kernels in a build without nvcc: every call reports that
 // this build has no CUDA, so callers need no #ifdef.
-#include "backends/cuda/decode_fused.h"
 #include "backends/cuda/decode_ops.h"
 
 namespace lathe::cuda {
@@ -23,8 +22,5 @@ bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs&) { return fal
 Status greedy_pick(CudaContext&, const GreedyPickArgs&) { return no_cuda(); }
 Status sample_pick(CudaContext&, const SampleArgs&) { return no_cuda(); }
 bool supports_overlap(int) { return false; }
-bool decode_fused_supports(int, int, int, int) { return false; }
-int64_t decode_fused_part_floats(int) { return 0; }
-Status decode_fused(CudaContext&, const DecodeFusedArgs&) { return no_cuda(); }
 
 }  // namespace lathe::cuda

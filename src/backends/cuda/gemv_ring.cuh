@@ -1,7 +1,6 @@
 // The shared-memory weight ring of the skinny GEMM (gemv_bulk.cu) as device
 // pieces: the producer warp and the consumer loop, for the ring kernel of
-// one GEMV (gemv_bulk.cu) and for the persistent kernel of a whole decode
-// step (decode_fused.cu).
+// one GEMV and for the persistent chain diagnostic (both gemv_bulk.cu).
 //
 // The ring: S slots of one unit each (8 weight rows × 2048 k, 32 KiB), a
 // "full" mbarrier per slot (the bulk copies' byte count) and an "empty" one
@@ -175,23 +174,8 @@ struct XRaw {
   uint4 v[B][2];  // bf16: v[b][0]; f32: two float4 as bits
   uint4 norm;
 };
-// kL2: x was written by other blocks of the same kernel (decode_fused.cu),
-// after an acquire of theirs: an ordinary (weak) load, which the memory
-// model orders after that acquire, never the read-only path's, whose lines
-// may be stale within a kernel.
-template <bool kL2>
-__device__ __forceinline__ uint4 ld_x(const void* p) {
-  if constexpr (kL2) {
-    uint4 v;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-  }
-  return __ldg(static_cast<const uint4*>(p));
-}
-template <int B, bool kL2 = false>
+__device__ __forceinline__ uint4 ld_x(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+template <int B>
 __device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, XRaw<B>& x) {
   if (c >= a.k / 8) return;
 #pragma unroll
@@ -199,9 +183,9 @@ __device__ __forceinline__ void load_x(const GemvArgs& a, int rows, int64_t c, X
     if (b >= rows) break;
     if (a.x_f32) {
       const uint4* p = reinterpret_cast<const uint4*>(a.x_f32 + int64_t(b) * a.k + c * 8);
-      x.v[b][0] = ld_x<kL2>(p), x.v[b][1] = ld_x<kL2>(p + 1);
+      x.v[b][0] = ld_x(p), x.v[b][1] = ld_x(p + 1);
     } else {
-      x.v[b][0] = ld_x<kL2>(a.x + int64_t(b) * a.k + c * 8);
+      x.v[b][0] = ld_x(a.x + int64_t(b) * a.k + c * 8);
     }
   }
   if (a.norm_w) x.norm = __ldg(reinterpret_cast<const uint4*>(a.norm_w + c * 8));
@@ -345,7 +329,7 @@ struct SumPos {
 // producer's order, each tile's sums by warp handed to the epilogue warp
 // (finish_tiles). x may come from the previous kernel: under a programmatic
 // dependent launch the caller has waited for it.
-template <int B, GemvEpilogue E, bool kL2X = false>
+template <int B, GemvEpilogue E>
 __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end, const Ring& ring, RingPos& pos,
                               RingSums<B>& s, SumPos<RingSums<B>::kSumSlots>& sp) {
   constexpr int R = kBulkRows;
@@ -356,7 +340,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
   static_assert(R == 8, "warp_sum8 takes a tile's 8 rows");
   float acc[R][B], ss[B];
   XRaw<B> x_next;
-  load_x<B, kL2X>(a, rows, threadIdx.x, x_next);
+  load_x<B>(a, rows, threadIdx.x, x_next);
   // k in one stage: every unit reads the same x chunk, so it is read, normed
   // and its squares summed once (the same arithmetic as per unit: the same
   // bits). Up to 2 rows: at 4 the chunks kept would spill.
@@ -391,7 +375,7 @@ __device__ void consume_units(const GemvArgs& a, int64_t c_begin, int64_t c_end,
     const XRaw<B> x = x_next;
     const int next_stage = cur.stage + 1 == k_stages ? 0 : cur.stage + 1;
     if (!one_stage && u + 1 < n_units)
-      load_x<B, kL2X>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
+      load_x<B>(a, rows, int64_t(next_stage) * kConsumers + threadIdx.x, x_next);
     const uint32_t slot = ring.data + pos.slot * kStageBytes;
     mbar_wait(ring.full + 8 * pos.slot, pos.parity);
     if (have) {
