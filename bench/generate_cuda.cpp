@@ -377,10 +377,10 @@ LayerGemvs layer_gemvs(const KernelBuffers& kb, const ModelConfig& c, int batch,
 // their calls per step where the step runs them so.
 void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig& c, int batch, int max_ctx,
                bool overlap, const Grid& grid, const StepGemvs& step, std::vector<KernelRow>& rows) {
-  // Calls per step of this grid: decode_layer() runs the grids of kCudaDecodeShapes (or the ring) up to 4 rows,
-  // shape 0 above.
+  // Calls per step of this grid: decode_layer() runs the grids of cuda_decode_shapes() (or the ring).
   auto per_step = [&](lathe::CudaGemvGrid g, int calls) {
     const bool small = batch <= 4;
+    if (!small) return grid.shape == g.shape && grid.split == g.split && !grid.persistent ? calls : 0;
     if (grid.split) return 0;
     if (small && (step.bulk || g.shape == cu::kGemvBulkShape)) {
       auto kib = [](int k) { return k > 0 ? k : cu::kGemvBulkRingKib; };
@@ -396,7 +396,7 @@ void gemv_rows(cu::CudaContext& ctx, const KernelBuffers& kb, const ModelConfig&
     return same ? calls : 0;
   };
   const lathe::CudaDecodeShapes& sh =
-      step.registers ? lathe::kCudaDecodeRegisterShapes : lathe::cuda_decode_shapes(batch);
+      step.registers && batch <= 4 ? lathe::kCudaDecodeRegisterShapes : lathe::cuda_decode_shapes(batch);
   const int layers = c.num_hidden_layers;
   const LayerGemvs l = layer_gemvs(kb, c, batch, max_ctx, overlap, grid);
   rows.push_back(time_gemv(ctx, kb, "norm+qkv+rope", l.qkv_rows, l.qkv, per_step(sh.qkv, layers)));
@@ -473,6 +473,10 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
   if (!ok(ctx.status(), "context") || !make_buffers(*ctx, c, batch, mean_ctx, kb)) return;
   std::vector<KernelRow> rows;
   for (uint8_t shape = 0; shape < 4; ++shape) gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {shape}, step, rows);
+  // Above 4 rows (the tensor cores): the block shapes of 16, 32 and 64 weight rows with k split.
+  if (batch > 4)
+    for (uint8_t shape = 0; shape < 3; ++shape)
+      gemv_rows(*ctx, kb, c, batch, mean_ctx, overlap, {.shape = shape, .split = true}, step, rows);
   // The shared-memory ring (up to 4 rows) at a few sizes (split k and persistent grids: measured slower, gemv.cu).
   if (batch <= 4)
     for (auto [kib, per_sm] : {std::pair{64, 0}, {96, 0}, {160, 0}, {64, 2}, {96, 2}})
@@ -505,16 +509,21 @@ void bench_kernels(const Shape& s, int batch, int mean_ctx, bool overlap, const 
                       heads == default_heads && !step_split_k);
   // Whole layers: the kCudaDecodeShapes and kCudaDecodeRegisterShapes grids, then every GEMV on the ring.
   const bool small = batch <= 4;
-  for (const auto* table : {&lathe::cuda_decode_shapes(batch), &lathe::kCudaDecodeRegisterShapes}) {
+  // Above 4 rows: cuda_decode_shapes() and every GEMV at 16 rows a block (the grids before kCudaDecodeShapesMany).
+  static constexpr lathe::CudaDecodeShapes kMany16{{0, false}, {0, false}, {0, false}, {0, false}, {0, false}};
+  for (const auto* table : {&lathe::cuda_decode_shapes(batch), small ? &lathe::kCudaDecodeRegisterShapes : &kMany16}) {
     const lathe::CudaDecodeShapes& sh = *table;
-    const char* name = table == &lathe::kCudaDecodeRegisterShapes ? "kCudaDecodeRegisterShapes" : "cuda_decode_shapes";
+    const char* name = table == &lathe::kCudaDecodeRegisterShapes ? "kCudaDecodeRegisterShapes"
+                       : table == &kMany16                        ? "16 rows a block, k not split"
+                                                                  : "cuda_decode_shapes";
     auto grid_of = [&](int i) {
       const lathe::CudaGemvGrid g[4] = {sh.qkv, sh.o, sh.gate_up, sh.down};
-      return Grid{.shape = small ? g[i].shape : uint8_t(0), .persistent = small && g[i].persistent && step.persistent,
-                  .ring_kib = g[i].ring_kib, .per_sm = g[i].per_sm};
+      return Grid{.shape = g[i].shape, .split = !small && g[i].split,
+                  .persistent = small && g[i].persistent && step.persistent, .ring_kib = g[i].ring_kib,
+                  .per_sm = g[i].per_sm};
     };
     rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of));
-    if (table == &lathe::kCudaDecodeRegisterShapes) continue;
+    if (table != &lathe::cuda_decode_shapes(batch)) continue;
     if (cluster)
       rows.push_back(time_layer(*ctx, kb, c, batch, mean_ctx, overlap, name, grid_of, 0, cu::DecodeKernel::kSplitK));
     // Each ring GEMV pulling the next one's first units (1, a ring's 3, all) into L2; the largest carveout.

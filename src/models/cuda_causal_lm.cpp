@@ -184,10 +184,11 @@ Status CudaCausalLmImpl::decode_attention(int l, int b) {
 // kFusedNormRows rows the norm is computed inside the GEMV (every block
 // rereads h, which stays in its SM's L1); more rows would not fit there,
 // so they take the norm kernel first.
-// g with `grid` (of cuda_decode_shapes) up to kFusedNormRows rows (shape 0 above).
+// g with `grid` (of decode_grids(g.rows)).
 cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) const {
   const bool small = g.rows <= kFusedNormRows;
-  g.shape = small ? (opts.bulk_gemv ? cuda::kGemvBulkShape : grid.shape) : 0;
+  g.shape = small && opts.bulk_gemv ? cuda::kGemvBulkShape : grid.shape;
+  if (!small && grid.split) g.split = buf.split;
   g.ring_kib = opts.bulk_ring_kib > 0 ? static_cast<uint16_t>(std::min(opts.bulk_ring_kib, 224)) : grid.ring_kib;
   g.blocks_per_sm = static_cast<uint8_t>(std::clamp(opts.bulk_per_sm > 0 ? opts.bulk_per_sm : grid.per_sm, 0, 8));
   g.persistent = small && grid.persistent && opts.persistent_gemv;
@@ -200,7 +201,7 @@ cuda::GemvArgs CudaCausalLmImpl::with_grid(cuda::GemvArgs g, CudaGemvGrid grid) 
 }
 
 const CudaDecodeShapes& CudaCausalLmImpl::decode_grids(int b) const {
-  return opts.register_gemv ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
+  return opts.register_gemv && b <= kFusedNormRows ? kCudaDecodeRegisterShapes : cuda_decode_shapes(b);
 }
 
 cuda::GemvArgs CudaCausalLmImpl::qkv_gemv(int l, int b) const {

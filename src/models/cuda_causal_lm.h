@@ -30,7 +30,7 @@ namespace lathe {
 // ring_kib KiB, 0: its default, with per_sm blocks per SM, 0: 1) and
 // whether persistent (GemvArgs::persistent, unless
 // CudaModelOptions::persistent_gemv is off); above 4 sequences every one
-// takes shape 0. kCudaDecodeShapes, the fastest in the bench's kernel table
+// takes kCudaDecodeShapesMany (below). kCudaDecodeShapes, the fastest in the bench's kernel table
 // (bench_generate_cuda) on the H200: the ring of 96 KiB, two blocks per SM,
 // for every projection (8B: q|k|v 15.3 us, o 9.8, gate|up 56.7 (96% of the
 // bandwidth), down 28.4, the LM head 234). kCudaDecodeRegisterShapes, the
@@ -53,6 +53,7 @@ struct CudaGemvGrid {
   bool persistent = true;
   uint16_t ring_kib = 0;
   uint8_t per_sm = 0;
+  bool split = false;  // k split over several blocks of a row tile (GemvArgs::split)
 };
 struct CudaDecodeShapes {
   CudaGemvGrid qkv, o, gate_up, down, lm_head;
@@ -64,9 +65,20 @@ inline constexpr CudaDecodeShapes kCudaDecodeRegisterShapes{{3, false}, {2, fals
 inline constexpr CudaGemvGrid kCudaRing96x1{4, false, 96, 1};
 inline constexpr CudaDecodeShapes kCudaDecodeShapes2{kCudaRing96x1, kCudaRing96x1, kCudaRing96x1, kCudaRing96x1,
                                                      kCudaRing96x1};
-// The grids a decode step of `rows` sequences (up to 4) takes by default.
+// Above 4 sequences (the tensor cores, 16 weight rows a block by default):
+// down and the LM head at 64 rows a block with k split. H200, 2026-12-02,
+// 16 sequences, per call (us; bench_generate_cuda --kernels 1, against the
+// default block shape measured second, the first measured ran ~7% slow):
+// 1B down 30.9 → 22.6, LM head 157.6 → 154.0; 8B down 63.5 → 59.6, LM head
+// 291.3 → 285.9. Other shapes were within noise or slower somewhere
+// (gate|up at 64 rows: 1B 25.4 → 23.6, 8B 71.7 → 75.6; split q|k|v, o and
+// gate|up slower at both).
+inline constexpr CudaGemvGrid kCudaMma64Split{2, false, 0, 0, true};
+inline constexpr CudaDecodeShapes kCudaDecodeShapesMany{{0, false}, {0, false}, {0, false}, kCudaMma64Split,
+                                                        kCudaMma64Split};
+// The grids a decode step of `rows` sequences takes by default.
 inline constexpr const CudaDecodeShapes& cuda_decode_shapes(int64_t rows) {
-  return rows <= 1 ? kCudaDecodeShapes : kCudaDecodeShapes2;
+  return rows <= 1 ? kCudaDecodeShapes : rows <= 4 ? kCudaDecodeShapes2 : kCudaDecodeShapesMany;
 }
 
 // CudaModelOptions::l2_prefetch_each: units of its successor each decode

@@ -68,6 +68,9 @@ struct StateBuffers {
   // cache at slot s, its v cache at S + s (the pointer arrays of
   // attention_decode_batch and rope_append, each 16-byte aligned).
   bf16_bits** cache_ptrs = nullptr;
+  // Above kFusedNormRows sequences: the split-k scratch of the decode GEMVs
+  // whose grid splits (CudaGemvGrid::split); zero between calls.
+  cuda::GemvSplit split{};
 };
 
 // One layout walked twice: without an arena it sizes the plan, with one it

@@ -148,6 +148,11 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.pick_slots, c.take<cuda::GemvPickSlot>(cuda::kGemvPickSlots, "pick slots"));
   LATHE_ASSIGN_OR_RETURN(buf.pick_count, c.take<unsigned>(1, "pick count"));
   LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
+  if (opts.max_batch > kFusedNormRows) {
+    LATHE_ASSIGN_OR_RETURN(buf.split.counts, c.take<int>(cuda::kGemvSplitCounts, "decode split counts"));
+    LATHE_ASSIGN_OR_RETURN(buf.split.part, c.take<float>(cuda::kGemvSplitFloats, "decode split sums"));
+    buf.split.count_capacity = cuda::kGemvSplitCounts, buf.split.part_capacity = cuda::kGemvSplitFloats;
+  }
   return Status::ok();
 }
 

@@ -423,6 +423,64 @@ TEST_P(CudaGenFlash, BatchDecodeGivesEachSequenceItsOwnLogits) {
   }
 }
 
+// More sequences than the GEMVs fold the norm into (kFusedNormRows): the
+// norm kernel, the tensor cores and the grids of kCudaDecodeShapesMany
+// (down and the LM head with k split over blocks). Eight sequences with
+// prompts of different lengths decoded together for a few greedy steps:
+// every step's logits of every sequence within the tolerance of the CPU's
+// for the same tokens; a second run with CUDA graphs off bitwise the same.
+TEST_P(CudaGenFlash, ManySequenceDecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase& c = GetParam();
+  FlashModel dir(c, "_many");
+  auto cpu = load_cpu(dir.str());
+  const double tol = hf_bf16_error(case_name(c));
+  constexpr int kMany = 8, kSteps = 5;
+  const std::vector<int32_t> prompt = flash_prompt(24, 41, 7);
+  auto gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kSteps + 1, .max_batch = kMany});
+  const int vocab = gpu->config().vocab_size;
+  auto run = [&](bool graphs, std::vector<std::vector<int32_t>>& fed) {
+    gpu->set_use_graphs(graphs);
+    gpu->clear();
+    fed.assign(kMany, {});
+    std::vector<std::vector<float>> got(kMany);
+    std::vector<float> logits(static_cast<size_t>(vocab)), rows(static_cast<size_t>(kMany) * vocab);
+    std::vector<int32_t> cur(kMany);
+    for (int s = 0; s < kMany; ++s) {
+      fed[s].assign(prompt.begin(), prompt.end() - 2 * s);
+      EXPECT_TRUE(gpu->forward_seq(s, fed[s], logits).is_ok());
+      cur[s] = argmax(logits);
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      const Status st = gpu->decode_batch(cur, rows);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      for (int s = 0; s < kMany; ++s) {
+        fed[s].push_back(cur[s]);
+        const auto row = std::span<const float>(rows).subspan(size_t(s) * vocab, vocab);
+        got[s].insert(got[s].end(), row.begin(), row.end());
+        cur[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      }
+    }
+    return got;
+  };
+  std::vector<std::vector<int32_t>> fed, fed_eager;
+  const auto got = run(true, fed), eager = run(false, fed_eager);
+  EXPECT_TRUE(got == eager) << "graph replay differs from eager decode";
+  for (int s = 0; s < kMany; ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    KvCache cache = cpu->new_cache(static_cast<int>(fed[s].size()));
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    TensorView out{logits.data(), DType::F32, {1, vocab}, Device::cpu()};
+    const size_t n_prompt = fed[s].size() - kSteps;
+    ASSERT_TRUE(cpu->forward(std::span<const int32_t>(fed[s]).first(n_prompt), cache, out, false).is_ok());
+    for (int step = 0; step < kSteps; ++step) {
+      ASSERT_TRUE(cpu->forward(std::span<const int32_t>(fed[s]).subspan(n_prompt + step, 1), cache, out, false).is_ok());
+      const double err = rel_error(got[s].data() + size_t(step) * vocab, logits.data(), vocab);
+      EXPECT_LE(err, tol) << "step " << step;
+    }
+  }
+}
+
 // The decode GEMVs on the shared-memory ring at one block per SM
 // (CudaModelOptions::bulk_gemv; the default table runs two) with the
 // attention in chunks of at least 8 keys (attention_min_chunk), and on the

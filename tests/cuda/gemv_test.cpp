@@ -335,20 +335,24 @@ TEST(CudaGemv, SplitK) {
           const std::vector<int32_t> left = download<int32_t>(ctx, counts, kGemvSplitCounts);
           EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](int32_t v) { return v == 0; }));
         }
-  // The tensor-core path (5..16 rows) splits the same way, bf16 x.
+  // The tensor-core path (5..16 rows) splits the same way, bf16 x, or f32 x
+  // (rounded to bf16 as it loads: bf16 values here, so the same reference).
   for (uint8_t shape : {0, 1, 2, 3})
     for (GemvEpilogue e : {GemvEpilogue::kStoreF32, GemvEpilogue::kAddF32, GemvEpilogue::kSwigluF32})
-      for (int64_t rows : {5, 16}) {
+      for (int64_t rows : {5, 16})
+      for (bool f32 : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "tensor cores: shape=" << int(shape) << " rows=" << rows
-                                          << " epilogue=" << static_cast<int>(e));
+                                          << " epilogue=" << static_cast<int>(e) << " f32 x=" << f32);
         const Shape2 s{130, 4096};
         const int64_t w_rows = e == GemvEpilogue::kSwigluF32 ? 2 * s.n : s.n;
         std::vector<float> x = random_bf16(rows * s.k, seed += 5), w = random_bf16(w_rows * s.k, seed + 1, 0.05f);
         std::vector<float> bias = random_bf16(w_rows, seed + 2), out0 = random_bf16(rows * s.n, seed + 3);
-        DeviceBuffer dx = upload_bf16(ctx, x), dw = upload_bf16(ctx, w), db = upload_bf16(ctx, bias);
+        DeviceBuffer dx = f32 ? upload(ctx, x) : upload_bf16(ctx, x), dw = upload_bf16(ctx, w);
+        DeviceBuffer db = upload_bf16(ctx, bias);
         DeviceBuffer dout = upload(ctx, out0);
-        Status st = gemv(ctx, {.x = dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw), .bias = dptr<bf16_bits>(db),
-                               .out = dout.data(), .rows = rows, .n = s.n, .k = s.k, .epilogue = e, .shape = shape,
+        Status st = gemv(ctx, {.x = f32 ? nullptr : dptr<bf16_bits>(dx), .w = dptr<bf16_bits>(dw),
+                               .bias = dptr<bf16_bits>(db), .out = dout.data(), .rows = rows, .n = s.n, .k = s.k,
+                               .epilogue = e, .x_f32 = f32 ? dptr<float>(dx) : nullptr, .shape = shape,
                                .split = split});
         ASSERT_TRUE(st.is_ok()) << st.message();
         EXPECT_LE(rel_error(download<float>(ctx, dout, rows * s.n), reference(x, w, bias, out0, rows, s.n, s.k, e)),

@@ -60,7 +60,7 @@ struct GemvSplit {
 };
 // Capacities that let every decode GEMV split as it wants (gemv.cu: at most
 // 8 slices, and only grids under 4 waves of resident blocks).
-constexpr int64_t kGemvSplitCounts = 16384, kGemvSplitFloats = int64_t(1) << 19;
+constexpr int64_t kGemvSplitCounts = 16384, kGemvSplitFloats = int64_t(1) << 20;
 
 // Where kRopeAppend puts x row r's q, k and v (RopeAppendArgs' fields, the
 // sequence being x row r).
@@ -172,7 +172,7 @@ struct GemvArgs {
   // the SM count) splits k into up to 8 slices, the last block of a tile
   // adding the slices' sums in order (deterministic; up to 4 rows the slice
   // count depends on n, k and the device, not on the rows). The decode step
-  // does not set it yet: the bench measures it.
+  // sets it above 4 rows where its grid says so (CudaGemvGrid::split).
   GemvSplit split{};
   // Up to 4 rows on the CUDA cores (ignored otherwise, with split and with
   // kRopeAppend, whose epilogue leaves no registers for the loop):
