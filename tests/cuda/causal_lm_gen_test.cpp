@@ -222,6 +222,24 @@ std::vector<int32_t> reference_prompt(const std::string& family, int64_t row) {
 // left out does not move. Bad requests change nothing.
 constexpr int kBatch = 4, kBatchSteps = 6;
 
+// n_steps greedy decode_batch() steps of the sequences 0..cur.size()−1:
+// each step's input of sequence s appended to fed[s], its logits to got[s].
+void batch_greedy_steps(CudaCausalLM& m, int n_steps, std::vector<int32_t>& cur,
+                        std::vector<std::vector<int32_t>>& fed, std::vector<std::vector<float>>& got) {
+  const int vocab = m.config().vocab_size, n = static_cast<int>(cur.size());
+  std::vector<float> rows(static_cast<size_t>(n) * vocab);
+  for (int step = 0; step < n_steps; ++step) {
+    const Status st = m.decode_batch(cur, rows);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    for (int s = 0; s < n; ++s) {
+      fed[s].push_back(cur[s]);
+      const auto row = std::span<const float>(rows).subspan(size_t(s) * vocab, vocab);
+      got[s].insert(got[s].end(), row.begin(), row.end());
+      cur[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+  }
+}
+
 // `base`: the decode options both models take (max_seq, max_batch and simple_attention set here).
 void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple,
                         CudaModelOptions base = {}) {
@@ -243,16 +261,7 @@ void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prom
     got[s] = logits;
     cur[s] = argmax(logits);
   }
-  for (int step = 0; step < kBatchSteps; ++step) {
-    Status st = batch->decode_batch(cur, rows);
-    ASSERT_TRUE(st.is_ok()) << st.message();
-    for (int s = 0; s < kBatch; ++s) {
-      fed[s].push_back(cur[s]);
-      const auto row = std::span<const float>(rows).subspan(size_t(s) * vocab, vocab);
-      got[s].insert(got[s].end(), row.begin(), row.end());
-      cur[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-    }
-  }
+  batch_greedy_steps(*batch, kBatchSteps, cur, fed, got);
   std::vector<int32_t> next(kBatch - 1);
   ASSERT_TRUE(batch->decode_batch_greedy(std::span<const int32_t>(cur).first(kBatch - 1), next).is_ok());
   EXPECT_EQ(batch->n_tokens(kBatch - 1), int(fed[kBatch - 1].size())) << "the sequence left out moved";
@@ -444,23 +453,14 @@ TEST_P(CudaGenFlash, ManySequenceDecodeMatchesCpu) {
     gpu->clear();
     fed.assign(kMany, {});
     std::vector<std::vector<float>> got(kMany);
-    std::vector<float> logits(static_cast<size_t>(vocab)), rows(static_cast<size_t>(kMany) * vocab);
+    std::vector<float> logits(static_cast<size_t>(vocab));
     std::vector<int32_t> cur(kMany);
     for (int s = 0; s < kMany; ++s) {
       fed[s].assign(prompt.begin(), prompt.end() - 2 * s);
       EXPECT_TRUE(gpu->forward_seq(s, fed[s], logits).is_ok());
       cur[s] = argmax(logits);
     }
-    for (int step = 0; step < kSteps; ++step) {
-      const Status st = gpu->decode_batch(cur, rows);
-      EXPECT_TRUE(st.is_ok()) << st.message();
-      for (int s = 0; s < kMany; ++s) {
-        fed[s].push_back(cur[s]);
-        const auto row = std::span<const float>(rows).subspan(size_t(s) * vocab, vocab);
-        got[s].insert(got[s].end(), row.begin(), row.end());
-        cur[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-      }
-    }
+    batch_greedy_steps(*gpu, kSteps, cur, fed, got);
     return got;
   };
   std::vector<std::vector<int32_t>> fed, fed_eager;
