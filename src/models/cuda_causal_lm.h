@@ -69,8 +69,9 @@ inline constexpr CudaDecodeShapes kCudaDecodeShapes2{kCudaRing96x1, kCudaRing96x
 // down and the LM head at 64 rows a block with k split. H200, 2026-12-02,
 // 16 sequences, per call (us; bench_generate_cuda --kernels 1, against the
 // default block shape measured second, the first measured ran ~7% slow):
-// 1B down 30.9 → 22.6, LM head 157.6 → 154.0; 8B down 63.5 → 59.6, LM head
-// 291.3 → 285.9. Other shapes were within noise or slower somewhere
+// 1B down 30.9 → 22.6, 8B down 63.5 → 59.6; the LM head about even (1B 157.6
+// → 154.0-157.4, 8B 291.3 → 285.9-292.0 in two calls). Other shapes were
+// within noise or slower somewhere
 // (gate|up at 64 rows: 1B 25.4 → 23.6, 8B 71.7 → 75.6; split q|k|v, o and
 // gate|up slower at both).
 inline constexpr CudaGemvGrid kCudaMma64Split{2, false, 0, 0, true};
