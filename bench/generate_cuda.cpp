@@ -657,6 +657,21 @@ double run_shape(const Shape& s, int n_prompt, int n_decode, int batch, bool ove
     std::printf("\n");
     m.set_decode_gemvs(opts);
   }
+  if (batch > 1 && ab) {
+    // The projections through cuBLASLt against the GEMVs (the ring up to 4 sequences, the tensor cores above).
+    lathe::CudaModelOptions gemvs = opts, gemms = opts;
+    gemvs.cublas_decode_rows = 0;
+    gemms.cublas_decode_rows = 2;
+    for (int round = 0; round < 2; ++round) {
+      for (const lathe::CudaModelOptions* o : {&gemvs, &gemms}) {
+        m.set_decode_gemvs(*o);
+        const double tps = double(batch) * n_decode / time_model(m, prompt, n_decode, batch, true, 2).decode_s;
+        std::printf("  %s decode tok/s (graph), %s: %.1f (%.0f%%)\n", s.name,
+                    o->cublas_decode_rows ? "cuBLASLt projections" : "GEMVs", tps, 100.0 * tps / floor_tps);
+      }
+    }
+    m.set_decode_gemvs(opts);
+  }
   std::fflush(stdout);
   return graph.decode_s / n_decode;
 }

@@ -25,7 +25,10 @@
 // append into a kernel of its own); plus the inputs (embedding and RoPE
 // tables, one kernel) and final norm+LM head: 5·n_layer + 2 kernels per
 // step (82 for Llama-3.2-1B, 162 for Llama-3.1-8B; above 4 sequences the
-// three norms are kernels of their own), captured once per B as a CUDA graph. On sm_90+ every kernel of a
+// three norms are kernels of their own; from CudaModelOptions::
+// cublas_decode_rows sequences on, 3 by default, the projections go through
+// cuBLASLt with RoPE + append and SwiGLU kernels between them),
+// captured once per B as a CUDA graph. On sm_90+ every kernel of a
 // layer is a programmatic dependent launch (decode_ops.h): each starts
 // while its predecessor drains, the GEMVs with their first weights in
 // flight before they wait; up to 4 sequences each GEMV takes the block
@@ -251,8 +254,43 @@ Status CudaCausalLmImpl::norm_gemv(const bf16_bits* norm_w, cuda::GemvArgs g) {
   return cuda::gemv(ctx, g);
 }
 
+bool CudaCausalLmImpl::decode_gemms(int l, int b) const {
+  if (opts.cublas_decode_rows <= 0 || b < std::max(2, opts.cublas_decode_rows)) return false;
+  if (l < 0) return true;  // the LM head
+  const LayerWeights& w = layers[l];
+  return !w.qkv_b && !w.o_b && !w.gu_b && !w.down_b;
+}
+
+// decode_layer through cuBLASLt (CudaModelOptions::cublas_decode_rows).
+Status CudaCausalLmImpl::decode_layer_gemms(int l, int b) {
+  const LayerWeights& w = layers[l];
+  const float eps = cfg.rms_norm_eps;
+  auto norm = [&](const bf16_bits* norm_w) {
+    return cuda::residual_norm(ctx, {.h = buf.h, .w = norm_w, .y = buf.normed, .rows = b, .dim = hidden, .eps = eps,
+                                     .overlap = overlap});
+  };
+  LATHE_TRY(norm(w.attn_norm));
+  LATHE_TRY(cuda::gemm(ctx, {.a = buf.normed, .b = w.qkv_w, .c = buf.qkv32, .m = b, .n = qkv_dim, .k = hidden,
+                             .trans_b = true, .c_dtype = DType::F32}));
+  LATHE_TRY(cuda::rope_append(ctx, {.qkv = buf.qkv32, .q_out = buf.q, .k_caches = k_ptrs(l), .v_caches = v_ptrs(l),
+                                    .pos = buf.positions, .cos = buf.cos, .sin = buf.sin, .q_norm = w.q_norm,
+                                    .k_norm = w.k_norm, .n_seqs = b, .n_head = cfg.num_attention_heads,
+                                    .n_head_kv = cfg.num_key_value_heads, .head_dim = static_cast<int>(hd),
+                                    .max_ctx = opts.max_seq, .eps = eps, .overlap = overlap}));
+  LATHE_TRY(decode_attention(l, b));
+  LATHE_TRY(cuda::gemm(ctx, {.a = buf.attn, .b = w.o_w, .c = buf.h, .m = b, .n = hidden, .k = q_dim, .trans_b = true,
+                             .c_dtype = DType::F32, .beta = 1.0f}));
+  LATHE_TRY(norm(w.mlp_norm));
+  LATHE_TRY(cuda::gemm(ctx, {.a = buf.normed, .b = w.gu_w, .c = buf.gu32, .m = b, .n = 2 * ffn, .k = hidden,
+                             .trans_b = true, .c_dtype = DType::F32}));
+  LATHE_TRY(cuda::swiglu_rows(ctx, {.gu = buf.gu32, .out = buf.act16, .rows = b, .n = ffn, .overlap = overlap}));
+  return cuda::gemm(ctx, {.a = buf.act16, .b = w.down_w, .c = buf.h, .m = b, .n = hidden, .k = ffn, .trans_b = true,
+                          .c_dtype = DType::F32, .beta = 1.0f});
+}
+
 Status CudaCausalLmImpl::decode_layer(int l, int b) {
   using cuda::GemvEpilogue;
+  if (decode_gemms(l, b)) return decode_layer_gemms(l, b);
   const LayerWeights& w = layers[l];
   const CudaDecodeShapes& grids = decode_grids(b);
   const cuda::GemvArgs o = with_grid({.x = buf.attn, .w = w.o_w, .bias = w.o_b, .out = buf.h, .rows = b, .n = hidden,
@@ -287,6 +325,12 @@ Status CudaCausalLmImpl::decode_step(int b, const cuda::GemvPick* pick) {
                      .n_tokens = b, .half = half},
             .overlap = overlap}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
+  if (decode_gemms(-1, b)) {
+    LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = final_norm, .y = buf.normed, .rows = b, .dim = hidden,
+                                        .eps = cfg.rms_norm_eps, .overlap = overlap}));
+    return cuda::gemm(ctx, {.a = buf.normed, .b = lm_head, .c = buf.logits, .m = b, .n = vocab, .k = hidden,
+                            .trans_b = true, .c_dtype = DType::F32});
+  }
   // The LM head pulls layer 0's q|k|v into L2 for the next step.
   cuda::GemvArgs head = prefetching(lm_head_gemv(b), qkv_gemv(0, b), &CudaL2PrefetchUnits::lm_head);
   if (pick) head.pick = *pick;
@@ -508,7 +552,7 @@ void CudaCausalLM::set_decode_gemvs(const CudaModelOptions& d) {
   o.split_k_attention = d.split_k_attention, o.attention_cluster_heads = d.attention_cluster_heads;
   o.l2_prefetch_units = d.l2_prefetch_units, o.l2_prefetch_each = d.l2_prefetch_each;
   o.ring_max_carveout = d.ring_max_carveout, o.ring_fill_at_once = d.ring_fill_at_once;
-  o.ring_in_flight = d.ring_in_flight;
+  o.ring_in_flight = d.ring_in_flight, o.cublas_decode_rows = d.cublas_decode_rows;
   set_persistent_gemv(impl_->opts.persistent_gemv);  // drops the graphs
 }
 

@@ -46,8 +46,9 @@ namespace lathe {
 // 492. So cuda_decode_shapes(rows): kCudaDecodeShapes for one sequence,
 // kCudaDecodeShapes2 (the ring at one block per SM) for two to four: the
 // ring's sums do not depend on its grid, so a sequence decoded in a batch
-// keeps the logits it has alone, bitwise (the register grids sum in
-// another order).
+// on the ring keeps the logits it has alone, bitwise (the register grids
+// sum in another order). From 3 sequences on the decode step takes
+// cuBLASLt by default instead (CudaModelOptions::cublas_decode_rows).
 struct CudaGemvGrid {
   uint8_t shape = 0;
   bool persistent = true;
@@ -136,6 +137,22 @@ struct CudaModelOptions {
   // 1,350.7 / 1,350.4 tok/s with 0, 8B 266.5 against 264.7; 1 unit 1,334.9,
   // 3 units 1,350.8.
   int ring_in_flight = -1;
+  // From this many sequences on (at least 2; 0: never), a decode layer
+  // whose projections have no bias runs them through cuBLASLt (cuda::gemm:
+  // q|k|v and gate|up into f32, o and down added into the f32 residual with
+  // beta 1) after a norm kernel, with RoPE + cache append and SwiGLU as
+  // kernels of their own, and so does the LM head; below it, the GEMVs
+  // with those fused (the ring up to 4 sequences, above that the tensor-core
+  // GEMVs of kCudaDecodeShapesMany, whose inputs are bf16 too: the same
+  // roundings, the sums in another order). Through cuBLASLt a sequence's
+  // logits depend on how many others share its step (within the bf16
+  // tolerance); on the ring up to 4 sequences they do not (bitwise). H200,
+  // 2026-12-02, decode tok/s (graph), GEMVs → cuBLASLt, same call: 1B at
+  // 2 / 3 / 4 / 8 / 16 / 32 sequences 2,178 → 1,871 / 2,186 → 2,712 /
+  // 2,656 → 3,529 / 6,388 → 6,445 / 9,790 → 11,322 / 10,428 → 18,484; 8B
+  // 417 → 433 / 468 → 646 / 556 → 833 / 1,426 → 1,523 / 2,278 → 2,814 /
+  // 2,372 → 4,885.
+  int cublas_decode_rows = 3;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 

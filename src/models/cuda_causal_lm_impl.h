@@ -58,6 +58,8 @@ struct StateBuffers {
   bf16_bits* gu = nullptr;       // [R, 2·ffn] prefill: [gate | up] by part, then silu(gate)·up
   float* act = nullptr;          // [max_batch, ffn] decode: silu(gate)·up, f32
   float* qkv32 = nullptr;        // [max_batch, q_dim + 2·kv_dim] decode: the projection by row, f32
+  float* gu32 = nullptr;         // [max_batch, 2·ffn] decode through cuBLASLt (cublas_decode_rows): gate | up, f32
+  bf16_bits* act16 = nullptr;    // [max_batch, ffn] the same: silu(gate)·up rounded to bf16 for down's GEMM
   float* logits = nullptr;       // [max(max_logit_rows, max_batch), vocab]
   void* attn_workspace = nullptr;
   int32_t* next_token = nullptr;  // [max_batch] greedy picks
@@ -177,6 +179,9 @@ class CudaCausalLmImpl {
   // source (the member of CudaL2PrefetchUnits).
   cuda::GemvArgs prefetching(cuda::GemvArgs g, const cuda::GemvArgs& next, int CudaL2PrefetchUnits::*source) const;
   Status decode_attention(int l, int b);
+  // Whether decode layer l (-1: the LM head) of a b-sequence step runs its projections through cuBLASLt.
+  bool decode_gemms(int l, int b) const;
+  Status decode_layer_gemms(int l, int b);
   Status decode_layer(int l, int b);
   // With `pick`, the LM head picks greedily as enqueue_pick would (fused_pick()).
   Status decode_step(int b, const cuda::GemvPick* pick = nullptr);

@@ -148,6 +148,10 @@ Status CudaCausalLmImpl::lay_out_state(Carver& c) {
   LATHE_ASSIGN_OR_RETURN(buf.pick_slots, c.take<cuda::GemvPickSlot>(cuda::kGemvPickSlots, "pick slots"));
   LATHE_ASSIGN_OR_RETURN(buf.pick_count, c.take<unsigned>(1, "pick count"));
   LATHE_ASSIGN_OR_RETURN(buf.cache_ptrs, c.take<bf16_bits*>(2 * int64_t(ptr_slots) * n_layer, "cache pointers"));
+  if (nb >= 2) {  // what a step through cuBLASLt needs (cublas_decode_rows; the bench switches it after load)
+    LATHE_ASSIGN_OR_RETURN(buf.gu32, c.take<float>(nb * 2 * ffn, "decode gate_up f32"));
+    LATHE_ASSIGN_OR_RETURN(buf.act16, c.take<bf16_bits>(nb * ffn, "decode swiglu out bf16"));
+  }
   if (opts.max_batch > kFusedNormRows) {
     LATHE_ASSIGN_OR_RETURN(buf.split.counts, c.take<int>(cuda::kGemvSplitCounts, "decode split counts"));
     LATHE_ASSIGN_OR_RETURN(buf.split.part, c.take<float>(cuda::kGemvSplitFloats, "decode split sums"));

@@ -114,6 +114,29 @@ __global__ void rope_append_kernel(RopeAppendArgs a) {
   }
 }
 
+// Four outputs a thread (n a multiple of 4: 16-byte loads) or one.
+template <int V>
+__global__ void swiglu_rows_kernel(SwigluRowsArgs a) {
+  allow_next_grid();
+  wait_prior_grid();
+  const int64_t per_row = a.n / V;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.rows * per_row) return;
+  const int64_t r = i / per_row, j = i % per_row * V;
+  const float* g = a.gu + r * 2 * a.n + j;
+  const float* u = g + a.n;
+  float gv[V], uv[V];
+  if constexpr (V == 4) {
+    const float4 g4 = *reinterpret_cast<const float4*>(g), u4 = *reinterpret_cast<const float4*>(u);
+    gv[0] = g4.x, gv[1] = g4.y, gv[2] = g4.z, gv[3] = g4.w;
+    uv[0] = u4.x, uv[1] = u4.y, uv[2] = u4.z, uv[3] = u4.w;
+  } else {
+    gv[0] = g[0], uv[0] = u[0];
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) dev::st(a.out, r * a.n + j + e, gv[e] / (1.0f + expf(-gv[e])) * uv[e]);
+}
+
 }  // namespace
 
 Status broadcast_rows(CudaContext& ctx, bf16_bits* y, const bf16_bits* b, int64_t rows, int64_t cols) {
@@ -175,6 +198,19 @@ Status rope_append(CudaContext& ctx, const RopeAppendArgs& a) {
                                          stream_of(ctx), a.overlap, a),
                        "rope_append launch"));
   return ctx.check_launch("rope_append");
+}
+
+Status swiglu_rows(CudaContext& ctx, const SwigluRowsArgs& a) {
+  if (a.rows < 0 || a.n <= 0) return invalid_argument("cuda swiglu_rows: bad shape ", a.rows, "x", a.n);
+  if (!a.gu || !a.out) return invalid_argument("cuda swiglu_rows: null argument");
+  if (a.rows == 0) return Status::ok();
+  const bool vec = a.n % 4 == 0 && reinterpret_cast<uintptr_t>(a.gu) % 16 == 0;
+  const int64_t threads = a.rows * a.n / (vec ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
+  LATHE_TRY(cuda_check(vec ? launch_overlapped(swiglu_rows_kernel<4>, grid, dim3(kThreads), stream_of(ctx), a.overlap, a)
+                           : launch_overlapped(swiglu_rows_kernel<1>, grid, dim3(kThreads), stream_of(ctx), a.overlap, a),
+                       "swiglu_rows launch"));
+  return ctx.check_launch("swiglu_rows");
 }
 
 bool supports_overlap(int device) {

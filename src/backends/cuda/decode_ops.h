@@ -285,6 +285,18 @@ struct RopeAppendArgs {
 };
 Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
 
+// out[r, j] = bf16(silu(g)·u) for g = gu[r, j], u = gu[r, n + j] (gate |
+// up by row, f32, as a GEMM leaves the stacked projection), in f32 with
+// the GEMV epilogue's formula: the decode step's SwiGLU where its gate|up
+// and down run through cuBLASLt (CudaModelOptions::cublas_decode).
+struct SwigluRowsArgs {
+  const float* gu = nullptr;  // [rows, 2·n]
+  bf16_bits* out = nullptr;   // [rows, n]
+  int64_t rows = 0, n = 0;
+  bool overlap = false;
+};
+Status swiglu_rows(CudaContext& ctx, const SwigluRowsArgs& a);
+
 // attention_decode_batch (attention.h) with chunks of at least min_chunk
 // keys per block (0: its default, 32 keys below 256 (sequence, head) pairs,
 // 128 from there): fewer, longer blocks leave room on the SMs for the next

@@ -17,6 +17,7 @@ Status embedding_f32(CudaContext&, const EmbeddingF32Args&) { return no_cuda(); 
 Status decode_inputs(CudaContext&, const DecodeInputsArgs&) { return no_cuda(); }
 Status residual_norm(CudaContext&, const ResidualNormArgs&) { return no_cuda(); }
 Status rope_append(CudaContext&, const RopeAppendArgs&) { return no_cuda(); }
+Status swiglu_rows(CudaContext&, const SwigluRowsArgs&) { return no_cuda(); }
 Status attention_decode_batch_chunked(const AttentionDecodeBatchArgs&, int) { return no_cuda(); }
 bool attention_decode_cluster_fits(const AttentionDecodeBatchArgs&) { return false; }
 Status greedy_pick(CudaContext&, const GreedyPickArgs&) { return no_cuda(); }
