@@ -47,8 +47,8 @@ namespace lathe {
 // kCudaDecodeShapes2 (the ring at one block per SM) for two to four: the
 // ring's sums do not depend on its grid, so a sequence decoded in a batch
 // on the ring keeps the logits it has alone, bitwise (the register grids
-// sum in another order). From 3 sequences on the decode step takes
-// cuBLASLt by default instead (CudaModelOptions::cublas_decode_rows).
+// sum in another order). Above 4 sequences the decode step takes cuBLASLt
+// by default instead (CudaModelOptions::cublas_decode_rows).
 struct CudaGemvGrid {
   uint8_t shape = 0;
   bool persistent = true;
@@ -151,8 +151,11 @@ struct CudaModelOptions {
   // 2 / 3 / 4 / 8 / 16 / 32 sequences 2,178 → 1,871 / 2,186 → 2,712 /
   // 2,656 → 3,529 / 6,388 → 6,445 / 9,790 → 11,322 / 10,428 → 18,484; 8B
   // 417 → 433 / 468 → 646 / 556 → 833 / 1,426 → 1,523 / 2,278 → 2,814 /
-  // 2,372 → 4,885.
-  int cublas_decode_rows = 3;
+  // 2,372 → 4,885. The default starts above 4 sequences, where the GPU
+  // tests of this path have passed (ManySequenceDecodeMatchesCpu); 3 is
+  // faster and its batch test against the CPU (check_batch_decode) is
+  // still to be run on a GPU.
+  int cublas_decode_rows = 5;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 
