@@ -325,7 +325,8 @@ Status CudaCausalLmImpl::decode_step(int b, const cuda::GemvPick* pick) {
                      .n_tokens = b, .half = half},
             .overlap = overlap}));
   for (int l = 0; l < n_layer; ++l) LATHE_TRY(decode_layer(l, b));
-  if (decode_gemms(-1, b)) {
+  if (decode_gemms(-1, b)) {  // no pick fuses into cuBLASLt's LM head (fused_pick says so)
+    if (pick) return error(StatusCode::kInternal, "cuda decode: a pick fused into the LM head through cuBLASLt");
     LATHE_TRY(cuda::residual_norm(ctx, {.h = buf.h, .w = final_norm, .y = buf.normed, .rows = b, .dim = hidden,
                                         .eps = cfg.rms_norm_eps, .overlap = overlap}));
     return cuda::gemm(ctx, {.a = buf.normed, .b = lm_head, .c = buf.logits, .m = b, .n = vocab, .k = hidden,
@@ -408,7 +409,7 @@ cuda::GreedyFeed CudaCausalLmImpl::pick_feed(bool fed) const {
 }
 
 cuda::GemvPick CudaCausalLmImpl::fused_pick(int b, bool fed, const CudaSampling& sa) const {
-  if (sa.temperature > 0.0f || !cuda::gemv_fuses_pick(lm_head_gemv(b), opts.device)) return {};
+  if (sa.temperature > 0.0f || decode_gemms(-1, b) || !cuda::gemv_fuses_pick(lm_head_gemv(b), opts.device)) return {};
   return {.next = buf.next_token, .feed = pick_feed(fed),
           .penalty = {.seen = buf.seen, .stride = seen_words, .penalty = sa.repetition_penalty},
           .slots = buf.pick_slots, .count = buf.pick_count};

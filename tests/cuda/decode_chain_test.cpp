@@ -58,39 +58,51 @@ TEST_P(CudaDecodeChain, DeviceFedEqualsHostFed) {
     }
     return ids;
   };
-  for (bool graphs : {false, true})
-    for (int b : {1, 2}) {
-      SCOPED_TRACE(::testing::Message() << (graphs ? "graphs" : "eager") << ", " << b << " sequences");
-      gpu->set_use_graphs(graphs);
-      const std::vector<int32_t> want = host_fed(prefill(b), kSteps);
-      const std::vector<int32_t> first = prefill(b);
-      Status st = gpu->start_decode(first, kSteps);
-      ASSERT_TRUE(st.is_ok()) << st.message();
-      std::vector<int32_t> got, picks(static_cast<size_t>(b));
-      for (int i = 0; i < kSteps; ++i) {
+  auto greedy_checks = [&] {
+    for (bool graphs : {false, true})
+      for (int b : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << (graphs ? "graphs" : "eager") << ", " << b << " sequences");
+        gpu->set_use_graphs(graphs);
+        const std::vector<int32_t> want = host_fed(prefill(b), kSteps);
+        const std::vector<int32_t> first = prefill(b);
+        Status st = gpu->start_decode(first, kSteps);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        std::vector<int32_t> got, picks(static_cast<size_t>(b));
+        for (int i = 0; i < kSteps; ++i) {
+          st = gpu->next_tokens(picks);
+          ASSERT_TRUE(st.is_ok()) << "step " << i << ": " << st.message();
+          got.insert(got.end(), picks.begin(), picks.end());
+        }
+        EXPECT_EQ(got, want);
+        for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + kSteps) << s;
         st = gpu->next_tokens(picks);
-        ASSERT_TRUE(st.is_ok()) << "step " << i << ": " << st.message();
-        got.insert(got.end(), picks.begin(), picks.end());
-      }
-      EXPECT_EQ(got, want);
-      for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + kSteps) << s;
-      st = gpu->next_tokens(picks);
-      EXPECT_NE(st.message().find("were taken"), std::string::npos) << st.message();
-      gpu->stop_decode();
+        EXPECT_NE(st.message().find("were taken"), std::string::npos) << st.message();
+        gpu->stop_decode();
 
-      // Three steps, then the rest host-fed from the last pick.
-      ASSERT_TRUE(gpu->start_decode(prefill(b), kSteps).is_ok());
-      std::vector<int32_t> part;
-      for (int i = 0; i < 3; ++i) {
-        ASSERT_TRUE(gpu->next_tokens(picks).is_ok());
-        part.insert(part.end(), picks.begin(), picks.end());
+        // Three steps, then the rest host-fed from the last pick.
+        ASSERT_TRUE(gpu->start_decode(prefill(b), kSteps).is_ok());
+        std::vector<int32_t> part;
+        for (int i = 0; i < 3; ++i) {
+          ASSERT_TRUE(gpu->next_tokens(picks).is_ok());
+          part.insert(part.end(), picks.begin(), picks.end());
+        }
+        gpu->stop_decode();
+        for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + 3) << s;
+        const std::vector<int32_t> rest = host_fed(picks, kSteps - 3);
+        part.insert(part.end(), rest.begin(), rest.end());
+        EXPECT_EQ(part, want) << "stopped after 3 steps, then host-fed";
       }
-      gpu->stop_decode();
-      for (int s = 0; s < b; ++s) EXPECT_EQ(gpu->n_tokens(s), int(prompt.size()) - 2 * s + 3) << s;
-      const std::vector<int32_t> rest = host_fed(picks, kSteps - 3);
-      part.insert(part.end(), rest.begin(), rest.end());
-      EXPECT_EQ(part, want) << "stopped after 3 steps, then host-fed";
-    }
+  };
+  greedy_checks();
+  {
+    // Two sequences through cuBLASLt (CudaModelOptions::cublas_decode_rows): no
+    // pick fuses into its LM head, so the chain's picks are kernels of their own.
+    SCOPED_TRACE("projections through cuBLASLt from 2 sequences on");
+    auto ring = std::move(gpu);
+    gpu = load_gpu(dir.str(), {.max_seq = int(prompt.size()) + kSteps, .max_batch = 2, .cublas_decode_rows = 2});
+    greedy_checks();
+    gpu = std::move(ring);
+  }
   // Drawn on the device: the chain gives forward_pick()'s tokens step by step
   // (the same salts: each token's position), the same seed the same tokens.
   if (gpu->samples_on_device()) {
