@@ -287,28 +287,22 @@ void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prom
   for (int s = 0; s < kBatch; ++s) {
     SCOPED_TRACE("sequence " + std::to_string(s) + ", prompt of " + std::to_string(fed[s].size() - kBatchSteps));
     const std::vector<int32_t> own_prompt(fed[s].begin(), fed[s].end() - kBatchSteps);
-    std::vector<std::vector<float>> want;  // the logits after the prompt, then after each decoded token
-    if (gemms) {
-      KvCache cache = cpu->new_cache(static_cast<int>(fed[s].size()) + 1);
-      TensorView out{logits.data(), DType::F32, {1, vocab}, Device::cpu()};
-      ASSERT_TRUE(cpu->forward(own_prompt, cache, out, false).is_ok());
+    // The reference's logits after the prompt, then after each decoded token
+    // (and after the greedy step's input, for the sequences it took).
+    KvCache cache = gemms ? cpu->new_cache(static_cast<int>(fed[s].size()) + 1) : KvCache{};
+    TensorView out{logits.data(), DType::F32, {1, vocab}, Device::cpu()};
+    auto reference = [&](std::span<const int32_t> ids) {
+      return gemms ? cpu->forward(ids, cache, out, false) : alone->forward(ids, logits);
+    };
+    if (!gemms) alone->clear();
+    std::vector<std::vector<float>> want;
+    ASSERT_TRUE(reference(own_prompt).is_ok());
+    want.push_back(logits);
+    const size_t n_inputs = fed[s].size() + (s < kBatch - 1 ? 1 : 0);
+    for (size_t i = own_prompt.size(); i < n_inputs; ++i) {
+      const int32_t id = i < fed[s].size() ? fed[s][i] : cur[s];
+      ASSERT_TRUE(reference(std::span<const int32_t>(&id, 1)).is_ok());
       want.push_back(logits);
-      for (size_t i = own_prompt.size(); i <= fed[s].size(); ++i) {
-        const int32_t id = i < fed[s].size() ? fed[s][i] : cur[s];
-        if (i == fed[s].size() && s == kBatch - 1) break;  // the sequence left out of the greedy step
-        ASSERT_TRUE(cpu->forward(std::vector<int32_t>{id}, cache, out, false).is_ok());
-        want.push_back(logits);
-      }
-    } else {
-      alone->clear();
-      ASSERT_TRUE(alone->forward(own_prompt, logits).is_ok());
-      want.push_back(logits);
-      for (size_t i = own_prompt.size(); i <= fed[s].size(); ++i) {
-        const int32_t id = i < fed[s].size() ? fed[s][i] : cur[s];
-        if (i == fed[s].size() && s == kBatch - 1) break;
-        ASSERT_TRUE(alone->forward(std::vector<int32_t>{id}, logits).is_ok());
-        want.push_back(logits);
-      }
     }
     for (int step = 0; step <= kBatchSteps; ++step) {
       const float* g = got[s].data() + size_t(step) * vocab;
