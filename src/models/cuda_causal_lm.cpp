@@ -26,7 +26,7 @@
 // tables, one kernel) and final norm+LM head: 5·n_layer + 2 kernels per
 // step (82 for Llama-3.2-1B, 162 for Llama-3.1-8B; above 4 sequences the
 // three norms are kernels of their own; from CudaModelOptions::
-// cublas_decode_rows sequences on, 5 by default, the projections go through
+// cublas_decode_rows sequences on, 3 by default, the projections go through
 // cuBLASLt with RoPE + append and SwiGLU kernels between them),
 // captured once per B as a CUDA graph. On sm_90+ every kernel of a
 // layer is a programmatic dependent launch (decode_ops.h): each starts

@@ -47,8 +47,9 @@ namespace lathe {
 // kCudaDecodeShapes2 (the ring at one block per SM) for two to four: the
 // ring's sums do not depend on its grid, so a sequence decoded in a batch
 // on the ring keeps the logits it has alone, bitwise (the register grids
-// sum in another order). Above 4 sequences the decode step takes cuBLASLt
-// by default instead (CudaModelOptions::cublas_decode_rows).
+// sum in another order). From 3 sequences on the decode step takes
+// cuBLASLt by default instead (CudaModelOptions::cublas_decode_rows), so
+// by default the ring runs one or two.
 struct CudaGemvGrid {
   uint8_t shape = 0;
   bool persistent = true;
@@ -146,18 +147,14 @@ struct CudaModelOptions {
   // GEMVs of kCudaDecodeShapesMany, whose inputs are bf16 too: the same
   // roundings, the sums in another order). Through cuBLASLt a sequence's
   // logits depend on how many others share its step (within the bf16
-  // tolerance); on the ring up to 4 sequences they do not (bitwise). H200,
-  // 2026-12-02, decode tok/s (graph), GEMVs → cuBLASLt, same call: 1B at
-  // 2 / 3 / 4 / 8 / 16 / 32 sequences 2,178 → 1,871 / 2,186 → 2,712 /
-  // 2,656 → 3,529 / 6,388 → 6,445 / 9,790 → 11,322 / 10,428 → 18,484; 8B
-  // 417 → 433 / 468 → 646 / 556 → 833 / 1,426 → 1,523 / 2,278 → 2,814 /
-  // 2,372 → 4,885 (the 2-4 figures through cuBLASLt too high: measured
-  // before the fix that keeps the greedy pick out of its LM head, without
-  // the pick). The default starts above 4 sequences, where the GPU tests of
-  // this path have passed (ManySequenceDecodeMatchesCpu); 3-4 are to be
-  // remeasured, and their batch test against the CPU (check_batch_decode)
-  // run, on a GPU.
-  int cublas_decode_rows = 5;
+  // tolerance); on the ring up to 4 sequences they do not (bitwise).
+  // H200, 2026-12-02, decode tok/s (graph), GEMVs → cuBLASLt, same call:
+  // 1B at 2 / 3 / 4 / 8 / 16 / 32 sequences 2,178 → 1,852 / 2,184 → 2,683
+  // / 2,654 → 3,464 / 6,388 → 6,445 / 9,790 → 11,322 / 10,428 → 18,484; 8B
+  // 416 → 426 / 467 → 618 / 556 → 814 / 1,426 → 1,523 / 2,278 → 2,814 /
+  // 2,372 → 4,885. So from 3 sequences on: at 2 the ring is faster at 1B
+  // and within 2.5% at 8B.
+  int cublas_decode_rows = 3;
   std::string adapter_dir;       // PEFT LoRA adapter merged at load; empty: none
 };
 

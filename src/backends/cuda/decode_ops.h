@@ -288,7 +288,7 @@ Status rope_append(CudaContext& ctx, const RopeAppendArgs& a);
 // out[r, j] = bf16(silu(g)·u) for g = gu[r, j], u = gu[r, n + j] (gate |
 // up by row, f32, as a GEMM leaves the stacked projection), in f32 with
 // the GEMV epilogue's formula: the decode step's SwiGLU where its gate|up
-// and down run through cuBLASLt (CudaModelOptions::cublas_decode).
+// and down run through cuBLASLt (CudaModelOptions::cublas_decode_rows).
 struct SwigluRowsArgs {
   const float* gu = nullptr;  // [rows, 2·n]
   bf16_bits* out = nullptr;   // [rows, n]
