@@ -7,10 +7,12 @@
 // The residual stream h is f32: every add into it and every norm of it is
 // done in f32 (rounding h to bf16 after each add is the largest error of a
 // bf16 forward), the projections that feed it write f32, and the logits are
-// never rounded. A decode step of up to 4 sequences rounds only what is
-// stored: the normed input of a projection, q/k until after RoPE, gate/up
-// and the SwiGLU output stay f32 into the next kernel, and q, k, v are
-// rounded once for the attention and the cache. (Prefill rounds gate and up
+// never rounded. A decode step on the ring GEMVs (below
+// cublas_decode_rows) rounds only what is stored: the normed input of a
+// projection, q/k until after RoPE, gate/up and the SwiGLU output stay f32
+// into the next kernel, and q, k, v are rounded once for the attention and
+// the cache (through cuBLASLt the SwiGLU output is rounded to bf16 for
+// down, as the tensor-core GEMVs round it). (Prefill rounds gate and up
 // as Hugging Face does: measured on the fixtures, SwiGLU from f32 gate/up
 // there moved the error around rather than down.) q/k/v and gate/up
 // weights are stacked into one matrix each.
