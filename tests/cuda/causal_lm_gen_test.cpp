@@ -215,9 +215,9 @@ std::vector<int32_t> reference_prompt(const std::string& family, int64_t row) {
 // first prompt.size() − 2·s tokens for sequence s), prefilled one by one,
 // then decoded together for kBatchSteps steps (greedy on each sequence's own
 // logits), must give every sequence the logits a one-sequence model gives it
-// alone, bitwise: every kernel of the decode step computes each row on its
-// own (the skinny GEMM's sum over k runs in the same order for any number
-// of rows). A last greedy step over the first kBatch − 1 sequences checks
+// alone, bitwise on the GEMVs: every kernel of the decode step computes each
+// row on its own (the skinny GEMM's sum over k runs in the same order for
+// any number of rows); through cuBLASLt, see check_batch_decode. A last greedy step over the first kBatch − 1 sequences checks
 // decode_batch_greedy, a batch smaller than max_batch, and that the sequence
 // left out does not move. Bad requests change nothing.
 constexpr int kBatch = 4, kBatchSteps = 6;
@@ -245,7 +245,7 @@ void batch_greedy_steps(CudaCausalLM& m, int n_steps, std::vector<int32_t>& cur,
 // sequence bitwise the logits and picks it gets alone. Where its steps run
 // through cuBLASLt (base.cublas_decode_rows) a sequence's logits depend on
 // the batch, so they are held to the reference instead: within `tol` of
-// the CPU's for the same tokens, and its greedy picks the CPU's wherever
+// the CPU's (running the same bf16 weights) for the same tokens, and its greedy picks the CPU's wherever
 // the CPU's pick is decisive (as check_against_cpu).
 void check_batch_decode(const std::string& dir, const std::vector<int32_t>& prompt, bool simple,
                         CudaModelOptions base = {}, double tol = 0) {
