@@ -10,6 +10,7 @@
 #include "backends/cuda/context_impl.h"
 #include "backends/cuda/decode_launch.cuh"
 #include "backends/cuda/decode_ops.h"
+#include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/rope_table.cuh"
 
 namespace lathe::cuda {
@@ -134,7 +135,7 @@ __global__ void swiglu_rows_kernel(SwigluRowsArgs a) {
     gv[0] = g[0], uv[0] = u[0];
   }
 #pragma unroll
-  for (int e = 0; e < V; ++e) dev::st(a.out, r * a.n + j + e, gv[e] / (1.0f + expf(-gv[e])) * uv[e]);
+  for (int e = 0; e < V; ++e) dev::st(a.out, r * a.n + j + e, gemv_detail::silu(gv[e]) * uv[e]);  // the GEMVs' formula
 }
 
 }  // namespace
